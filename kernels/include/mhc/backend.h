@@ -1,0 +1,151 @@
+// The Backend interface: every mHC operator, forward and backward, on one
+// device. The server talks to kernels only through this class.
+//
+// Contract shared by all backends:
+// - Public entry points validate their params (ValidateParams in
+//   validate.h: spec, token count, required pointers) and then call the
+//   backend's Run* implementation; implementations may assume valid params.
+// - All pointers address this backend's memory (HostAccessible() says whether
+//   that is host memory). Outputs are overwritten; LayerGrads are added to.
+// - One Backend instance is driven by one caller at a time (the server's
+//   per-device executor serialises requests); backends may use many threads
+//   or streams internally.
+// - Results are bitwise deterministic and batch invariant as each op header
+//   states; no result depends on the number of threads.
+#ifndef MHC_BACKEND_H_
+#define MHC_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mhc/ops/aggregate.h"
+#include "mhc/ops/expand.h"
+#include "mhc/ops/fused.h"
+#include "mhc/ops/post.h"
+#include "mhc/ops/projection.h"
+#include "mhc/ops/scale.h"
+#include "mhc/ops/sinkhorn.h"
+#include "mhc/ops/weights.h"
+#include "mhc/types.h"
+
+namespace mhc {
+
+// Every operator the backends run, one value per direction.
+enum class OpKind : uint8_t {
+  kProjectionForward,
+  kProjectionBackward,
+  kScaleForward,
+  kScaleBackward,
+  kSinkhornForward,
+  kSinkhornBackward,
+  kAggregateForward,
+  kAggregateBackward,
+  kPostForward,
+  kPostBackward,
+  kExpandForward,
+  kExpandBackward,
+  kPreForward,
+  kPreBackward,
+  kHeadForward,
+  kHeadBackward,
+};
+inline constexpr int kNumOpKinds = 16;
+
+// "projection", "scale", ... (the op family) and "forward" / "backward".
+absl::string_view OpFamilyName(OpKind op);
+absl::string_view OpDirectionName(OpKind op);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string Name() const = 0;  // "reference", "cpu", "cuda"
+  // Human-readable device, e.g. "cpu (2 threads)" or "NVIDIA H200 (0)".
+  virtual std::string DeviceDescription() const = 0;
+  // True when op pointers are plain host memory (CPU backends).
+  virtual bool HostAccessible() const = 0;
+
+  // Memory in this backend's address space (device memory on GPUs). Never
+  // called on a request's hot path by the server, except through workspace
+  // growth which is amortised.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* pointer) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src,
+                                    size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src,
+                                  size_t bytes) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  // Waits until all work issued so far is complete.
+  virtual absl::Status Synchronize() = 0;
+
+  // Scratch bytes `op` needs for this spec, token count and dtype.
+  virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,
+                                int64_t tokens, DType act_dtype) const = 0;
+
+  absl::Status ProjectionForward(const ProjectionForwardParams& p,
+                                 Workspace ws);
+  absl::Status ProjectionBackward(const ProjectionBackwardParams& p,
+                                  Workspace ws);
+  absl::Status ScaleForward(const ScaleForwardParams& p, Workspace ws);
+  absl::Status ScaleBackward(const ScaleBackwardParams& p, Workspace ws);
+  absl::Status SinkhornForward(const SinkhornForwardParams& p, Workspace ws);
+  absl::Status SinkhornBackward(const SinkhornBackwardParams& p, Workspace ws);
+  absl::Status AggregateForward(const AggregateForwardParams& p, Workspace ws);
+  absl::Status AggregateBackward(const AggregateBackwardParams& p,
+                                 Workspace ws);
+  absl::Status PostForward(const PostForwardParams& p, Workspace ws);
+  absl::Status PostBackward(const PostBackwardParams& p, Workspace ws);
+  absl::Status ExpandForward(const ExpandForwardParams& p, Workspace ws);
+  absl::Status ExpandBackward(const ExpandBackwardParams& p, Workspace ws);
+  absl::Status PreForward(const PreForwardParams& p, Workspace ws);
+  absl::Status PreBackward(const PreBackwardParams& p, Workspace ws);
+  absl::Status HeadForward(const HeadForwardParams& p, Workspace ws);
+  absl::Status HeadBackward(const HeadBackwardParams& p, Workspace ws);
+
+ protected:
+  virtual absl::Status RunProjectionForward(const ProjectionForwardParams& p,
+                                            Workspace ws) = 0;
+  virtual absl::Status RunProjectionBackward(const ProjectionBackwardParams& p,
+                                             Workspace ws) = 0;
+  virtual absl::Status RunScaleForward(const ScaleForwardParams& p,
+                                       Workspace ws) = 0;
+  virtual absl::Status RunScaleBackward(const ScaleBackwardParams& p,
+                                        Workspace ws) = 0;
+  virtual absl::Status RunSinkhornForward(const SinkhornForwardParams& p,
+                                          Workspace ws) = 0;
+  virtual absl::Status RunSinkhornBackward(const SinkhornBackwardParams& p,
+                                           Workspace ws) = 0;
+  virtual absl::Status RunAggregateForward(const AggregateForwardParams& p,
+                                           Workspace ws) = 0;
+  virtual absl::Status RunAggregateBackward(const AggregateBackwardParams& p,
+                                            Workspace ws) = 0;
+  virtual absl::Status RunPostForward(const PostForwardParams& p,
+                                      Workspace ws) = 0;
+  virtual absl::Status RunPostBackward(const PostBackwardParams& p,
+                                       Workspace ws) = 0;
+  virtual absl::Status RunExpandForward(const ExpandForwardParams& p,
+                                        Workspace ws) = 0;
+  virtual absl::Status RunExpandBackward(const ExpandBackwardParams& p,
+                                         Workspace ws) = 0;
+  virtual absl::Status RunPreForward(const PreForwardParams& p,
+                                     Workspace ws) = 0;
+  virtual absl::Status RunPreBackward(const PreBackwardParams& p,
+                                      Workspace ws) = 0;
+  virtual absl::Status RunHeadForward(const HeadForwardParams& p,
+                                      Workspace ws) = 0;
+  virtual absl::Status RunHeadBackward(const HeadBackwardParams& p,
+                                       Workspace ws) = 0;
+};
+
+// The float64 plain-loop oracle (kernels/cpu/reference). Single threaded.
+std::unique_ptr<Backend> MakeReferenceBackend();
+// The fast multithreaded CPU backend; threads <= 0 means all cores.
+std::unique_ptr<Backend> MakeCpuBackend(int threads);
+
+}  // namespace mhc
+
+#endif  // MHC_BACKEND_H_
