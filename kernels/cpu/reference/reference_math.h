@@ -71,8 +71,8 @@ void ProjectionForward(const LayerSpec& spec, int64_t tokens, const double* x,
 // dx[m][k] = sum_g dh[g] phi'[g][k] + dmean_square * 2 v_k / K (dx may be
 // null); grads.phi += (sum over tokens of dh v) * gamma, grads.gamma[k] +=
 // sum_g (sum over tokens of dh_g v_k) phi[g][k].
-void ProjectionBackward(const LayerSpec& spec, int64_t tokens,
-                        const double* x, const Weights& w, const double* dh,
+void ProjectionBackward(const LayerSpec& spec, int64_t tokens, const double* x,
+                        const Weights& w, const double* dh,
                         const double* dmean_square, double* dx,
                         const Grads& grads);
 
@@ -129,11 +129,10 @@ void PostForward(const LayerSpec& spec, int64_t tokens, const double* f,
 // Reverse mode of PostForward. dx may be null (not computed); dh_res is the
 // gradient of H_res itself (transposed back for DEST_ROWS); grads.bias
 // accumulates df.
-void PostBackward(const LayerSpec& spec, int64_t tokens,
-                  const double* dx_next, const double* f, const double* x,
-                  const double* h_post, const double* h_res, const Weights& w,
-                  double* df, double* dx, double* dh_post, double* dh_res,
-                  const Grads& grads);
+void PostBackward(const LayerSpec& spec, int64_t tokens, const double* dx_next,
+                  const double* f, const double* x, const double* h_post,
+                  const double* h_res, const Weights& w, double* df, double* dx,
+                  double* dh_post, double* dh_res, const Grads& grads);
 
 // The residual path of the post backward alone: dx[i][c] += sum_j R[i][j]
 // dx_next[j][c] (ADDS into dx).

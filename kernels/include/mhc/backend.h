@@ -2,9 +2,9 @@
 // device. The server talks to kernels only through this class.
 //
 // Contract shared by all backends:
-// - Public entry points validate their params (ValidateParams in
-//   validate.h: spec, token count, required pointers) and then call the
-//   backend's Run* implementation; implementations may assume valid params.
+// - Public entry points validate their params (kernels/common/backend.cc:
+//   spec, token count, required pointers) and then call the backend's Run*
+//   implementation; implementations may assume valid params.
 // - All pointers address this backend's memory (HostAccessible() says whether
 //   that is host memory). Outputs are overwritten; LayerGrads are added to.
 // - One Backend instance is driven by one caller at a time (the server's
