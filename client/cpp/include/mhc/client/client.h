@@ -1,0 +1,126 @@
+// mhc::client::Client: a thin, typed wrapper over the generated mhc.v1.Mhc
+// stub. Every RPC returns absl::StatusOr whose absl code is the gRPC code the
+// daemon sent (the two enumerations share their numbering), so callers can
+// branch on INVALID_ARGUMENT, NOT_FOUND, ... without touching gRPC types.
+#ifndef MHC_CLIENT_CLIENT_H_
+#define MHC_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "mhc/v1/service.grpc.pb.h"
+
+namespace mhc::client {
+
+struct ClientOptions {
+  // Deadline of every call, measured from its start.
+  absl::Duration timeout = absl::Seconds(60);
+  // Largest message sent or received; the daemon's default limit.
+  int max_message_bytes = 1 << 30;
+};
+
+// Converts a gRPC status to absl, keeping code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Accepts "host:port", "[v6]:port", "unix:/path" (and any other gRPC target
+// such as "dns:///host:port"); returns the gRPC target string.
+absl::StatusOr<std::string> NormalizeAddress(absl::string_view address);
+
+class Client {
+ public:
+  // Creates the channel; does not wait for the daemon (see WaitForReady).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      absl::string_view address, ClientOptions options = {});
+
+  // Blocks until the channel is connected or `timeout` passes.
+  absl::Status WaitForReady(absl::Duration timeout);
+
+  absl::Duration timeout() const { return options_.timeout; }
+  void set_timeout(absl::Duration timeout) { options_.timeout = timeout; }
+  const std::string& target() const { return target_; }
+  mhc::v1::Mhc::Stub* stub() { return stub_.get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+  // grpc.health.v1 Check: "SERVING", "NOT_SERVING", "UNKNOWN", ...
+  absl::StatusOr<std::string> Health(const std::string& service = "");
+
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+
+  absl::StatusOr<v1::LayerInfo> CreateLayer(const v1::CreateLayerRequest& r);
+  absl::StatusOr<v1::LayerInfo> GetLayer(const std::string& name);
+  absl::StatusOr<v1::ListLayersResponse> ListLayers();
+  absl::StatusOr<v1::DeleteLayerResponse> DeleteLayer(const std::string& name);
+  absl::StatusOr<v1::Parameters> GetParameters(
+      const std::string& layer, const std::vector<std::string>& names = {});
+  absl::StatusOr<v1::LayerInfo> SetParameters(
+      const v1::SetParametersRequest& r);
+  absl::StatusOr<v1::GetGradientsResponse> GetGradients(
+      const std::string& layer, const std::vector<std::string>& names = {});
+  absl::StatusOr<v1::ZeroGradientsResponse> ZeroGradients(
+      const std::string& layer);
+  absl::StatusOr<v1::LayerInfo> ConvertLayout(const std::string& layer,
+                                              v1::Layout layout);
+
+  absl::StatusOr<v1::ProjectionResponse> Projection(
+      const v1::ProjectionRequest& r);
+  absl::StatusOr<v1::ProjectionBackwardResponse> ProjectionBackward(
+      const v1::ProjectionBackwardRequest& r);
+  absl::StatusOr<v1::ScaleResponse> Scale(const v1::ScaleRequest& r);
+  absl::StatusOr<v1::ScaleBackwardResponse> ScaleBackward(
+      const v1::ScaleBackwardRequest& r);
+  absl::StatusOr<v1::SinkhornResponse> Sinkhorn(const v1::SinkhornRequest& r);
+  absl::StatusOr<v1::SinkhornBackwardResponse> SinkhornBackward(
+      const v1::SinkhornBackwardRequest& r);
+  absl::StatusOr<v1::AggregateResponse> Aggregate(
+      const v1::AggregateRequest& r);
+  absl::StatusOr<v1::AggregateBackwardResponse> AggregateBackward(
+      const v1::AggregateBackwardRequest& r);
+  absl::StatusOr<v1::PostResponse> ExpandCombine(const v1::PostRequest& r);
+  absl::StatusOr<v1::PostBackwardResponse> ExpandCombineBackward(
+      const v1::PostBackwardRequest& r);
+  absl::StatusOr<v1::PreResponse> Pre(const v1::PreRequest& r);
+  absl::StatusOr<v1::PreBackwardResponse> PreBackward(
+      const v1::PreBackwardRequest& r);
+  absl::StatusOr<v1::PostResponse> Post(const v1::PostRequest& r);
+  absl::StatusOr<v1::PostBackwardResponse> PostBackward(
+      const v1::PostBackwardRequest& r);
+  absl::StatusOr<v1::ExpandResponse> Expand(const v1::ExpandRequest& r);
+  absl::StatusOr<v1::ExpandBackwardResponse> ExpandBackward(
+      const v1::ExpandBackwardRequest& r);
+  absl::StatusOr<v1::HeadResponse> Head(const v1::HeadRequest& r);
+  absl::StatusOr<v1::HeadBackwardResponse> HeadBackward(
+      const v1::HeadBackwardRequest& r);
+  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& r);
+  // Sends every batch on one stream and returns the answers in order; the
+  // first failing batch ends the stream and its status is returned.
+  absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteStream(
+      const std::vector<v1::ExecuteRequest>& batches);
+
+ private:
+  Client(std::string target, ClientOptions options,
+         std::shared_ptr<grpc::Channel> channel);
+
+  // Prepares a context with this client's deadline.
+  void Prepare(grpc::ClientContext& context) const;
+
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Call(Method method, const Request& request);
+
+  std::string target_;
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Mhc::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+};
+
+}  // namespace mhc::client
+
+#endif  // MHC_CLIENT_CLIENT_H_

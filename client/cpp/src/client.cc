@@ -1,0 +1,231 @@
+#include "mhc/client/client.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace mhc::client {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // grpc::StatusCode and absl::StatusCode are both the canonical codes.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<std::string> NormalizeAddress(absl::string_view address) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError("address: empty");
+  }
+  if (absl::StartsWith(address, "unix:")) {
+    if (address.size() == 5) {
+      return absl::InvalidArgumentError("address: unix: needs a path");
+    }
+    return std::string(address);
+  }
+  // Other gRPC name schemes pass through; a bare host:port needs a port.
+  if (absl::StrContains(address, "://") || absl::StartsWith(address, "dns:") ||
+      absl::StartsWith(address, "ipv4:") ||
+      absl::StartsWith(address, "ipv6:")) {
+    return std::string(address);
+  }
+  size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address: expected host:port or unix:/path, got '", address, "'"));
+  }
+  return std::string(address);
+}
+
+Client::Client(std::string target, ClientOptions options,
+               std::shared_ptr<grpc::Channel> channel)
+    : target_(std::move(target)),
+      options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Mhc::NewStub(channel_)),
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    absl::string_view address, ClientOptions options) {
+  absl::StatusOr<std::string> target = NormalizeAddress(address);
+  if (!target.ok()) return target.status();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  auto channel = grpc::CreateCustomChannel(
+      *target, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Client>(
+      new Client(*std::move(target), options, std::move(channel)));
+}
+
+absl::Status Client::WaitForReady(absl::Duration timeout) {
+  auto deadline =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+  if (!channel_->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat("could not connect to ", target_,
+                                               " within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(options_.timeout));
+}
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> Client::Call(Method method, const Request& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  Response response;
+  grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::string> Client::Health(const std::string& service) {
+  grpc::ClientContext context;
+  Prepare(context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health_stub_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+      response.status());
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
+  return Call<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(
+      &v1::Mhc::Stub::GetServerInfo, v1::GetServerInfoRequest());
+}
+
+absl::StatusOr<v1::LayerInfo> Client::CreateLayer(
+    const v1::CreateLayerRequest& r) {
+  return Call<v1::CreateLayerRequest, v1::LayerInfo>(
+      &v1::Mhc::Stub::CreateLayer, r);
+}
+
+absl::StatusOr<v1::LayerInfo> Client::GetLayer(const std::string& name) {
+  v1::GetLayerRequest r;
+  r.set_name(name);
+  return Call<v1::GetLayerRequest, v1::LayerInfo>(&v1::Mhc::Stub::GetLayer, r);
+}
+
+absl::StatusOr<v1::ListLayersResponse> Client::ListLayers() {
+  return Call<v1::ListLayersRequest, v1::ListLayersResponse>(
+      &v1::Mhc::Stub::ListLayers, v1::ListLayersRequest());
+}
+
+absl::StatusOr<v1::DeleteLayerResponse> Client::DeleteLayer(
+    const std::string& name) {
+  v1::DeleteLayerRequest r;
+  r.set_name(name);
+  return Call<v1::DeleteLayerRequest, v1::DeleteLayerResponse>(
+      &v1::Mhc::Stub::DeleteLayer, r);
+}
+
+absl::StatusOr<v1::Parameters> Client::GetParameters(
+    const std::string& layer, const std::vector<std::string>& names) {
+  v1::GetParametersRequest r;
+  r.set_layer(layer);
+  for (const std::string& name : names) r.add_names(name);
+  return Call<v1::GetParametersRequest, v1::Parameters>(
+      &v1::Mhc::Stub::GetParameters, r);
+}
+
+absl::StatusOr<v1::LayerInfo> Client::SetParameters(
+    const v1::SetParametersRequest& r) {
+  return Call<v1::SetParametersRequest, v1::LayerInfo>(
+      &v1::Mhc::Stub::SetParameters, r);
+}
+
+absl::StatusOr<v1::GetGradientsResponse> Client::GetGradients(
+    const std::string& layer, const std::vector<std::string>& names) {
+  v1::GetGradientsRequest r;
+  r.set_layer(layer);
+  for (const std::string& name : names) r.add_names(name);
+  return Call<v1::GetGradientsRequest, v1::GetGradientsResponse>(
+      &v1::Mhc::Stub::GetGradients, r);
+}
+
+absl::StatusOr<v1::ZeroGradientsResponse> Client::ZeroGradients(
+    const std::string& layer) {
+  v1::ZeroGradientsRequest r;
+  r.set_layer(layer);
+  return Call<v1::ZeroGradientsRequest, v1::ZeroGradientsResponse>(
+      &v1::Mhc::Stub::ZeroGradients, r);
+}
+
+absl::StatusOr<v1::LayerInfo> Client::ConvertLayout(const std::string& layer,
+                                                    v1::Layout layout) {
+  v1::ConvertLayoutRequest r;
+  r.set_layer(layer);
+  r.set_layout(layout);
+  return Call<v1::ConvertLayoutRequest, v1::LayerInfo>(
+      &v1::Mhc::Stub::ConvertLayout, r);
+}
+
+// The compute RPCs are all unary with the same shape of call.
+#define MHC_CLIENT_UNARY(Name, Request, Response)                    \
+  absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {  \
+    return Call<v1::Request, v1::Response>(&v1::Mhc::Stub::Name, r); \
+  }
+
+MHC_CLIENT_UNARY(Projection, ProjectionRequest, ProjectionResponse)
+MHC_CLIENT_UNARY(ProjectionBackward, ProjectionBackwardRequest,
+                 ProjectionBackwardResponse)
+MHC_CLIENT_UNARY(Scale, ScaleRequest, ScaleResponse)
+MHC_CLIENT_UNARY(ScaleBackward, ScaleBackwardRequest, ScaleBackwardResponse)
+MHC_CLIENT_UNARY(Sinkhorn, SinkhornRequest, SinkhornResponse)
+MHC_CLIENT_UNARY(SinkhornBackward, SinkhornBackwardRequest,
+                 SinkhornBackwardResponse)
+MHC_CLIENT_UNARY(Aggregate, AggregateRequest, AggregateResponse)
+MHC_CLIENT_UNARY(AggregateBackward, AggregateBackwardRequest,
+                 AggregateBackwardResponse)
+MHC_CLIENT_UNARY(ExpandCombine, PostRequest, PostResponse)
+MHC_CLIENT_UNARY(ExpandCombineBackward, PostBackwardRequest,
+                 PostBackwardResponse)
+MHC_CLIENT_UNARY(Pre, PreRequest, PreResponse)
+MHC_CLIENT_UNARY(PreBackward, PreBackwardRequest, PreBackwardResponse)
+MHC_CLIENT_UNARY(Post, PostRequest, PostResponse)
+MHC_CLIENT_UNARY(PostBackward, PostBackwardRequest, PostBackwardResponse)
+MHC_CLIENT_UNARY(Expand, ExpandRequest, ExpandResponse)
+MHC_CLIENT_UNARY(ExpandBackward, ExpandBackwardRequest, ExpandBackwardResponse)
+MHC_CLIENT_UNARY(Head, HeadRequest, HeadResponse)
+MHC_CLIENT_UNARY(HeadBackward, HeadBackwardRequest, HeadBackwardResponse)
+MHC_CLIENT_UNARY(Execute, ExecuteRequest, ExecuteResponse)
+
+#undef MHC_CLIENT_UNARY
+
+absl::StatusOr<std::vector<v1::ExecuteResponse>> Client::ExecuteStream(
+    const std::vector<v1::ExecuteRequest>& batches) {
+  grpc::ClientContext context;
+  Prepare(context);
+  auto stream = stub_->ExecuteStream(&context);
+  std::vector<v1::ExecuteResponse> responses;
+  // One batch in flight at a time keeps the answers' order obvious and lets
+  // the first failure end the stream early.
+  for (const v1::ExecuteRequest& batch : batches) {
+    if (!stream->Write(batch)) break;
+    v1::ExecuteResponse response;
+    if (!stream->Read(&response)) break;
+    responses.push_back(std::move(response));
+  }
+  stream->WritesDone();
+  v1::ExecuteResponse extra;
+  while (stream->Read(&extra)) responses.push_back(std::move(extra));
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (responses.size() != batches.size()) {
+    return absl::InternalError(absl::StrCat("ExecuteStream: sent ",
+                                            batches.size(), " batches, got ",
+                                            responses.size(), " answers"));
+  }
+  return responses;
+}
+
+}  // namespace mhc::client

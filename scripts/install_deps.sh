@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything mhcd's build and tests need on Debian 12. Idempotent:
+# when every package is already installed it changes nothing (and needs no
+# network or root).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
+  libprotobuf-dev libabsl-dev prometheus-cpp-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  clang-format python3 python3-numpy python3-grpcio python3-protobuf
+  python3-pytest curl
+)
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${Status}' "${package}" 2>/dev/null || true)"
+  if [[ "${status}" != "install ok installed" ]]; then
+    missing+=("${package}")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "install_deps: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update
+"${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,106 @@
+// Per-device execution and daemon-wide admission control.
+//
+// Executor owns one Backend. Every use of the device (ops, parameter reads
+// and writes, allocation) goes through it under one mutex, which is what
+// makes gradient accumulation happen in a fixed order and lets backends
+// assume a single caller. It keeps one workspace buffer that only grows, so
+// steady-state requests allocate no scratch on the device.
+//
+// Admission bounds the work the daemon accepts: beyond --max_inflight a
+// request is refused at once with RESOURCE_EXHAUSTED instead of waiting in a
+// queue that grows without bound; while draining, with UNAVAILABLE.
+#ifndef MHC_SERVER_EXECUTOR_H_
+#define MHC_SERVER_EXECUTOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "mhc/backend.h"
+
+namespace mhc::server {
+
+class Executor {
+ public:
+  // `device` names the device in the API ("cpu", "cuda:0").
+  Executor(std::unique_ptr<Backend> backend, std::string device);
+  ~Executor();
+
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  const std::string& device() const { return device_; }
+  // Immutable properties, safe to read without holding the device.
+  std::string BackendName() const { return backend_name_; }
+  std::string Description() const { return description_; }
+  bool HostAccessible() const { return host_accessible_; }
+
+  // Runs `fn` with exclusive use of the backend and a workspace of at least
+  // `workspace_bytes(backend)` (asked under the same exclusive use).
+  absl::Status Run(absl::FunctionRef<size_t(const Backend&)> workspace_bytes,
+                   absl::FunctionRef<absl::Status(Backend&, Workspace)> fn);
+
+  // Exclusive use of the backend without a workspace (parameter access).
+  absl::Status WithDevice(absl::FunctionRef<absl::Status(Backend&)> fn);
+
+ private:
+  absl::Status EnsureWorkspace(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string device_;
+  std::string backend_name_;
+  std::string description_;
+  bool host_accessible_;
+  absl::Mutex mu_;
+  std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
+  void* workspace_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class Admission {
+ public:
+  // Held by an admitted request; releases its slot when destroyed.
+  class Ticket {
+   public:
+    explicit Ticket(Admission* owner) : owner_(owner) {}
+    Ticket(Ticket&& other) noexcept : owner_(other.owner_) {
+      other.owner_ = nullptr;
+    }
+    Ticket& operator=(Ticket&& other) noexcept {
+      if (this != &other) {
+        Release();
+        owner_ = other.owner_;
+        other.owner_ = nullptr;
+      }
+      return *this;
+    }
+    ~Ticket() { Release(); }
+
+   private:
+    void Release() {
+      if (owner_ != nullptr) owner_->inflight_.fetch_sub(1);
+      owner_ = nullptr;
+    }
+    Admission* owner_;
+  };
+
+  explicit Admission(int max_inflight) : max_inflight_(max_inflight) {}
+
+  absl::StatusOr<Ticket> TryEnter();
+  void BeginDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  int inflight() const { return inflight_.load(); }
+
+ private:
+  const int max_inflight_;
+  std::atomic<int> inflight_{0};
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_EXECUTOR_H_

@@ -1,0 +1,166 @@
+#include "server/flags.h"
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+#ifndef MHC_VERSION
+#define MHC_VERSION "0.0.0"
+#endif
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Comma-separated gRPC listen addresses: host:port (port 0 picks a "
+          "free port) and unix:/path sockets.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "host:port of the Prometheus endpoint (/metrics); port 0 picks a "
+          "free port; empty disables it.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Compute backend: cpu (fast multithreaded CPU), reference (float64 "
+          "oracle, slow), cuda, or auto (cuda when built with CUDA and a GPU "
+          "is present, else cpu).");
+ABSL_FLAG(int, threads, 0, "Threads of the cpu backend; 0 uses all cores.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
+          "Largest gRPC message accepted or sent, in bytes (at most "
+          "2147483647).");
+ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
+          "Largest single tensor of a request (input or output), in bytes; "
+          "larger gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
+          "Largest total of all tensors (inputs and outputs) of one request "
+          "or Execute batch, in bytes; larger gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_inflight, 64,
+          "Requests handled at once; beyond it a request gets "
+          "RESOURCE_EXHAUSTED at once instead of queueing.");
+ABSL_FLAG(int, max_batch_ops, 256, "Most ops in one Execute batch.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT: how long in-flight requests get to finish "
+          "before they are cancelled (e.g. 30s, 500ms).");
+ABSL_FLAG(bool, allow_shm, false,
+          "Accept shared-memory tensors from local clients. Reserved: "
+          "shared memory is not implemented in this version, so shm tensors "
+          "are refused either way.");
+
+namespace mhc::server {
+
+namespace {
+
+bool IsMhcdFlagFile(absl::string_view file) {
+  return absl::EndsWith(file, "server/flags.cc");
+}
+
+}  // namespace
+
+void ConfigureFlagUsage() {
+  absl::FlagsUsageConfig config;
+  config.contains_helpshort_flags = IsMhcdFlagFile;
+  config.contains_help_flags = IsMhcdFlagFile;
+  config.version_string = [] { return std::string("mhcd " MHC_VERSION "\n"); };
+  config.normalize_filename = [](absl::string_view file) {
+    size_t pos = file.rfind("server/");
+    return std::string(pos == absl::string_view::npos ? file
+                                                      : file.substr(pos));
+  };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(
+      "gRPC kernel server for mHC (Manifold-Constrained "
+      "Hyper-Connections).\n"
+      "Usage: mhcd [--listen=127.0.0.1:50051,unix:/run/mhcd.sock] "
+      "[--backend=auto|cpu|reference|cuda] [flags]\n"
+      "Stops gracefully on SIGTERM/SIGINT (see --drain_timeout).");
+}
+
+absl::StatusOr<ServerConfig> ConfigFromFlags() {
+  ServerConfig config;
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!part.empty()) config.listen.emplace_back(part);
+  }
+  if (config.listen.empty()) {
+    return absl::InvalidArgumentError(
+        "--listen: expected at least one host:port or unix:/path");
+  }
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+
+  const int64_t message = absl::GetFlag(FLAGS_max_message_bytes);
+  if (message < 1 || message > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes: expected 1..", INT_MAX, ", got ", message));
+  }
+  config.service.max_message_bytes = static_cast<uint64_t>(message);
+  const int64_t tensor = absl::GetFlag(FLAGS_max_tensor_bytes);
+  const int64_t request = absl::GetFlag(FLAGS_max_request_bytes);
+  if (tensor < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tensor_bytes: expected >= 1, got ", tensor));
+  }
+  if (request < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_request_bytes: expected >= 1, got ", request));
+  }
+  config.service.limits.max_tensor_bytes = static_cast<uint64_t>(tensor);
+  config.service.limits.max_request_bytes = static_cast<uint64_t>(request);
+  const int inflight = absl::GetFlag(FLAGS_max_inflight);
+  if (inflight < 1 || inflight > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight: expected 1..100000, got ", inflight));
+  }
+  config.service.max_inflight = inflight;
+  const int batch_ops = absl::GetFlag(FLAGS_max_batch_ops);
+  if (batch_ops < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_ops: expected >= 1, got ", batch_ops));
+  }
+  config.service.limits.max_batch_ops = batch_ops;
+  if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_timeout: expected >= 0");
+  }
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: expected >= 0 (0: all cores), got ",
+                     absl::GetFlag(FLAGS_threads)));
+  }
+  return config;
+}
+
+absl::Duration DrainTimeoutFromFlags() {
+  return absl::GetFlag(FLAGS_drain_timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_backend);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (name == "cpu" || name == "auto") {
+    // No CUDA backend exists yet, so auto always resolves to cpu.
+    return MakeCpuBackend(threads);
+  }
+  if (name == "reference") return MakeReferenceBackend();
+  if (name == "cuda") {
+    return absl::FailedPreconditionError(
+        "--backend=cuda: this build of mhcd has no CUDA backend; use "
+        "--backend=cpu (or auto)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--backend: expected cpu, reference, cuda or auto, got '", name, "'"));
+}
+
+std::vector<std::string> FlagNotices() {
+  std::vector<std::string> notices;
+  if (absl::GetFlag(FLAGS_allow_shm)) {
+    notices.push_back(
+        "mhcd: note: --allow_shm has no effect yet; shared-memory tensors "
+        "are refused with FAILED_PRECONDITION");
+  }
+  return notices;
+}
+
+}  // namespace mhc::server

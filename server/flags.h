@@ -1,0 +1,30 @@
+// Command-line flags of mhcd and their translation into a server config.
+#ifndef MHC_SERVER_FLAGS_H_
+#define MHC_SERVER_FLAGS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "mhc/backend.h"
+#include "server/server.h"
+
+namespace mhc::server {
+
+// Makes `--help` list mhcd's flags, sets the usage text and version.
+void ConfigureFlagUsage();
+
+// The config the flags describe; errors name the flag.
+absl::StatusOr<ServerConfig> ConfigFromFlags();
+absl::Duration DrainTimeoutFromFlags();
+// The backend --backend names (auto: CUDA when built and a GPU is present,
+// else cpu), with --threads.
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+// Lines for stderr about accepted flags that do not act yet.
+std::vector<std::string> FlagNotices();
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_FLAGS_H_

@@ -1,0 +1,140 @@
+// Layers by name. A layer's parameters and gradient accumulators live in the
+// memory of its device's backend; every read or write of them goes through
+// the device's Executor, so it is ordered with the ops that use them.
+//
+// Layers are shared: a request holds its layers for its whole life, so
+// DeleteLayer during a request is safe (the memory goes when the last user
+// is done). ConvertLayout installs a new Layer under the same name and
+// retires the old one; requests that still hold the retired layer are
+// refused with ABORTED when they reach the device, rather than accumulating
+// gradients where nobody will read them.
+#ifndef MHC_SERVER_LAYER_STORE_H_
+#define MHC_SERVER_LAYER_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "mhc/backend.h"
+#include "mhc/types.h"
+#include "mhc/v1/layer.pb.h"
+#include "mhc/v1/tensor.pb.h"
+#include "server/executor.h"
+#include "server/tensor_resolver.h"
+
+namespace mhc::server {
+
+class Layer {
+ public:
+  // One parameter (and its gradient) inside the layer's two fp32 blocks.
+  struct Param {
+    std::string name;  // "phi", "alpha", "beta", "gamma", "bias"
+    std::vector<int64_t> shape;
+    int64_t elements = 0;
+    int64_t offset = 0;  // in floats from the start of the block
+  };
+
+  Layer(std::string name, std::string preset, const LayerSpec& spec,
+        Executor* executor);
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& preset() const { return preset_; }
+  const LayerSpec& spec() const { return spec_; }
+  Executor* executor() const { return executor_; }
+  const std::vector<Param>& params() const { return params_; }
+  const Param* FindParam(absl::string_view name) const;
+  int64_t parameter_count() const { return total_elements_; }
+  // "layer 'l1' (STREAM_MAJOR)" for messages.
+  std::string Describe() const;
+
+  // Device pointers; valid while the layer lives. Use under the device.
+  LayerWeights Weights() const;
+  LayerGrads Grads() const;
+  float* values() const { return values_; }
+  float* grads() const { return grads_; }
+
+  uint64_t version() const { return version_.load(); }
+  void set_version(uint64_t version) { version_.store(version); }
+  int64_t gradient_tokens() const { return gradient_tokens_.load(); }
+  void set_gradient_tokens(int64_t tokens) { gradient_tokens_.store(tokens); }
+  void AddGradientTokens(int64_t tokens) { gradient_tokens_ += tokens; }
+  bool retired() const { return retired_.load(); }
+  void Retire() { retired_.store(true); }
+
+  // Allocates both blocks (grads zeroed). Call under the device.
+  absl::Status Allocate(Backend& backend);
+
+  // ABORTED when the layer was replaced (ConvertLayout) after the request
+  // looked it up.
+  absl::Status CheckCurrent() const;
+
+ private:
+  const std::string name_;
+  const std::string preset_;
+  const LayerSpec spec_;
+  Executor* const executor_;
+  std::vector<Param> params_;
+  int64_t total_elements_ = 0;
+  float* values_ = nullptr;
+  float* grads_ = nullptr;
+  std::atomic<uint64_t> version_{1};
+  std::atomic<int64_t> gradient_tokens_{0};
+  std::atomic<bool> retired_{false};
+};
+
+// 1..128 characters of [A-Za-z0-9_.-].
+absl::Status ValidateLayerName(absl::string_view name, absl::string_view field);
+
+class LayerStore {
+ public:
+  LayerStore(Executor* executor, RequestLimits limits);
+
+  absl::StatusOr<std::shared_ptr<Layer>> Create(
+      const v1::CreateLayerRequest& request);
+  // NOT_FOUND names the layer; `field` is the request field holding it.
+  absl::StatusOr<std::shared_ptr<Layer>> Find(absl::string_view name,
+                                              absl::string_view field) const;
+  absl::Status Delete(absl::string_view name);
+  std::vector<std::shared_ptr<Layer>> List() const;  // sorted by name
+  size_t size() const;
+
+  void FillInfo(const Layer& layer, v1::LayerInfo* info) const;
+
+  // Parameters (gradients = false) or gradient accumulators, all when
+  // `names` is empty. Returns the gradient token count at the same instant.
+  absl::StatusOr<int64_t> Read(
+      const Layer& layer,
+      const google::protobuf::RepeatedPtrField<std::string>& names,
+      bool gradients, v1::Parameters* out) const;
+  // All tensors are validated before any is written.
+  absl::Status Write(Layer& layer, const v1::Parameters& parameters) const;
+  absl::Status ZeroGradients(Layer& layer) const;
+  absl::StatusOr<std::shared_ptr<Layer>> ConvertLayout(absl::string_view name,
+                                                       int layout);
+
+ private:
+  // Seeded SPEC section 5 initialisation, host side, in parameter order.
+  std::vector<float> InitialValues(const Layer& layer, uint64_t seed) const;
+  absl::StatusOr<std::vector<float>> ValuesFromRequest(
+      const Layer& layer, const v1::Parameters& parameters) const;
+
+  Executor* const executor_;
+  const RequestLimits limits_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Layer>, std::less<>> layers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_LAYER_STORE_H_

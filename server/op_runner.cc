@@ -1,0 +1,528 @@
+#include "server/op_runner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/reflection.h"
+#include "mhc/status.h"
+#include "server/op_defs.h"
+#include "server/spec_convert.h"
+#include "server/status_util.h"
+
+namespace mhc::server {
+
+namespace {
+
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+constexpr size_t kAlignment = 16;
+constexpr size_t kMaxOpId = 64;
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<void, FreeDeleter>;
+
+absl::StatusOr<HostBuffer> AllocateHost(size_t bytes) {
+  if (bytes == 0) return HostBuffer();
+  constexpr size_t kLine = 64;
+  void* p = std::aligned_alloc(kLine, (bytes + kLine - 1) / kLine * kLine);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+  return HostBuffer(p);
+}
+
+bool Aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % kAlignment == 0;
+}
+
+struct PlannedInput {
+  bool present = false;
+  TensorInfo info;
+  absl::string_view bytes;  // inline data of the request
+  int source = -1;          // an earlier output of the batch (Execute refs)
+  const void* data = nullptr;
+  HostBuffer scratch;
+};
+
+struct PlannedOutput {
+  std::string name;  // "<op id>.<field>", or the field for single RPCs
+  TensorInfo info;
+  v1::TensorRef* dest = nullptr;  // set when the client gets it back
+  void* data = nullptr;           // where the op writes, backend memory
+  HostBuffer scratch;
+  bool copy_to_dest = false;  // data is not dest's own bytes
+};
+
+struct PlannedOp {
+  const OpDef* def = nullptr;
+  std::string context;  // message prefix, "ops[2] (pre1): " in a batch
+  std::shared_ptr<Layer> layer;
+  int64_t tokens = 0;
+  DType act_dtype = DType::kF32;
+  std::vector<PlannedInput> inputs;  // by input slot
+  std::vector<int> outputs;          // by output slot; -1: not produced
+  bool accumulate = false;
+};
+
+// Everything one request runs: its ops in order and the arena of their
+// outputs. Outputs are held by pointer so their addresses stay put.
+struct Batch {
+  std::vector<PlannedOp> ops;
+  std::vector<std::unique_ptr<PlannedOutput>> outputs;
+  absl::flat_hash_map<std::string, int> by_name;
+};
+
+bool Participates(Need need, const LayerSpec& spec, bool skip_dx) {
+  switch (need) {
+    case Need::kRequired:
+    case Need::kOptional:
+      return true;
+    case Need::kIfDynamic:
+      return spec.dynamic;
+    case Need::kIfMhc:
+      return spec.kind == LayerKind::kMhc;
+    case Need::kUnlessSkipDx:
+      return !skip_dx;
+  }
+  return true;
+}
+
+absl::string_view WhyAbsent(Need need) {
+  return need == Need::kIfDynamic ? "a static layer" : "a HEAD layer";
+}
+
+absl::Status CheckLayerRule(const OpDef& def, const Layer& layer) {
+  const LayerSpec& spec = layer.spec();
+  switch (def.rule) {
+    case LayerRule::kAny:
+      return absl::OkStatus();
+    case LayerRule::kMhc:
+      if (spec.kind == LayerKind::kMhc) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer: ", def.rpc, " needs an MHC layer; ",
+                       layer.Describe(), " is a HEAD layer (use Head)"));
+    case LayerRule::kDynamic:
+      if (spec.dynamic) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer: ", def.rpc, " needs a dynamic layer; ",
+                       layer.Describe(), " is static (no phi)"));
+    case LayerRule::kHead:
+      if (spec.kind == LayerKind::kHead) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer: ", def.rpc, " needs a HEAD layer; ",
+                       layer.Describe(), " is an MHC layer"));
+  }
+  return absl::OkStatus();
+}
+
+// An input naming an earlier output of the batch; its declared dtype and
+// shape, when given, must agree with that output.
+absl::Status ResolveRef(const v1::TensorRef& ref, absl::string_view field,
+                        const Batch& batch, PlannedInput* input) {
+  auto it = batch.by_name.find(ref.ref());
+  if (it == batch.by_name.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".ref: '", absl::CEscape(ref.ref()),
+        "' is not an output of an earlier op of this batch (expected "
+        "\"<op id>.<output name>\")"));
+  }
+  const PlannedOutput& source = *batch.outputs[it->second];
+  if (ref.dtype() != v1::DTYPE_UNSPECIFIED &&
+      ref.dtype() != DTypeToProto(source.info.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".dtype: ", ref.ref(), " is ", DTypeLabel(source.info.dtype),
+        ", but the reference declares ", v1::DType_Name(ref.dtype())));
+  }
+  std::vector<int64_t> declared(ref.shape().begin(), ref.shape().end());
+  if (!declared.empty() && declared != source.info.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: ", ref.ref(), " has shape ",
+                     ShapeString(source.info.shape),
+                     ", but the reference declares ", ShapeString(declared)));
+  }
+  input->info = source.info;
+  input->source = it->second;
+  return absl::OkStatus();
+}
+
+// Validates one op against its layer and the outputs of earlier ops, and
+// adds its outputs to the arena. Runs nothing.
+absl::Status PlanOp(const OpDef& def, const Message& request,
+                    absl::string_view id, const LayerStore& store,
+                    bool in_batch, Batch* batch, ByteBudget* budget) {
+  const Reflection* refl = request.GetReflection();
+  PlannedOp op;
+  op.def = &def;
+  MHC_ASSIGN_OR_RETURN(
+      op.layer, store.Find(refl->GetString(request, def.layer_field), "layer"));
+  const Layer& layer = *op.layer;
+  const LayerSpec& spec = layer.spec();
+  if (refl->FieldSize(request, def.regions_field) > 0) {
+    return absl::FailedPreconditionError(
+        "output_regions: shared memory is not enabled");
+  }
+  MHC_RETURN_IF_ERROR(CheckLayerRule(def, layer));
+  const bool skip_dx =
+      def.skip_dx_field != nullptr && refl->GetBool(request, def.skip_dx_field);
+  op.accumulate =
+      def.accumulates && !refl->GetBool(request, def.skip_grads_field);
+
+  OpShapes shapes(layer.Describe());
+  op.inputs.resize(def.inputs.size());
+  for (size_t i = 0; i < def.inputs.size(); ++i) {
+    const SlotDef& slot = def.inputs[i];
+    const bool wanted = Participates(slot.need, spec, skip_dx);
+    const bool has = refl->HasField(request, slot.field);
+    if (!wanted) {
+      if (has) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(slot.name, ": must not be set for ",
+                         WhyAbsent(slot.need), " (", layer.Describe(), ")"));
+      }
+      continue;
+    }
+    if (!has) {
+      if (slot.need == Need::kOptional) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          slot.name, ": required by ", def.rpc, " on ", layer.Describe()));
+    }
+    const auto& ref = static_cast<const v1::TensorRef&>(
+        refl->GetMessage(request, slot.field));
+    PlannedInput& input = op.inputs[i];
+    input.present = true;
+    if (ref.data_case() == v1::TensorRef::kRef) {
+      if (!in_batch) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(slot.name,
+                         ".ref: only valid inside Execute (names an earlier "
+                         "op's output)"));
+      }
+      MHC_RETURN_IF_ERROR(ResolveRef(ref, slot.name, *batch, &input));
+    } else {
+      MHC_ASSIGN_OR_RETURN(input.info, DeclaredInfo(ref, slot.name));
+    }
+    MHC_RETURN_IF_ERROR(shapes.Match(
+        input.info, SlotShape{TrailingDims(slot.dims, spec), slot.activation},
+        slot.name));
+    if (input.source < 0) {
+      MHC_RETURN_IF_ERROR(budget->Charge(input.info.bytes, slot.name));
+      MHC_ASSIGN_OR_RETURN(input.bytes,
+                           InlineBytes(ref, input.info, slot.name));
+    }
+  }
+  if (!shapes.has_lead() && def.lead_shape_field != nullptr) {
+    const auto lead =
+        refl->GetRepeatedFieldRef<int64_t>(request, def.lead_shape_field);
+    if (lead.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lead_shape: required for ", layer.Describe(),
+                       ", which is static (no h gives the token shape)"));
+    }
+    MHC_RETURN_IF_ERROR(shapes.SetLead(
+        std::vector<int64_t>(lead.begin(), lead.end()), "lead_shape"));
+  }
+  if (!shapes.has_lead()) {
+    return absl::InvalidArgumentError("no input tensor gives the token shape");
+  }
+  op.tokens = shapes.tokens();
+  op.act_dtype = shapes.act_dtype().value_or(DType::kF32);
+
+  op.outputs.assign(def.outputs.size(), -1);
+  for (size_t j = 0; j < def.outputs.size(); ++j) {
+    const SlotDef& slot = def.outputs[j];
+    if (!Participates(slot.need, spec, skip_dx)) continue;
+    auto out = std::make_unique<PlannedOutput>();
+    out->name = id.empty() ? slot.name : absl::StrCat(id, ".", slot.name);
+    out->info.dtype = slot.activation ? op.act_dtype : DType::kF32;
+    out->info.shape = shapes.lead();
+    for (int64_t d : TrailingDims(slot.dims, spec))
+      out->info.shape.push_back(d);
+    const int64_t size = static_cast<int64_t>(DTypeSize(out->info.dtype));
+    absl::StatusOr<int64_t> elements =
+        CheckedElementCount(out->info.shape, INT64_MAX / size);
+    if (!elements.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(slot.name, ": output shape ",
+                       ShapeString(out->info.shape), " is too large"));
+    }
+    out->info.elements = *elements;
+    out->info.bytes = static_cast<uint64_t>(*elements) * size;
+    MHC_RETURN_IF_ERROR(
+        budget->Charge(out->info.bytes, absl::StrCat("output ", slot.name)));
+    op.outputs[j] = static_cast<int>(batch->outputs.size());
+    batch->by_name[out->name] = op.outputs[j];
+    batch->outputs.push_back(std::move(out));
+  }
+  batch->ops.push_back(std::move(op));
+  return absl::OkStatus();
+}
+
+// Sets dest's dtype and shape and chooses where the op writes: into dest's
+// bytes when the backend can address them, else into scratch.
+absl::Status PrepareHostOutput(PlannedOutput& out) {
+  if (out.dest != nullptr) {
+    out.dest->set_dtype(DTypeToProto(out.info.dtype));
+    out.dest->clear_shape();
+    for (int64_t d : out.info.shape) out.dest->add_shape(d);
+    std::string* bytes = out.dest->mutable_inline_data();
+    bytes->resize(out.info.bytes);
+    if (out.info.bytes == 0 || Aligned(bytes->data())) {
+      out.data = bytes->data();
+      return absl::OkStatus();
+    }
+    out.copy_to_dest = true;
+  }
+  MHC_ASSIGN_OR_RETURN(out.scratch, AllocateHost(out.info.bytes));
+  out.data = out.scratch.get();
+  return absl::OkStatus();
+}
+
+absl::Status PrepareHostInput(PlannedInput& in) {
+  if (in.bytes.empty() || Aligned(in.bytes.data())) {
+    in.data = in.bytes.data();
+    return absl::OkStatus();
+  }
+  MHC_ASSIGN_OR_RETURN(in.scratch, AllocateHost(in.bytes.size()));
+  std::memcpy(in.scratch.get(), in.bytes.data(), in.bytes.size());
+  in.data = in.scratch.get();
+  return absl::OkStatus();
+}
+
+// Device buffers of one request on a backend without host access; freed
+// before the device is released.
+class DeviceStaging {
+ public:
+  explicit DeviceStaging(Backend& backend) : backend_(backend) {}
+  ~DeviceStaging() {
+    for (void* p : buffers_) backend_.Free(p);
+  }
+  absl::StatusOr<void*> Allocate(uint64_t bytes) {
+    if (bytes == 0) return nullptr;
+    absl::StatusOr<void*> p = backend_.Allocate(bytes);
+    if (!p.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes,
+                       " bytes on the device: ", p.status().message()));
+    }
+    buffers_.push_back(*p);
+    return *p;
+  }
+
+ private:
+  Backend& backend_;
+  std::vector<void*> buffers_;
+};
+
+absl::Status RunBatch(Batch& batch, Executor& executor) {
+  const bool host = executor.HostAccessible();
+  if (host) {
+    for (PlannedOp& op : batch.ops) {
+      for (PlannedInput& in : op.inputs) {
+        if (in.present && in.source < 0) {
+          MHC_RETURN_IF_ERROR(PrepareHostInput(in));
+        }
+      }
+    }
+    for (auto& out : batch.outputs) {
+      MHC_RETURN_IF_ERROR(PrepareHostOutput(*out));
+    }
+  } else {
+    for (auto& out : batch.outputs) {
+      if (out->dest == nullptr) continue;
+      out->dest->set_dtype(DTypeToProto(out->info.dtype));
+      out->dest->clear_shape();
+      for (int64_t d : out->info.shape) out->dest->add_shape(d);
+      out->dest->mutable_inline_data()->resize(out->info.bytes);
+    }
+  }
+  auto workspace_bytes = [&](const Backend& backend) {
+    size_t bytes = 0;
+    for (const PlannedOp& op : batch.ops) {
+      bytes =
+          std::max(bytes, backend.WorkspaceBytes(op.def->kind, op.layer->spec(),
+                                                 op.tokens, op.act_dtype));
+    }
+    return bytes;
+  };
+  return executor.Run(workspace_bytes, [&](Backend& backend, Workspace ws) {
+    DeviceStaging staging(backend);
+    for (PlannedOp& op : batch.ops) {
+      MHC_RETURN_IF_ERROR(Annotate(op.layer->CheckCurrent(), op.context));
+      BoundOp bound;
+      bound.spec = &op.layer->spec();
+      bound.tokens = op.tokens;
+      bound.act_dtype = op.act_dtype;
+      bound.weights = op.layer->Weights();
+      if (op.accumulate) bound.grads = op.layer->Grads();
+      for (PlannedInput& in : op.inputs) {
+        if (in.present && in.source < 0 && !host) {
+          MHC_ASSIGN_OR_RETURN(void* p, staging.Allocate(in.bytes.size()));
+          if (p != nullptr) {
+            MHC_RETURN_IF_ERROR(
+                backend.CopyToDevice(p, in.bytes.data(), in.bytes.size()));
+          }
+          in.data = p;
+        }
+        bound.in.push_back(!in.present      ? nullptr
+                           : in.source >= 0 ? batch.outputs[in.source]->data
+                                            : in.data);
+      }
+      for (int index : op.outputs) {
+        if (index >= 0 && !host) {
+          PlannedOutput& out = *batch.outputs[index];
+          MHC_ASSIGN_OR_RETURN(out.data, staging.Allocate(out.info.bytes));
+        }
+        bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
+      }
+      absl::Status status = op.def->launch(backend, bound, ws);
+      if (!status.ok()) {
+        absl::StatusCode code =
+            status.code() == absl::StatusCode::kResourceExhausted
+                ? status.code()
+                : absl::StatusCode::kInternal;
+        return absl::Status(
+            code, absl::StrCat(op.context, op.def->rpc, " on ",
+                               op.layer->Describe(), " failed in the ",
+                               backend.Name(), " backend: ", status.message()));
+      }
+      for (int index : op.outputs) {
+        if (index < 0) continue;
+        PlannedOutput& out = *batch.outputs[index];
+        if (out.dest == nullptr || out.info.bytes == 0) continue;
+        if (!host) {
+          MHC_RETURN_IF_ERROR(
+              backend.CopyToHost(out.dest->mutable_inline_data()->data(),
+                                 out.data, out.info.bytes));
+        } else if (out.copy_to_dest) {
+          std::memcpy(out.dest->mutable_inline_data()->data(), out.data,
+                      out.info.bytes);
+        }
+      }
+      if (op.accumulate && op.def->counts_tokens) {
+        op.layer->AddGradientTokens(op.tokens);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ValidateOpId(absl::string_view id, absl::string_view field) {
+  bool ok = !id.empty() && id.size() <= kMaxOpId;
+  for (char c : id) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                (c >= '0' && c <= '9') || c == '_' || c == '-');
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": expected 1..", kMaxOpId, " characters of [A-Za-z0-9_-], got '",
+      absl::CEscape(id), "'"));
+}
+
+}  // namespace
+
+OpRunner::OpRunner(LayerStore* store, RequestLimits limits)
+    : store_(store), limits_(limits) {}
+
+absl::Status OpRunner::RunSingle(OpKind kind, const Message& request,
+                                 Message* response) {
+  const OpDef& def = GetOpDef(kind);
+  Batch batch;
+  ByteBudget budget(limits_);
+  MHC_RETURN_IF_ERROR(
+      PlanOp(def, request, "", *store_, /*in_batch=*/false, &batch, &budget));
+  const Reflection* refl = response->GetReflection();
+  const PlannedOp& op = batch.ops.front();
+  for (size_t j = 0; j < def.outputs.size(); ++j) {
+    if (op.outputs[j] < 0) continue;
+    batch.outputs[op.outputs[j]]->dest = static_cast<v1::TensorRef*>(
+        refl->MutableMessage(response, def.outputs[j].field));
+  }
+  return RunBatch(batch, *op.layer->executor());
+}
+
+absl::Status OpRunner::Execute(const v1::ExecuteRequest& request,
+                               v1::ExecuteResponse* response) {
+  if (request.ops_size() > limits_.max_batch_ops) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ops: at most ", limits_.max_batch_ops,
+        " ops per batch (--max_batch_ops), got ", request.ops_size()));
+  }
+  Batch batch;
+  ByteBudget budget(limits_);
+  absl::flat_hash_map<std::string, int> ids;
+  Executor* executor = nullptr;
+  for (int i = 0; i < request.ops_size(); ++i) {
+    const v1::Op& op = request.ops(i);
+    std::string context = absl::StrCat("ops[", i, "]");
+    MHC_RETURN_IF_ERROR(ValidateOpId(op.id(), absl::StrCat(context, ".id")));
+    auto [it, inserted] = ids.emplace(op.id(), i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, ".id: '", op.id(), "' is already used by ops[",
+                       it->second, "]"));
+    }
+    absl::StrAppend(&context, " (", op.id(), "): ");
+    const OpDef* def = FindOpDefByOpField(op.op_case());
+    if (def == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(context,
+                       "op: not set (expected one of projection, "
+                       "projection_backward, scale, ..., head_backward)"));
+    }
+    const Message& sub = op.GetReflection()->GetMessage(
+        op, v1::Op::descriptor()->FindFieldByNumber(op.op_case()));
+    MHC_RETURN_IF_ERROR(Annotate(
+        PlanOp(*def, sub, op.id(), *store_, /*in_batch=*/true, &batch, &budget),
+        context));
+    PlannedOp& planned = batch.ops.back();
+    planned.context = context;
+    if (executor == nullptr) executor = planned.layer->executor();
+    if (planned.layer->executor() != executor) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, "layer: ", planned.layer->Describe(), " is on ",
+                       planned.layer->executor()->device(),
+                       "; every op of a batch must use layers of one device (",
+                       executor->device(), ")"));
+    }
+  }
+  std::vector<int> returned;
+  if (request.fetch().empty()) {
+    for (size_t k = 0; k < batch.outputs.size(); ++k) {
+      returned.push_back(static_cast<int>(k));
+    }
+  }
+  for (int i = 0; i < request.fetch_size(); ++i) {
+    auto it = batch.by_name.find(request.fetch(i));
+    if (it == batch.by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fetch[", i, "]: '", absl::CEscape(request.fetch(i)),
+          "' is not an output of this batch (expected \"<op id>.<output "
+          "name>\" with an output field of that op's response)"));
+    }
+    returned.push_back(it->second);
+  }
+  if (batch.ops.empty()) return absl::OkStatus();
+  // All entries first, then pointers: the map never moves them afterwards.
+  auto& outputs = *response->mutable_outputs();
+  for (int k : returned) outputs[batch.outputs[k]->name];
+  for (int k : returned) {
+    batch.outputs[k]->dest = &outputs[batch.outputs[k]->name];
+  }
+  return RunBatch(batch, *executor);
+}
+
+}  // namespace mhc::server

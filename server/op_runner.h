@@ -1,0 +1,47 @@
+// Runs ops: the single-op RPCs and Execute batches share this one path.
+//
+// A request is validated completely before anything runs (layers, layer
+// kinds, every tensor's dtype/shape/bytes, references between ops of a
+// batch, op ids, fetch names, size limits), so a rejected request changes
+// nothing. Then the whole request runs on its device under the device's
+// lock, which orders gradient accumulation.
+//
+// Memory: on host-accessible backends inputs are read in place from the
+// request's bytes when 16-byte aligned (else copied once into aligned
+// scratch), and returned outputs are written directly into the response's
+// inline_data. Outputs of a batch that are not returned live in a
+// request-scoped arena, named "<op id>.<field>", which later ops read by
+// reference. Backends without host access get every tensor staged through
+// device buffers instead.
+#ifndef MHC_SERVER_OP_RUNNER_H_
+#define MHC_SERVER_OP_RUNNER_H_
+
+#include "absl/status/status.h"
+#include "google/protobuf/message.h"
+#include "mhc/backend.h"
+#include "mhc/v1/service.pb.h"
+#include "server/layer_store.h"
+#include "server/tensor_resolver.h"
+
+namespace mhc::server {
+
+class OpRunner {
+ public:
+  OpRunner(LayerStore* store, RequestLimits limits);
+
+  // `request` and `response` are the op's messages (e.g. PreRequest and
+  // PreResponse for kPreForward).
+  absl::Status RunSingle(OpKind kind, const google::protobuf::Message& request,
+                         google::protobuf::Message* response);
+
+  absl::Status Execute(const v1::ExecuteRequest& request,
+                       v1::ExecuteResponse* response);
+
+ private:
+  LayerStore* const store_;
+  const RequestLimits limits_;
+};
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_OP_RUNNER_H_

@@ -1,0 +1,179 @@
+#include "server/server.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "mhc/status.h"
+
+#ifndef MHC_VERSION
+#define MHC_VERSION "0.0.0"
+#endif
+
+namespace mhc::server {
+
+namespace {
+
+constexpr char kServiceName[] = "mhc.v1.Mhc";
+
+struct Listener {
+  std::string address;
+  bool tcp = false;
+  std::string host;  // tcp only
+  int port = 0;      // bound port, filled by gRPC
+};
+
+absl::StatusOr<Listener> ParseListener(const std::string& address) {
+  Listener listener;
+  listener.address = address;
+  if (absl::StartsWith(address, "unix:")) {
+    if (address.size() == 5) {
+      return absl::InvalidArgumentError(
+          "--listen: 'unix:' needs a socket path (unix:/path)");
+    }
+    return listener;
+  }
+  size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen: expected host:port or unix:/path, got '", address, "'"));
+  }
+  listener.tcp = true;
+  listener.host = address.substr(0, colon);
+  return listener;
+}
+
+// gRPC replaces an existing socket file when it binds, which would silently
+// take the path away from a daemon still serving on it. A socket that
+// accepts a connection belongs to a live server; a stale one may be reused.
+absl::Status CheckUnixSocketFree(const std::string& address) {
+  const std::string path = address.substr(5);
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen: socket path of ", address, " is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return absl::OkStatus();
+  bool live =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  if (live) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: ", address, " is in use by a running server"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
+    const ServerConfig& config, std::unique_ptr<Backend> backend) {
+  if (config.listen.empty()) {
+    return absl::InvalidArgumentError("--listen: at least one address");
+  }
+  std::vector<Listener> listeners;
+  for (const std::string& address : config.listen) {
+    MHC_ASSIGN_OR_RETURN(Listener listener, ParseListener(address));
+    if (!listener.tcp) MHC_RETURN_IF_ERROR(CheckUnixSocketFree(address));
+    listeners.push_back(std::move(listener));
+  }
+
+  std::unique_ptr<MhcServer> server(new MhcServer());
+  const std::string backend_name = backend->Name();
+  server->metrics_ = std::make_unique<Metrics>(MHC_VERSION, backend_name);
+  if (!config.metrics_listen.empty()) {
+    MHC_ASSIGN_OR_RETURN(server->metrics_address_,
+                         server->metrics_->Serve(config.metrics_listen));
+  }
+  server->executor_ = std::make_unique<Executor>(std::move(backend), "cpu");
+  server->store_ = std::make_unique<LayerStore>(server->executor_.get(),
+                                                config.service.limits);
+  server->admission_ = std::make_unique<Admission>(config.service.max_inflight);
+  server->service_ = std::make_unique<MhcService>(
+      config.service, server->executor_.get(), server->store_.get(),
+      server->admission_.get(), server->metrics_.get());
+  server->metrics_->SetLayers(0);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const int message_limit = static_cast<int>(
+      std::min<uint64_t>(config.service.max_message_bytes, INT_MAX));
+  builder.SetMaxReceiveMessageSize(message_limit);
+  builder.SetMaxSendMessageSize(message_limit);
+  // Enough threads that requests reach admission control, which answers
+  // the excess with a clear RESOURCE_EXHAUSTED; the quota only backstops
+  // runaway thread creation (open streams hold a thread each).
+  grpc::ResourceQuota quota("mhcd");
+  quota.SetMaxThreads(std::max(16, 2 * config.service.max_inflight + 16));
+  builder.SetResourceQuota(quota);
+  for (Listener& listener : listeners) {
+    builder.AddListeningPort(listener.address,
+                             grpc::InsecureServerCredentials(), &listener.port);
+  }
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: could not start the gRPC server on ",
+                     absl::StrJoin(config.listen, ","),
+                     " (address in use, bad address or no permission)"));
+  }
+  for (const Listener& listener : listeners) {
+    if (listener.tcp && listener.port == 0) {
+      server->server_->Shutdown();
+      return absl::UnavailableError(
+          absl::StrCat("--listen: could not bind ", listener.address));
+    }
+    server->addresses_.push_back(
+        listener.tcp ? absl::StrCat(listener.host, ":", listener.port)
+                     : listener.address);
+  }
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(kServiceName, true);
+  }
+  return server;
+}
+
+MhcServer::~MhcServer() {
+  if (server_ != nullptr) {
+    server_->Shutdown();
+    server_->Wait();
+  }
+}
+
+void MhcServer::Drain(absl::Duration timeout) {
+  admission_->BeginDrain();
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(false);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+void MhcServer::Wait() { server_->Wait(); }
+
+}  // namespace mhc::server

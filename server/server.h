@@ -1,0 +1,66 @@
+// The daemon as an object: backend, device executor, layers, the gRPC
+// server with health and reflection, and the metrics endpoint. main() only
+// parses flags, starts it and waits for a signal to drain it.
+#ifndef MHC_SERVER_SERVER_H_
+#define MHC_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "mhc/backend.h"
+#include "server/executor.h"
+#include "server/layer_store.h"
+#include "server/metrics.h"
+#include "server/service.h"
+
+namespace mhc::server {
+
+struct ServerConfig {
+  // "host:port" (port 0 picks a free port) or "unix:/path".
+  std::vector<std::string> listen;
+  // "host:port"; empty: no metrics endpoint.
+  std::string metrics_listen;
+  ServiceOptions service;
+};
+
+class MhcServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MhcServer>> Start(
+      const ServerConfig& config, std::unique_ptr<Backend> backend);
+  ~MhcServer();
+
+  // The listeners as bound: real ports in place of 0.
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  // "host:port" of the metrics endpoint, empty when disabled.
+  const std::string& metrics_address() const { return metrics_address_; }
+  std::string backend_name() const { return executor_->BackendName(); }
+
+  // Health goes NOT_SERVING, new requests get UNAVAILABLE, and the server
+  // stops accepting; in-flight requests get until `timeout` to finish.
+  // Returns when the server has shut down.
+  void Drain(absl::Duration timeout);
+  // Blocks until the server has shut down.
+  void Wait();
+
+ private:
+  MhcServer() = default;
+
+  // Destroyed bottom-up: the gRPC server first (no more handlers), the
+  // layers before the executor whose memory they hold.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<LayerStore> store_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<MhcService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> addresses_;
+  std::string metrics_address_;
+};
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_SERVER_H_

@@ -1,0 +1,232 @@
+#include "server/service.h"
+
+#include <exception>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "mhc/status.h"
+#include "server/status_util.h"
+
+#ifndef MHC_VERSION
+#define MHC_VERSION "0.0.0"
+#endif
+
+namespace mhc::server {
+
+MhcService::MhcService(const ServiceOptions& options, Executor* executor,
+                       LayerStore* store, Admission* admission,
+                       Metrics* metrics)
+    : options_(options),
+      executor_(executor),
+      store_(store),
+      admission_(admission),
+      metrics_(metrics),
+      runner_(store, options.limits) {}
+
+grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
+                                absl::FunctionRef<absl::Status()> body) {
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  {
+    absl::StatusOr<Admission::Ticket> ticket = Admission::Ticket(nullptr);
+    if (admit) ticket = admission_->TryEnter();
+    if (!ticket.ok()) {
+      status = ticket.status();
+    } else {
+      metrics_->AddInflight(1);
+      // Requests are bounded by the size limits, so running out of memory
+      // is an answer to this request, never a reason to take the daemon
+      // down.
+      try {
+        status = body();
+      } catch (const std::bad_alloc&) {
+        status = absl::ResourceExhaustedError(
+            absl::StrCat(rpc, ": out of memory while handling the request"));
+      } catch (const std::exception& e) {
+        status = absl::InternalError(absl::StrCat(rpc, ": ", e.what()));
+      }
+      metrics_->AddInflight(-1);
+    }
+  }
+  grpc::Status result = ToGrpcStatus(status);
+  metrics_->RecordRequest(rpc, result.error_code(),
+                          absl::ToDoubleSeconds(absl::Now() - start));
+  return result;
+}
+
+grpc::Status MhcService::RunOp(absl::string_view rpc, OpKind kind,
+                               const google::protobuf::Message& request,
+                               google::protobuf::Message* response) {
+  return Handle(rpc, true,
+                [&] { return runner_.RunSingle(kind, request, response); });
+}
+
+grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
+                                       const v1::GetServerInfoRequest*,
+                                       v1::GetServerInfoResponse* response) {
+  return Handle("GetServerInfo", false, [&] {
+    response->set_version(MHC_VERSION);
+    response->set_backend(executor_->BackendName());
+    v1::Device* device = response->add_devices();
+    device->set_name(executor_->device());
+    device->set_backend(executor_->BackendName());
+    device->set_description(executor_->Description());
+    for (const std::string& preset : PresetNames()) {
+      response->add_presets(preset);
+    }
+    response->add_dtypes(v1::DTYPE_F32);
+    response->add_dtypes(v1::DTYPE_F16);
+    response->add_dtypes(v1::DTYPE_BF16);
+    response->add_layouts(v1::LAYOUT_STREAM_MAJOR);
+    response->add_layouts(v1::LAYOUT_STREAM_MINOR);
+    v1::Limits* limits = response->mutable_limits();
+    limits->set_max_message_bytes(options_.max_message_bytes);
+    limits->set_max_tensor_bytes(options_.limits.max_tensor_bytes);
+    limits->set_max_request_bytes(options_.limits.max_request_bytes);
+    limits->set_max_inflight(options_.max_inflight);
+    limits->set_max_streams(kMaxStreams);
+    limits->set_max_sinkhorn_iterations(kMaxSinkhornIterations);
+    limits->set_max_batch_ops(options_.limits.max_batch_ops);
+    response->set_draining(admission_->draining());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::CreateLayer(grpc::ServerContext*,
+                                     const v1::CreateLayerRequest* request,
+                                     v1::LayerInfo* response) {
+  return Handle("CreateLayer", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Create(*request));
+    metrics_->SetLayers(store_->size());
+    store_->FillInfo(*layer, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::GetLayer(grpc::ServerContext*,
+                                  const v1::GetLayerRequest* request,
+                                  v1::LayerInfo* response) {
+  return Handle("GetLayer", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->name(), "name"));
+    store_->FillInfo(*layer, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::ListLayers(grpc::ServerContext*,
+                                    const v1::ListLayersRequest*,
+                                    v1::ListLayersResponse* response) {
+  return Handle("ListLayers", true, [&] {
+    for (const auto& layer : store_->List()) {
+      store_->FillInfo(*layer, response->add_layers());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::DeleteLayer(grpc::ServerContext*,
+                                     const v1::DeleteLayerRequest* request,
+                                     v1::DeleteLayerResponse*) {
+  return Handle("DeleteLayer", true, [&]() -> absl::Status {
+    if (request->name().empty()) {
+      return absl::InvalidArgumentError("name: required (a layer name)");
+    }
+    MHC_RETURN_IF_ERROR(store_->Delete(request->name()));
+    metrics_->SetLayers(store_->size());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::GetParameters(grpc::ServerContext*,
+                                       const v1::GetParametersRequest* request,
+                                       v1::Parameters* response) {
+  return Handle("GetParameters", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->layer(), "layer"));
+    return store_->Read(*layer, request->names(), /*gradients=*/false, response)
+        .status();
+  });
+}
+
+grpc::Status MhcService::SetParameters(grpc::ServerContext*,
+                                       const v1::SetParametersRequest* request,
+                                       v1::LayerInfo* response) {
+  return Handle("SetParameters", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->layer(), "layer"));
+    MHC_RETURN_IF_ERROR(store_->Write(*layer, request->parameters()));
+    store_->FillInfo(*layer, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::GetGradients(grpc::ServerContext*,
+                                      const v1::GetGradientsRequest* request,
+                                      v1::GetGradientsResponse* response) {
+  return Handle("GetGradients", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->layer(), "layer"));
+    MHC_ASSIGN_OR_RETURN(
+        int64_t tokens,
+        store_->Read(*layer, request->names(), /*gradients=*/true,
+                     response->mutable_gradients()));
+    response->set_gradient_tokens(tokens);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::ZeroGradients(grpc::ServerContext*,
+                                       const v1::ZeroGradientsRequest* request,
+                                       v1::ZeroGradientsResponse*) {
+  return Handle("ZeroGradients", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->layer(), "layer"));
+    return store_->ZeroGradients(*layer);
+  });
+}
+
+grpc::Status MhcService::ConvertLayout(grpc::ServerContext*,
+                                       const v1::ConvertLayoutRequest* request,
+                                       v1::LayerInfo* response) {
+  return Handle("ConvertLayout", true, [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(
+        std::shared_ptr<Layer> layer,
+        store_->ConvertLayout(request->layer(), request->layout()));
+    store_->FillInfo(*layer, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::Execute(grpc::ServerContext*,
+                                 const v1::ExecuteRequest* request,
+                                 v1::ExecuteResponse* response) {
+  return Handle("Execute", true,
+                [&] { return runner_.Execute(*request, response); });
+}
+
+grpc::Status MhcService::ExecuteStream(
+    grpc::ServerContext*,
+    grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream) {
+  // Each batch is admitted and measured on its own: a long-lived stream
+  // holds no admission slot between batches. A failed batch ends the
+  // stream with its status, since a stream has only one.
+  v1::ExecuteRequest request;
+  while (stream->Read(&request)) {
+    v1::ExecuteResponse response;
+    grpc::Status status = Handle("ExecuteStream", true, [&] {
+      return runner_.Execute(request, &response);
+    });
+    if (!status.ok()) return status;
+    if (!stream->Write(response)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the client closed the stream");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace mhc::server

@@ -1,0 +1,94 @@
+// The mhc.v1.Mhc service: thin handlers that admit the request, call the
+// layer store or the op runner, map the status and record metrics.
+#ifndef MHC_SERVER_SERVICE_H_
+#define MHC_SERVER_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "mhc/v1/service.grpc.pb.h"
+#include "server/executor.h"
+#include "server/layer_store.h"
+#include "server/metrics.h"
+#include "server/op_runner.h"
+
+namespace mhc::server {
+
+struct ServiceOptions {
+  RequestLimits limits;
+  uint64_t max_message_bytes = uint64_t{1} << 30;
+  int max_inflight = 64;
+};
+
+#define MHC_UNARY(Rpc, Req, Resp)                                        \
+  grpc::Status Rpc(grpc::ServerContext* context, const v1::Req* request, \
+                   v1::Resp* response) override
+
+class MhcService final : public v1::Mhc::Service {
+ public:
+  MhcService(const ServiceOptions& options, Executor* executor,
+             LayerStore* store, Admission* admission, Metrics* metrics);
+
+  MHC_UNARY(GetServerInfo, GetServerInfoRequest, GetServerInfoResponse);
+  MHC_UNARY(CreateLayer, CreateLayerRequest, LayerInfo);
+  MHC_UNARY(GetLayer, GetLayerRequest, LayerInfo);
+  MHC_UNARY(ListLayers, ListLayersRequest, ListLayersResponse);
+  MHC_UNARY(DeleteLayer, DeleteLayerRequest, DeleteLayerResponse);
+  MHC_UNARY(GetParameters, GetParametersRequest, Parameters);
+  MHC_UNARY(SetParameters, SetParametersRequest, LayerInfo);
+  MHC_UNARY(GetGradients, GetGradientsRequest, GetGradientsResponse);
+  MHC_UNARY(ZeroGradients, ZeroGradientsRequest, ZeroGradientsResponse);
+  MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
+
+  MHC_UNARY(Projection, ProjectionRequest, ProjectionResponse);
+  MHC_UNARY(ProjectionBackward, ProjectionBackwardRequest,
+            ProjectionBackwardResponse);
+  MHC_UNARY(Scale, ScaleRequest, ScaleResponse);
+  MHC_UNARY(ScaleBackward, ScaleBackwardRequest, ScaleBackwardResponse);
+  MHC_UNARY(Sinkhorn, SinkhornRequest, SinkhornResponse);
+  MHC_UNARY(SinkhornBackward, SinkhornBackwardRequest,
+            SinkhornBackwardResponse);
+  MHC_UNARY(Aggregate, AggregateRequest, AggregateResponse);
+  MHC_UNARY(AggregateBackward, AggregateBackwardRequest,
+            AggregateBackwardResponse);
+  MHC_UNARY(ExpandCombine, PostRequest, PostResponse);
+  MHC_UNARY(ExpandCombineBackward, PostBackwardRequest, PostBackwardResponse);
+  MHC_UNARY(Pre, PreRequest, PreResponse);
+  MHC_UNARY(PreBackward, PreBackwardRequest, PreBackwardResponse);
+  MHC_UNARY(Post, PostRequest, PostResponse);
+  MHC_UNARY(PostBackward, PostBackwardRequest, PostBackwardResponse);
+  MHC_UNARY(Expand, ExpandRequest, ExpandResponse);
+  MHC_UNARY(ExpandBackward, ExpandBackwardRequest, ExpandBackwardResponse);
+  MHC_UNARY(Head, HeadRequest, HeadResponse);
+  MHC_UNARY(HeadBackward, HeadBackwardRequest, HeadBackwardResponse);
+  MHC_UNARY(Execute, ExecuteRequest, ExecuteResponse);
+
+  grpc::Status ExecuteStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream)
+      override;
+
+ private:
+  // Admission (unless `admit` is false), the call, status mapping, metrics.
+  grpc::Status Handle(absl::string_view rpc, bool admit,
+                      absl::FunctionRef<absl::Status()> body);
+  grpc::Status RunOp(absl::string_view rpc, OpKind kind,
+                     const google::protobuf::Message& request,
+                     google::protobuf::Message* response);
+
+  const ServiceOptions options_;
+  Executor* const executor_;
+  LayerStore* const store_;
+  Admission* const admission_;
+  Metrics* const metrics_;
+  OpRunner runner_;
+};
+
+#undef MHC_UNARY
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_SERVICE_H_

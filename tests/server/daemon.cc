@@ -1,0 +1,206 @@
+#include "daemon.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace mhc::testing {
+namespace {
+
+// Parses "http://host:port/metrics" out of the daemon's metrics line.
+bool ParseMetricsLine(absl::string_view line, std::string* host, int* port) {
+  constexpr absl::string_view kPrefix = "mhcd: metrics on http://";
+  if (!absl::StartsWith(line, kPrefix)) return false;
+  absl::string_view rest = line.substr(kPrefix.size());
+  rest = rest.substr(0, rest.find('/'));
+  size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  *host = std::string(rest.substr(0, colon));
+  return absl::SimpleAtoi(rest.substr(colon + 1), port);
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, int stdout_fd) {
+  std::vector<char*> args;
+  for (const std::string& arg : argv)
+    args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
+    const std::vector<std::string>& flags) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  char dir[] = "/tmp/mhcd-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+  }
+  d->dir_ = dir;
+  d->address_ = absl::StrCat("unix:", d->dir_, "/mhcd.sock");
+  std::vector<std::string> argv = {MHC_MHCD_PATH, "--listen=" + d->address_,
+                                   "--metrics_listen=127.0.0.1:0",
+                                   "--backend=cpu", "--threads=2"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  d->pid_ = Spawn(argv, pipe_fds[1]);
+  close(pipe_fds[1]);
+  if (d->pid_ < 0) {
+    close(pipe_fds[0]);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  int read_fd = pipe_fds[0];
+  Daemon* raw = d.get();
+  d->reader_ = std::thread([raw, read_fd] { raw->ReadLoop(read_fd); });
+
+  absl::MutexLock lock(&d->mu_);
+  auto ready_or_eof = [raw]() ABSL_SHARED_LOCKS_REQUIRED(raw->mu_) {
+    return raw->eof_ || absl::StrContains(raw->stdout_, "mhcd: ready");
+  };
+  d->mu_.AwaitWithTimeout(absl::Condition(&ready_or_eof), absl::Seconds(30));
+  if (!absl::StrContains(d->stdout_, "mhcd: ready")) {
+    return absl::UnavailableError(
+        absl::StrCat("mhcd did not become ready; stdout:\n", d->stdout_));
+  }
+  for (absl::string_view line : absl::StrSplit(d->stdout_, '\n')) {
+    ParseMetricsLine(line, &d->metrics_host_, &d->metrics_port_);
+  }
+  return d;
+}
+
+void Daemon::ReadLoop(int fd) {
+  char buffer[4096];
+  while (true) {
+    ssize_t got = read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    absl::MutexLock lock(&mu_);
+    stdout_.append(buffer, static_cast<size_t>(got));
+  }
+  close(fd);
+  absl::MutexLock lock(&mu_);
+  eof_ = true;
+}
+
+Daemon::~Daemon() {
+  if (pid_ > 0 && !exited_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (reader_.joinable()) reader_.join();
+  std::error_code ignored;
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Daemon::Connect(
+    absl::Duration timeout) const {
+  client::ClientOptions options;
+  options.timeout = timeout;
+  return client::Client::Connect(address_, options);
+}
+
+void Daemon::Signal(int signal) const {
+  if (pid_ > 0 && !exited_) kill(pid_, signal);
+}
+
+absl::StatusOr<int> Daemon::Wait(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t got = waitpid(pid_, &status, WNOHANG);
+    if (got == pid_) {
+      exited_ = true;
+      if (reader_.joinable()) reader_.join();
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      return 128 + WTERMSIG(status);
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("mhcd did not exit in time");
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+std::string Daemon::Stdout() const {
+  absl::MutexLock lock(&mu_);
+  return stdout_;
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
+                                    const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return absl::InvalidArgumentError("HttpGet: host must be an IPv4 address");
+  }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect: ", strerror(errno)));
+  }
+  std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host,
+                                     "\r\nConnection: close\r\n\r\n");
+  if (write(fd, request.data(), request.size()) !=
+      static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::InternalError("write");
+  }
+  std::string response;
+  char buffer[8192];
+  ssize_t got;
+  while ((got = read(fd, buffer, sizeof(buffer))) > 0) {
+    response.append(buffer, static_cast<size_t>(got));
+  }
+  close(fd);
+  return response;
+}
+
+absl::StatusOr<std::pair<int, std::string>> RunCommand(
+    const std::vector<std::string>& argv) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
+  pid_t pid = Spawn(argv, pipe_fds[1]);
+  close(pipe_fds[1]);
+  std::string out;
+  char buffer[4096];
+  ssize_t got;
+  while ((got = read(pipe_fds[0], buffer, sizeof(buffer))) > 0 ||
+         (got < 0 && errno == EINTR)) {
+    if (got > 0) out.append(buffer, static_cast<size_t>(got));
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return std::make_pair(code, out);
+}
+
+}  // namespace mhc::testing

@@ -1,0 +1,70 @@
+// Runs the real mhcd binary for a test: a fresh temp dir, a unix socket in
+// it, a free metrics port, and stdout parsed for the listen / metrics /
+// ready lines. The process is killed (SIGKILL) if a test leaves it running.
+#ifndef MHC_TESTS_SERVER_DAEMON_H_
+#define MHC_TESTS_SERVER_DAEMON_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "mhc/client/client.h"
+
+namespace mhc::testing {
+
+class Daemon {
+ public:
+  // Starts mhcd with --listen=unix:<tmp>/mhcd.sock
+  // --metrics_listen=127.0.0.1:0 --backend=cpu plus `flags` (later flags
+  // win) and waits up to 30 s for its ready line.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const std::vector<std::string>& flags = {});
+  ~Daemon();
+
+  const std::string& address() const { return address_; }  // unix:/...
+  const std::string& metrics_host() const { return metrics_host_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
+
+  absl::StatusOr<std::unique_ptr<client::Client>> Connect(
+      absl::Duration timeout = absl::Seconds(60)) const;
+
+  void Signal(int signal) const;
+  // Waits for the process to exit; returns its exit code, or 128 + signal.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // Everything the daemon printed on stdout so far.
+  std::string Stdout() const;
+
+ private:
+  Daemon() = default;
+  void ReadLoop(int fd);
+
+  std::string dir_;
+  std::string address_;
+  std::string metrics_host_;
+  int metrics_port_ = 0;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::thread reader_;
+  mutable absl::Mutex mu_;
+  std::string stdout_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// GET http://host:port/path over a plain socket; the whole response.
+absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
+                                    const std::string& path);
+
+// Runs a command line, returns (exit code, stdout).
+absl::StatusOr<std::pair<int, std::string>> RunCommand(
+    const std::vector<std::string>& argv);
+
+}  // namespace mhc::testing
+
+#endif  // MHC_TESTS_SERVER_DAEMON_H_
