@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mhc/status.h"
-#include "server/spec_convert.h"
+#include "convert/spec_convert.h"
 
 namespace mhc::server {
 

@@ -16,7 +16,7 @@
 #include "google/protobuf/reflection.h"
 #include "mhc/status.h"
 #include "server/op_defs.h"
-#include "server/spec_convert.h"
+#include "convert/spec_convert.h"
 #include "server/status_util.h"
 
 namespace mhc::server {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "convert/spec_convert.h"
 #include "gtest/gtest.h"
 #include "mhc/client/client.h"
 #include "mhc/client/compare.h"

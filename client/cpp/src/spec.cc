@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "convert/spec_convert.h"
 
 namespace mhc::client {
 namespace {
@@ -39,7 +40,6 @@ absl::StatusOr<Enum> ParseEnum(absl::string_view name,
 }  // namespace
 
 absl::StatusOr<LayerSpec> SpecFromProto(const v1::LayerSpec& p) {
-  LayerSpec spec;
   if (p.kind() == v1::LAYER_KIND_UNSPECIFIED) return Unresolved("kind");
   if (p.layout() == v1::LAYOUT_UNSPECIFIED) return Unresolved("layout");
   if (p.orientation() == v1::ORIENTATION_UNSPECIFIED) {
@@ -59,47 +59,8 @@ absl::StatusOr<LayerSpec> SpecFromProto(const v1::LayerSpec& p) {
   if (!p.has_eps_pre()) return Unresolved("eps_pre");
   if (!p.has_post_mult()) return Unresolved("post_mult");
   if (!p.has_dynamic()) return Unresolved("dynamic");
-  spec.kind = static_cast<LayerKind>(p.kind());
-  spec.n = p.n();
-  spec.hidden = p.hidden();
-  spec.layout = static_cast<Layout>(p.layout());
-  spec.orientation = static_cast<Orientation>(p.orientation());
-  spec.sinkhorn_mode = static_cast<SinkhornMode>(p.sinkhorn_mode());
-  spec.sinkhorn_iterations = p.sinkhorn_iterations();
-  spec.eps_sk = p.has_eps_sk() ? p.eps_sk() : 0.0f;
-  spec.eps_rms = p.eps_rms();
-  spec.eps_placement = static_cast<EpsPlacement>(p.eps_placement());
-  spec.eps_pre = p.eps_pre();
-  spec.post_mult = p.post_mult();
-  spec.dynamic = p.dynamic();
-  spec.has_gamma = p.has_gamma();
-  spec.has_post_bias = p.has_post_bias();
-  spec.matmul_precision = static_cast<MatmulPrecision>(p.matmul_precision());
-  absl::Status valid = ValidateSpec(spec);
-  if (!valid.ok()) return valid;
-  return spec;
-}
-
-v1::LayerSpec SpecToProto(const LayerSpec& spec) {
-  v1::LayerSpec p;
-  p.set_kind(static_cast<v1::LayerKind>(spec.kind));
-  p.set_n(spec.n);
-  p.set_hidden(spec.hidden);
-  p.set_layout(static_cast<v1::Layout>(spec.layout));
-  p.set_orientation(static_cast<v1::Orientation>(spec.orientation));
-  p.set_sinkhorn_mode(static_cast<v1::SinkhornMode>(spec.sinkhorn_mode));
-  p.set_sinkhorn_iterations(spec.sinkhorn_iterations);
-  p.set_eps_sk(spec.eps_sk);
-  p.set_eps_rms(spec.eps_rms);
-  p.set_eps_placement(static_cast<v1::EpsPlacement>(spec.eps_placement));
-  p.set_eps_pre(spec.eps_pre);
-  p.set_post_mult(spec.post_mult);
-  p.set_dynamic(spec.dynamic);
-  p.set_has_gamma(spec.has_gamma);
-  p.set_has_post_bias(spec.has_post_bias);
-  p.set_matmul_precision(
-      static_cast<v1::MatmulPrecision>(spec.matmul_precision));
-  return p;
+  // Every field is set, so the overrides replace the whole preset.
+  return ResolveSpec("", p);
 }
 
 absl::StatusOr<v1::Layout> ParseLayout(absl::string_view name) {

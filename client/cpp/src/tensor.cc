@@ -6,35 +6,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "convert/spec_convert.h"
 #include "mhc/dtype.h"
 
 namespace mhc::client {
-
-absl::StatusOr<DType> FromProtoDType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype: unsupported value ", static_cast<int>(dtype)));
-  }
-}
-
-v1::DType ToProtoDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return v1::DTYPE_F32;
-    case DType::kF16:
-      return v1::DTYPE_F16;
-    case DType::kBF16:
-      return v1::DTYPE_BF16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   std::string lower = absl::AsciiStrToLower(name);
@@ -104,7 +79,7 @@ v1::TensorRef ToTensorRef(const HostTensor& tensor) {
 
 v1::TensorRef ToTensorRef(HostTensor&& tensor) {
   v1::TensorRef ref;
-  ref.set_dtype(ToProtoDType(tensor.dtype));
+  ref.set_dtype(DTypeToProto(tensor.dtype));
   for (int64_t dim : tensor.shape) ref.add_shape(dim);
   ref.set_inline_data(std::move(tensor.bytes));
   return ref;
@@ -115,7 +90,7 @@ absl::StatusOr<HostTensor> FromTensorRef(const v1::TensorRef& ref) {
     return absl::InvalidArgumentError(
         "tensor: only inline tensors can be read on the client");
   }
-  absl::StatusOr<DType> dtype = FromProtoDType(ref.dtype());
+  absl::StatusOr<DType> dtype = DTypeFromProto(ref.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
   std::vector<int64_t> shape(ref.shape().begin(), ref.shape().end());
   absl::StatusOr<int64_t> count = CheckedElementCount(shape);
@@ -135,7 +110,7 @@ absl::StatusOr<HostTensor> FromTensorRef(const v1::TensorRef& ref) {
 }
 
 std::string DescribeTensor(const v1::TensorRef& ref) {
-  absl::StatusOr<DType> dtype = FromProtoDType(ref.dtype());
+  absl::StatusOr<DType> dtype = DTypeFromProto(ref.dtype(), "dtype");
   return absl::StrCat("[", absl::StrJoin(ref.shape(), ", "), "] ",
                       dtype.ok() ? DTypeName(*dtype) : "?");
 }

@@ -19,8 +19,8 @@ namespace mhc::client {
 
 // A fully resolved spec (as GetLayer returns it); UNSPECIFIED enums and unset
 // optional fields are errors, since a resolved spec has every field set.
+// (SpecToProto, the other direction, is in convert/spec_convert.h.)
 absl::StatusOr<LayerSpec> SpecFromProto(const v1::LayerSpec& proto);
-v1::LayerSpec SpecToProto(const LayerSpec& spec);
 
 // Lower-case names used by mhcctl flags and output ("stream_major", ...).
 absl::StatusOr<v1::Layout> ParseLayout(absl::string_view name);

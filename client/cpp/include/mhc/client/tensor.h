@@ -16,8 +16,6 @@
 
 namespace mhc::client {
 
-absl::StatusOr<DType> FromProtoDType(v1::DType dtype);
-v1::DType ToProtoDType(DType dtype);
 // "f32" / "fp32" / "float32", "f16" / "fp16", "bf16".
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 

@@ -1,6 +1,7 @@
-// Conversions between the API's messages and the kernels' vocabulary.
-#ifndef MHC_SERVER_SPEC_CONVERT_H_
-#define MHC_SERVER_SPEC_CONVERT_H_
+// Conversions between the API's messages and the kernels' vocabulary, shared
+// by the daemon and the clients so both read the API the same way.
+#ifndef MHC_PROTO_CONVERT_SPEC_CONVERT_H_
+#define MHC_PROTO_CONVERT_SPEC_CONVERT_H_
 
 #include <string>
 
@@ -10,7 +11,7 @@
 #include "mhc/v1/layer.pb.h"
 #include "mhc/v1/tensor.pb.h"
 
-namespace mhc::server {
+namespace mhc {
 
 // The preset (empty: deepseek_v4) with the request's overrides applied
 // (see mhc.v1.LayerSpec), validated. Errors name the field.
@@ -19,6 +20,7 @@ absl::StatusOr<LayerSpec> ResolveSpec(absl::string_view preset,
 
 // Every field set.
 void SpecToProto(const LayerSpec& spec, v1::LayerSpec* out);
+v1::LayerSpec SpecToProto(const LayerSpec& spec);
 
 // Activation dtype of the API; INVALID_ARGUMENT naming `field` for
 // UNSPECIFIED or an unknown value.
@@ -32,6 +34,6 @@ v1::Layout LayoutToProto(Layout layout);
 std::string LayoutLabel(Layout layout);
 std::string DTypeLabel(DType dtype);
 
-}  // namespace mhc::server
+}  // namespace mhc
 
-#endif  // MHC_SERVER_SPEC_CONVERT_H_
+#endif  // MHC_PROTO_CONVERT_SPEC_CONVERT_H_

@@ -1,9 +1,9 @@
-#include "server/spec_convert.h"
+#include "convert/spec_convert.h"
 
 #include "absl/strings/str_cat.h"
 #include "mhc/status.h"
 
-namespace mhc::server {
+namespace mhc {
 
 namespace {
 
@@ -201,4 +201,10 @@ void SpecToProto(const LayerSpec& spec, v1::LayerSpec* out) {
                                 : v1::MATMUL_PRECISION_TF32);
 }
 
-}  // namespace mhc::server
+v1::LayerSpec SpecToProto(const LayerSpec& spec) {
+  v1::LayerSpec out;
+  SpecToProto(spec, &out);
+  return out;
+}
+
+}  // namespace mhc
