@@ -1,0 +1,113 @@
+// Aggregate y[c] = sum_i H_pre[i] x[i][c] and its backward.
+// Determinism / batch invariance: one CTA per token; y and dx are
+// elementwise with the stream sum in order i = 0..n-1; dh_pre is reduced over
+// channels by a fixed-shape block reduction (BlockSum), so a token's results
+// never depend on M or on the grid.
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+
+namespace mhc::cuda {
+namespace {
+
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
+  const int n = NT == 4 ? 4 : s.n;
+  const int64_t m = blockIdx.x;
+  __shared__ float hp[NT];
+  if (threadIdx.x < NT) {
+    hp[threadIdx.x] = threadIdx.x < n ? h_pre[m * n + threadIdx.x] : 0.0f;
+  }
+  __syncthreads();
+  const T* row = x + m * s.K;
+  T* out = y + m * s.C;
+  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+    float xv[NT][V];
+    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      if (i >= n) break;
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], xv[i][v], acc[v]);
+    }
+    StoreVec<T, V>(out + c, acc);
+  }
+}
+
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
+                              const T* dy, T* dx, float* dh_pre) {
+  const int n = NT == 4 ? 4 : s.n;
+  const int64_t m = blockIdx.x;
+  __shared__ float hp[NT];
+  __shared__ float red[NT * (kRowThreads / 32)];
+  __shared__ float total[NT];
+  if (threadIdx.x < NT) {
+    hp[threadIdx.x] = threadIdx.x < n ? h_pre[m * n + threadIdx.x] : 0.0f;
+  }
+  __syncthreads();
+  const T* row = x + m * s.K;
+  const T* dy_row = dy + m * s.C;
+  T* dx_row = dx + m * s.K;
+  float acc[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
+  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+    float xv[NT][V];
+    float d[V];
+    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    LoadChannels<T, V>(dy_row, c, d);
+    float out[NT][V];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        acc[i] = fmaf(d[v], xv[i][v], acc[i]);
+        out[i][v] = hp[i] * d[v];
+      }
+    }
+    StoreStreams<T, NT, V>(s, n, dx_row, c, out);
+  }
+  BlockSum<NT>(acc, red, total);
+  if (threadIdx.x < n) dh_pre[m * n + threadIdx.x] = total[threadIdx.x];
+}
+
+}  // namespace
+
+absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
+                                    cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.x, p.y);
+  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
+        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+            s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
+  });
+  MHC_CUDA_CHECK_LAUNCH("aggregate forward",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
+                                     cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.x, p.dy, p.dx);
+  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value>
+        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+            s, static_cast<const T*>(p.x), p.h_pre, static_cast<const T*>(p.dy),
+            static_cast<T*>(p.dx), p.dh_pre);
+  });
+  MHC_CUDA_CHECK_LAUNCH("aggregate backward",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda

@@ -1,0 +1,217 @@
+// The CUDA Backend: device selection, memory, copies on the backend's
+// stream, exact workspace sizes and the op dispatch to the launchers.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common.cuh"
+#include "cuda_backend.h"
+#include "launch.h"
+#include "mhc/cuda.h"
+#include "mhc/status.h"
+
+namespace mhc {
+namespace cuda {
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: device ", device, " not available (", count,
+                     " CUDA devices)"));
+  }
+  const std::string what = absl::StrCat("device ", device);
+  MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "create backend", what);
+  cudaDeviceProp prop;
+  MHC_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device),
+                           "create backend", what);
+  cudaStream_t stream = nullptr;
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+      "create backend", what);
+  return std::unique_ptr<CudaBackend>(new CudaBackend(
+      device, stream, absl::StrCat(prop.name, " (", device, ")")));
+}
+
+CudaBackend::~CudaBackend() {
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+absl::Status CudaBackend::Activate(const char* what) const {
+  MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), what,
+                           absl::StrCat("device ", device_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("allocate"));
+  if (bytes == 0) return nullptr;
+  void* pointer = nullptr;
+  const cudaError_t error = cudaMalloc(&pointer, bytes);
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // cudaMalloc failures are not sticky; clear them
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda allocate ", bytes, " bytes on device ", device_,
+                     ": ", cudaGetErrorString(error)));
+  }
+  return pointer;
+}
+
+void CudaBackend::Free(void* pointer) {
+  if (pointer == nullptr) return;
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  // Pending work may still read the buffer.
+  cudaStreamSynchronize(stream_);
+  cudaFree(pointer);
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src,
+                                       size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("copy to device"));
+  if (bytes == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(bytes, " bytes");
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+      "copy to device", what);
+  // The host buffer may be reused as soon as we return.
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copy to device",
+                           what);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src,
+                                     size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("copy to host"));
+  if (bytes == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(bytes, " bytes");
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+      "copy to host", what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "copy to host",
+                           what);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("memset"));
+  if (bytes == 0) return absl::OkStatus();
+  MHC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, stream_),
+                           "memset", absl::StrCat(bytes, " bytes"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  MHC_RETURN_IF_ERROR(Activate("synchronize"));
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "synchronize",
+                           absl::StrCat("device ", device_));
+  return absl::OkStatus();
+}
+
+size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
+                                   int64_t tokens, DType /*act_dtype*/) const {
+  if (tokens <= 0) return 0;
+  switch (op) {
+    case OpKind::kProjectionBackward:
+      return ProjectionBackwardWorkspace(spec, tokens);
+    case OpKind::kScaleBackward:
+      return ScaleBackwardWorkspace(spec, tokens);
+    case OpKind::kPostBackward:
+      return PostBackwardWorkspace(spec, tokens);
+    case OpKind::kPreBackward:
+    case OpKind::kHeadBackward:
+      return FusedBackwardWorkspace(spec, tokens);
+    default:
+      return 0;
+  }
+}
+
+#define MHC_CUDA_RUN_(launch)          \
+  MHC_RETURN_IF_ERROR(Activate("op")); \
+  return launch
+
+absl::Status CudaBackend::RunProjectionForward(const ProjectionForwardParams& p,
+                                               Workspace) {
+  MHC_CUDA_RUN_(LaunchProjectionForward(p, stream_));
+}
+absl::Status CudaBackend::RunProjectionBackward(
+    const ProjectionBackwardParams& p, Workspace ws) {
+  MHC_CUDA_RUN_(LaunchProjectionBackward(p, ws, stream_));
+}
+absl::Status CudaBackend::RunScaleForward(const ScaleForwardParams& p,
+                                          Workspace) {
+  MHC_CUDA_RUN_(LaunchScaleForward(p, stream_));
+}
+absl::Status CudaBackend::RunScaleBackward(const ScaleBackwardParams& p,
+                                           Workspace ws) {
+  MHC_CUDA_RUN_(LaunchScaleBackward(p, ws, stream_));
+}
+absl::Status CudaBackend::RunSinkhornForward(const SinkhornForwardParams& p,
+                                             Workspace) {
+  MHC_CUDA_RUN_(LaunchSinkhornForward(p, stream_));
+}
+absl::Status CudaBackend::RunSinkhornBackward(const SinkhornBackwardParams& p,
+                                              Workspace) {
+  MHC_CUDA_RUN_(LaunchSinkhornBackward(p, stream_));
+}
+absl::Status CudaBackend::RunAggregateForward(const AggregateForwardParams& p,
+                                              Workspace) {
+  MHC_CUDA_RUN_(LaunchAggregateForward(p, stream_));
+}
+absl::Status CudaBackend::RunAggregateBackward(const AggregateBackwardParams& p,
+                                               Workspace) {
+  MHC_CUDA_RUN_(LaunchAggregateBackward(p, stream_));
+}
+absl::Status CudaBackend::RunPostForward(const PostForwardParams& p,
+                                         Workspace) {
+  MHC_CUDA_RUN_(LaunchPostForward(p, stream_));
+}
+absl::Status CudaBackend::RunPostBackward(const PostBackwardParams& p,
+                                          Workspace ws) {
+  MHC_CUDA_RUN_(LaunchPostBackward(p, ws, stream_));
+}
+absl::Status CudaBackend::RunExpandForward(const ExpandForwardParams& p,
+                                           Workspace) {
+  MHC_CUDA_RUN_(LaunchExpandForward(p, stream_));
+}
+absl::Status CudaBackend::RunExpandBackward(const ExpandBackwardParams& p,
+                                            Workspace) {
+  MHC_CUDA_RUN_(LaunchExpandBackward(p, stream_));
+}
+absl::Status CudaBackend::RunPreForward(const PreForwardParams& p, Workspace) {
+  MHC_CUDA_RUN_(LaunchPreForward(p, stream_));
+}
+absl::Status CudaBackend::RunPreBackward(const PreBackwardParams& p,
+                                         Workspace ws) {
+  MHC_CUDA_RUN_(LaunchPreBackward(p, ws, stream_));
+}
+absl::Status CudaBackend::RunHeadForward(const HeadForwardParams& p,
+                                         Workspace) {
+  MHC_CUDA_RUN_(LaunchHeadForward(p, stream_));
+}
+absl::Status CudaBackend::RunHeadBackward(const HeadBackwardParams& p,
+                                          Workspace ws) {
+  MHC_CUDA_RUN_(LaunchHeadBackward(p, ws, stream_));
+}
+
+#undef MHC_CUDA_RUN_
+
+}  // namespace cuda
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: not an error for callers
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+  MHC_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend,
+                       cuda::CudaBackend::Create(device));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace mhc

@@ -1,0 +1,92 @@
+// Compile-time dispatch of the activation dtype and the stream shape. n == 4
+// (the production case) gets its own instantiation with 16-byte accesses when
+// the rows are aligned; every other n (or an unaligned n == 4 call) runs the
+// generic path: stream capacity 16, runtime n, element accesses.
+#ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
+#define MHC_KERNELS_CUDA_DISPATCH_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common.cuh"
+#include "mhc/types.h"
+
+namespace mhc::cuda {
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+template <int I>
+using IntTag = std::integral_constant<int, I>;
+
+template <typename F>
+void DispatchDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(TypeTag<float>{});
+      return;
+    case DType::kF16:
+      f(TypeTag<__half>{});
+      return;
+    case DType::kBF16:
+      f(TypeTag<__nv_bfloat16>{});
+      return;
+  }
+}
+
+// Channels per thread of the vector path: one 16-byte access per stream.
+inline int VectorWidth(DType dtype) {
+  return 16 / static_cast<int>(DTypeSize(dtype));
+}
+
+// True when every given activation row of the op may use 16-byte accesses.
+template <typename... P>
+bool CanVectorize(const LayerSpec& spec, DType dtype, P... pointers) {
+  if (spec.n != 4 || spec.hidden % VectorWidth(dtype) != 0) return false;
+  return (... && (pointers == nullptr || Aligned16(pointers)));
+}
+
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>).
+template <typename F>
+void DispatchStreams(DType dtype, int n, bool vec, F&& f) {
+  DispatchDType(dtype, [&](auto type_tag) {
+    using T = typename decltype(type_tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    if (n == 4 && vec) {
+      f(type_tag, IntTag<4>{}, IntTag<kV>{});
+    } else if (n == 4) {
+      f(type_tag, IntTag<4>{}, IntTag<1>{});
+    } else {
+      f(type_tag, IntTag<kMaxStreams>{}, IntTag<1>{});
+    }
+  });
+}
+
+// f(IntTag<NT>) for the per-token mixing kernels.
+template <typename F>
+void DispatchMix(int n, F&& f) {
+  if (n == 4) {
+    f(IntTag<4>{});
+  } else {
+    f(IntTag<kMaxStreams>{});
+  }
+}
+
+inline std::string ShapeString(const LayerSpec& spec, int64_t tokens,
+                               DType dtype) {
+  return absl::StrCat("[M=", tokens, " n=", spec.n, " C=", spec.hidden, " ",
+                      DTypeName(dtype), " ", LayoutName(spec.layout), "]");
+}
+
+inline unsigned GridSize(int64_t blocks) {
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_DISPATCH_CUH_

@@ -1,0 +1,86 @@
+// Expand x[i][c] = e[c] and its backward de[c] = sum_i dx[i][c].
+// Determinism / batch invariance: one CTA per token, purely elementwise, the
+// stream sum in order i = 0..n-1; nothing depends on M or on the grid.
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+
+namespace mhc::cuda {
+namespace {
+
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    expand_forward_kernel(DevSpec s, const T* e, T* x) {
+  const int n = NT == 4 ? 4 : s.n;
+  const int64_t m = blockIdx.x;
+  const T* in = e + m * s.C;
+  T* row = x + m * s.K;
+  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+    float ev[V];
+    LoadChannels<T, V>(in, c, ev);
+    float out[NT][V];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) out[i][v] = ev[v];
+    }
+    StoreStreams<T, NT, V>(s, n, row, c, out);
+  }
+}
+
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    expand_backward_kernel(DevSpec s, const T* dx, T* de) {
+  const int n = NT == 4 ? 4 : s.n;
+  const int64_t m = blockIdx.x;
+  const T* row = dx + m * s.K;
+  T* out = de + m * s.C;
+  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+    float xv[NT][V];
+    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = xv[0][v];
+#pragma unroll
+    for (int i = 1; i < NT; ++i) {
+      if (i >= n) break;
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += xv[i][v];
+    }
+    StoreVec<T, V>(out + c, acc);
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchExpandForward(const ExpandForwardParams& p,
+                                 cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.e, p.x);
+  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
+        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+            s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
+  });
+  MHC_CUDA_CHECK_LAUNCH("expand forward",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
+                                  cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.dx, p.de);
+  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value>
+        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+            s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
+  });
+  MHC_CUDA_CHECK_LAUNCH("expand backward",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda

@@ -1,0 +1,340 @@
+// Fused pre forward (projection + sum of squares + scale + Sinkhorn +
+// aggregate in one kernel per tile of kTileTokens tokens) and the fused pre
+// backward; the head ops (head.cu) run the same kernels with the kHead kind.
+// Determinism / batch invariance: a token's h and mean square come from
+// ProjectTile (order fixed by K and the block shape), its mixing values from
+// one thread, its y / dx from elementwise code with fixed-order sums, and
+// dh_pre from the fixed-shape BlockSum; nothing depends on M. Parameter
+// gradients go through per-token rows and per-chunk partials in workspace,
+// summed in a fixed order (launch.h), never with atomics.
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+#include "mix.cuh"
+#include "proj.cuh"
+
+namespace mhc::cuda {
+namespace {
+
+struct ForwardDev {
+  const float* phi;
+  const float* gamma;
+  const float* alpha;
+  const float* beta;
+  float* h_pre;
+  float* h_post;
+  float* h_res;
+};
+
+template <typename T, int NT, int V, int VK>
+__global__ void __launch_bounds__(kTileThreads)
+    fused_forward_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
+                         ForwardDev a) {
+  __shared__ ProjShared sh;
+  __shared__ float hp_s[kTileTokens][NT];
+  const int n = StreamCount<NT>(s);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
+  if (threadIdx.x < kTileTokens) {
+    const int t = threadIdx.x;
+    const int64_t m = m0 + t;
+    float hp[NT], hq[NT], logits[NT * NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) hp[i] = 0.0f;
+    if (m < tokens) {
+      ScaleForwardToken<NT>(s, sh.h + t * kMaxLogits, sh.ms[t], a.alpha, a.beta,
+                            hp, hq, logits);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+        if (a.h_pre != nullptr) a.h_pre[m * n + i] = hp[i];
+      }
+      if (!s.head) {
+        float p[NT * NT];
+        SinkhornForwardToken<NT>(s, logits, p);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          if (i >= n) break;
+          a.h_post[m * n + i] = hq[i];
+        }
+#pragma unroll
+        for (int e = 0; e < NT * NT; ++e) {
+          if (e >= n * n) break;
+          a.h_res[m * n * n + e] = p[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i) hp_s[t][i] = i < n ? hp[i] : 0.0f;
+  }
+  __syncthreads();
+  for (int t = 0; t < kTileTokens; ++t) {
+    const int64_t m = m0 + t;
+    if (m >= tokens) break;
+    const T* row = x + m * s.K;
+    T* out = y + m * s.C;
+    for (int64_t c = threadIdx.x * V; c < s.C; c += kTileThreads * V) {
+      float xv[NT][V];
+      LoadStreams<T, NT, V>(s, n, row, c, xv);
+      float acc[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = fmaf(hp_s[t][i], xv[i][v], acc[v]);
+      }
+      StoreVec<T, V>(out + c, acc);
+    }
+  }
+}
+
+struct Stage1Dev {
+  const float* phi;
+  const float* gamma;
+  const float* alpha;
+  const float* beta;
+  const float* dh_post;
+  const float* dh_res;
+  float* dh;       // [M, N]
+  float* dms;      // [M]
+  float* h_pre;    // [M, n]
+  float* r;        // [M, n, n] or null
+  float* contrib;  // [M, N + num_alpha]
+};
+
+// Recomputes the forward per token and runs the per-token reverse mode:
+// dh_pre (over channels), Sinkhorn and scale backward. Writes the per-token
+// rows the dx kernel and the parameter reductions read.
+template <typename T, int NT, int V, int VK>
+__global__ void __launch_bounds__(kTileThreads)
+    fused_backward_stage1_kernel(DevSpec s, int64_t tokens, const T* x,
+                                 const T* dy, Stage1Dev a) {
+  __shared__ ProjShared sh;
+  const int n = StreamCount<NT>(s);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
+  constexpr int kW = kTileTokens * NT;
+  static_assert(kW <= kProjWidth, "reduction scratch too small");
+  float acc[kW];
+#pragma unroll
+  for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kTileTokens; ++t) {
+    const int64_t m = m0 + t;
+    if (m >= tokens) break;
+    const T* row = x + m * s.K;
+    const T* dy_row = dy + m * s.C;
+    for (int64_t c = threadIdx.x * V; c < s.C; c += kTileThreads * V) {
+      float xv[NT][V];
+      float d[V];
+      LoadStreams<T, NT, V>(s, n, row, c, xv);
+      LoadChannels<T, V>(dy_row, c, d);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          acc[t * NT + i] = fmaf(d[v], xv[i][v], acc[t * NT + i]);
+        }
+      }
+    }
+  }
+  BlockSum<kW>(acc, sh.red, sh.total);
+  if (threadIdx.x >= kTileTokens) return;
+  const int t = threadIdx.x;
+  const int64_t m = m0 + t;
+  if (m >= tokens) return;
+  float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
+  const float* h_row = sh.h + t * kMaxLogits;
+  ScaleForwardToken<NT>(s, h_row, sh.ms[t], a.alpha, a.beta, hp, hq, logits);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    if (i >= n) break;
+    a.h_pre[m * n + i] = hp[i];
+  }
+#pragma unroll
+  for (int e = 0; e < NT * NT; ++e) da[e] = 0.0f;
+  if (!s.head) {
+    if (a.r != nullptr) {
+      float p[NT * NT];
+      SinkhornForwardToken<NT>(s, logits, p);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (j >= n) break;
+          a.r[(m * n + i) * n + j] = s.dest_rows ? p[j * n + i] : p[i * n + j];
+        }
+      }
+    }
+    float dp[NT * NT];
+#pragma unroll
+    for (int e = 0; e < NT * NT; ++e) {
+      dp[e] = e < n * n ? a.dh_res[m * n * n + e] : 0.0f;
+    }
+    SinkhornBackwardToken<NT>(s, logits, dp, da);
+  }
+  float dhp[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) dhp[i] = sh.total[t * NT + i];
+  ScaleBackwardToken<NT>(s, h_row, sh.ms[t], a.alpha, a.beta, dhp,
+                         s.head ? nullptr : a.dh_post + m * n, da,
+                         s.dynamic ? a.dh + m * s.N : nullptr,
+                         s.dynamic ? a.dms + m : nullptr,
+                         a.contrib + m * (s.N + s.num_alpha));
+}
+
+// Workspace slices of the fused backward, in order.
+struct BackwardSlices {
+  size_t dh, dms, h_pre, r, contrib, col_partial, dphi, total;
+};
+
+BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
+  const int64_t n = spec.n;
+  const int64_t rows = spec.NumLogits();
+  const int64_t width = rows + spec.NumAlpha();
+  BackwardSlices b;
+  size_t offset = 0;
+  auto take = [&](size_t floats) {
+    const size_t at = offset;
+    offset += AlignBytes(sizeof(float) * floats);
+    return at;
+  };
+  b.dh = take(tokens * rows);
+  b.dms = take(tokens);
+  b.h_pre = take(tokens * n);
+  b.r = take(tokens * n * n);
+  b.contrib = take(tokens * width);
+  b.col_partial = take(NumChunks(tokens) * width);
+  b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
+  b.total = offset;
+  return b;
+}
+
+}  // namespace
+
+size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
+  return Slices(spec, tokens).total;
+}
+
+absl::Status LaunchFusedForward(const FusedForwardArgs& a,
+                                cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*a.spec);
+  const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
+  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.y) &&
+                   (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
+                   (gamma == nullptr || Aligned16(gamma));
+  ForwardDev d{a.weights.phi, gamma,    a.weights.alpha, a.weights.beta,
+               a.h_pre,       a.h_post, a.h_res};
+  const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
+  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    constexpr int kV = decltype(vt)::value;
+    fused_forward_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
+        <<<grid, kTileThreads, 0, stream>>>(
+            s, a.tokens, static_cast<const T*>(a.x), static_cast<T*>(a.y), d);
+  });
+  MHC_CUDA_CHECK_LAUNCH(s.head ? "head forward" : "pre forward",
+                        ShapeString(*a.spec, a.tokens, a.act_dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
+                                 cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*a.spec);
+  const char* op = s.head ? "head backward" : "pre backward";
+  const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
+  const BackwardSlices b = Slices(*a.spec, a.tokens);
+  if (ws.bytes < b.total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
+  }
+  char* base = static_cast<char*>(ws.data);
+  auto at = [&](size_t offset) {
+    return reinterpret_cast<float*>(base + offset);
+  };
+  const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
+  const bool residual = !s.head && a.dx_next != nullptr;
+  Stage1Dev d{a.weights.phi,   gamma,
+              a.weights.alpha, a.weights.beta,
+              a.dh_post,       a.dh_res,
+              at(b.dh),        at(b.dms),
+              at(b.h_pre),     residual ? at(b.r) : nullptr,
+              at(b.contrib)};
+  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy) &&
+                   (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
+                   (gamma == nullptr || Aligned16(gamma));
+  const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
+  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    constexpr int kV = decltype(vt)::value;
+    fused_backward_stage1_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
+        <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
+                                            static_cast<const T*>(a.x),
+                                            static_cast<const T*>(a.dy), d);
+  });
+  MHC_CUDA_CHECK_LAUNCH(op, shape);
+
+  const bool want_phi =
+      s.dynamic &&
+      (a.grads.phi != nullptr || (s.has_gamma && a.grads.gamma != nullptr));
+  DxArgs dx;
+  dx.spec = a.spec;
+  dx.tokens = a.tokens;
+  dx.act_dtype = a.act_dtype;
+  dx.x = a.x;
+  dx.phi = s.dynamic ? a.weights.phi : nullptr;
+  dx.gamma = gamma;
+  dx.dh = s.dynamic ? at(b.dh) : nullptr;
+  dx.dms = at(b.dms);
+  dx.h_pre = at(b.h_pre);
+  dx.dy = a.dy;
+  dx.r = residual ? at(b.r) : nullptr;
+  dx.dx_next = residual ? a.dx_next : nullptr;
+  dx.dx = a.dx;
+  dx.dphi_partial = want_phi ? at(b.dphi) : nullptr;
+  MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(dx, stream));
+  if (want_phi) {
+    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, at(b.dphi),
+                                            a.weights.phi, gamma, a.grads.phi,
+                                            a.grads.gamma, stream));
+  }
+  return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
+                         at(b.col_partial), a.grads.beta,
+                         s.dynamic ? a.grads.alpha : nullptr, stream);
+}
+
+absl::Status LaunchPreForward(const PreForwardParams& p, cudaStream_t stream) {
+  FusedForwardArgs a;
+  a.spec = p.spec;
+  a.tokens = p.tokens;
+  a.act_dtype = p.act_dtype;
+  a.x = p.x;
+  a.weights = p.weights;
+  a.y = p.y;
+  a.h_pre = p.h_pre;
+  a.h_post = p.h_post;
+  a.h_res = p.h_res;
+  return LaunchFusedForward(a, stream);
+}
+
+absl::Status LaunchPreBackward(const PreBackwardParams& p, Workspace ws,
+                               cudaStream_t stream) {
+  FusedBackwardArgs a;
+  a.spec = p.spec;
+  a.tokens = p.tokens;
+  a.act_dtype = p.act_dtype;
+  a.x = p.x;
+  a.weights = p.weights;
+  a.dy = p.dy;
+  a.dh_post = p.dh_post;
+  a.dh_res = p.dh_res;
+  a.dx_next = p.dx_next;
+  a.dx = p.dx;
+  a.grads = p.grads;
+  return LaunchFusedBackward(a, ws, stream);
+}
+
+}  // namespace mhc::cuda

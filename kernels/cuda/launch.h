@@ -1,0 +1,136 @@
+// Host launchers of the CUDA kernels, one per op and direction, all enqueued
+// on the given stream. Params are validated by the Backend entry points;
+// tokens >= 1 here. Workspace sizes are exact and match *WorkspaceBytes.
+#ifndef MHC_KERNELS_CUDA_LAUNCH_H_
+#define MHC_KERNELS_CUDA_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "mhc/ops/aggregate.h"
+#include "mhc/ops/expand.h"
+#include "mhc/ops/fused.h"
+#include "mhc/ops/post.h"
+#include "mhc/ops/projection.h"
+#include "mhc/ops/scale.h"
+#include "mhc/ops/sinkhorn.h"
+#include "mhc/ops/weights.h"
+#include "mhc/types.h"
+
+namespace mhc::cuda {
+
+// Rounds a byte count up so that every workspace slice stays 256-B aligned.
+inline size_t AlignBytes(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+
+absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
+                                     cudaStream_t stream);
+absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
+                                      Workspace ws, cudaStream_t stream);
+absl::Status LaunchScaleForward(const ScaleForwardParams& p,
+                                cudaStream_t stream);
+absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
+                                 cudaStream_t stream);
+absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
+                                   cudaStream_t stream);
+absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
+                                    cudaStream_t stream);
+absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
+                                    cudaStream_t stream);
+absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
+                                     cudaStream_t stream);
+absl::Status LaunchPostForward(const PostForwardParams& p, cudaStream_t stream);
+absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
+                                cudaStream_t stream);
+absl::Status LaunchExpandForward(const ExpandForwardParams& p,
+                                 cudaStream_t stream);
+absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
+                                  cudaStream_t stream);
+absl::Status LaunchPreForward(const PreForwardParams& p, cudaStream_t stream);
+absl::Status LaunchPreBackward(const PreBackwardParams& p, Workspace ws,
+                               cudaStream_t stream);
+absl::Status LaunchHeadForward(const HeadForwardParams& p, cudaStream_t stream);
+absl::Status LaunchHeadBackward(const HeadBackwardParams& p, Workspace ws,
+                                cudaStream_t stream);
+
+// The fused layer ops for both layer kinds (fused_pre.cu): projection,
+// scale, Sinkhorn (kMhc) and aggregate per token tile.
+struct FusedForwardArgs {
+  const LayerSpec* spec = nullptr;
+  int64_t tokens = 0;
+  DType act_dtype = DType::kBF16;
+  const void* x = nullptr;
+  LayerWeights weights;
+  void* y = nullptr;
+  float* h_pre = nullptr;   // optional (kHead: the mix)
+  float* h_post = nullptr;  // kMhc
+  float* h_res = nullptr;   // kMhc
+};
+struct FusedBackwardArgs {
+  const LayerSpec* spec = nullptr;
+  int64_t tokens = 0;
+  DType act_dtype = DType::kBF16;
+  const void* x = nullptr;
+  LayerWeights weights;
+  const void* dy = nullptr;
+  const float* dh_post = nullptr;  // kMhc
+  const float* dh_res = nullptr;   // kMhc
+  const void* dx_next = nullptr;   // optional (kMhc)
+  void* dx = nullptr;
+  LayerGrads grads;
+};
+absl::Status LaunchFusedForward(const FusedForwardArgs& a, cudaStream_t stream);
+absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
+                                 cudaStream_t stream);
+
+// Shared pieces (projection.cu) used by the fused launchers.
+
+// Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g
+// dh[m][g] phi'[g][k] + dms[m] 2 v_k / K, rounded once; and, when
+// dphi_partial is given, the per-chunk partial sums of dh v over fixed token
+// chunks ([NumChunks(M)][N][K] fp32).
+struct DxArgs {
+  const LayerSpec* spec = nullptr;
+  int64_t tokens = 0;
+  DType act_dtype = DType::kBF16;
+  const void* x = nullptr;
+  const float* phi = nullptr;     // null for static layers
+  const float* gamma = nullptr;   // optional
+  const float* dh = nullptr;      // [M, N], null for static layers
+  const float* dms = nullptr;     // [M]
+  const float* h_pre = nullptr;   // [M, n] optional (aggregate term)
+  const void* dy = nullptr;       // [M, C] with h_pre
+  const float* r = nullptr;       // [M, n, n] optional, R in source-rows form
+  const void* dx_next = nullptr;  // [M, K] with r
+  void* dx = nullptr;
+  float* dphi_partial = nullptr;  // optional
+};
+absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
+
+// grads_phi[g][k] += sum_chunks partial * gamma[k] (or without gamma);
+// grads_gamma[k] += sum_g (sum_chunks partial[g][k]) phi[g][k].
+absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
+                                 const float* partial, const float* phi,
+                                 const float* gamma, float* grads_phi,
+                                 float* grads_gamma, cudaStream_t stream);
+
+// Sums rows [M, W] over tokens in fixed chunks (partial: [NumChunks(M), W]
+// scratch), then out_a[w] += total[w] for w < split and out_b[w - split] +=
+// total[w] for w >= split (null outputs are skipped).
+absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
+                             int split, float* partial, float* out_a,
+                             float* out_b, cudaStream_t stream);
+// out[w] += sum over chunks of partial[chunk][w], chunks in order.
+absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
+                            float* out, cudaStream_t stream);
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_LAUNCH_H_

@@ -1,0 +1,307 @@
+// Projection h = phi' v with the sum of squares, and its backward (dx and
+// the phi / gamma gradients); also the dx kernel the fused backward ops
+// reuse. Determinism / batch invariance: the forward reduces each token over
+// k in an order fixed by K and the block shape (ProjectTile); the backward
+// computes dx per element with sums over g in order; phi / gamma gradients
+// are partial sums over fixed chunks of kTokenChunk tokens (token order) in
+// workspace, added over chunks in order by a second kernel. No atomics.
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+#include "proj.cuh"
+
+namespace mhc::cuda {
+namespace {
+
+constexpr int kDxThreads = 128;
+
+template <typename T, int VK>
+__global__ void __launch_bounds__(kTileThreads)
+    projection_forward_kernel(DevSpec s, int64_t tokens, const T* x,
+                              const float* phi, const float* gamma, float* h,
+                              float* mean_square) {
+  __shared__ ProjShared sh;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  ProjectTile<T, VK>(s, x, m0, tokens, phi, gamma, sh);
+  for (int w = threadIdx.x; w < kTileTokens * s.N; w += blockDim.x) {
+    const int t = w / s.N;
+    const int g = w % s.N;
+    if (m0 + t < tokens) h[(m0 + t) * s.N + g] = sh.h[t * kMaxLogits + g];
+  }
+  if (threadIdx.x < kTileTokens && m0 + threadIdx.x < tokens) {
+    mean_square[m0 + threadIdx.x] = sh.ms[threadIdx.x];
+  }
+}
+
+struct DxDev {
+  const float* phi;
+  const float* gamma;
+  const float* dh;
+  const float* dms;
+  const float* h_pre;
+  const void* dy;
+  const float* r;
+  const void* dx_next;
+  void* dx;
+  float* dphi_partial;
+};
+
+template <typename T, int VK>
+__global__ void __launch_bounds__(kDxThreads)
+    dx_kernel(DevSpec s, int64_t tokens, const T* x, DxDev a) {
+  constexpr int kGb = kRowsPerPass;
+  const int64_t k0 =
+      (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * VK;
+  if (k0 >= s.K) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kTokenChunk;
+  const int64_t end = min(tokens, begin + kTokenChunk);
+  const int n = s.n;
+  int stream[VK];
+  int64_t chan[VK];
+#pragma unroll
+  for (int e = 0; e < VK; ++e) {
+    const int64_t k = k0 + e;
+    stream[e] = static_cast<int>(s.minor ? k % n : k / s.C);
+    chan[e] = s.minor ? k / n : k % s.C;
+  }
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* dx_next = static_cast<const T*>(a.dx_next);
+  T* dx = static_cast<T*>(a.dx);
+  const bool proj = a.dh != nullptr;
+  const bool small = s.N <= kGb;
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  float ph[kGb][VK];
+  float gm[VK];
+#pragma unroll
+  for (int v = 0; v < VK; ++v) gm[v] = 1.0f;
+  if (proj && s.has_gamma) LoadVec<float, VK>(a.gamma + k0, gm);
+  if (proj && small) {
+#pragma unroll
+    for (int g = 0; g < kGb; ++g) {
+      if (g >= s.N) break;
+      LoadVec<float, VK>(a.phi + g * s.K + k0, ph[g]);
+#pragma unroll
+      for (int v = 0; v < VK; ++v) ph[g][v] *= gm[v];
+    }
+  }
+  float acc[kGb][VK];
+#pragma unroll
+  for (int g = 0; g < kGb; ++g) {
+#pragma unroll
+    for (int v = 0; v < VK; ++v) acc[g][v] = 0.0f;
+  }
+  for (int64_t m = begin; m < end; ++m) {
+    float v[VK];
+    float out[VK];
+#pragma unroll
+    for (int e = 0; e < VK; ++e) out[e] = 0.0f;
+    if (a.h_pre != nullptr) {
+#pragma unroll
+      for (int e = 0; e < VK; ++e) {
+        out[e] = a.h_pre[m * n + stream[e]] * ToFloat(dy[m * s.C + chan[e]]);
+      }
+    }
+    if (a.r != nullptr) {
+#pragma unroll
+      for (int e = 0; e < VK; ++e) {
+        const float* r_row = a.r + (m * n + stream[e]) * n;
+        const T* g_row = dx_next + m * s.K;
+        float t = out[e];
+        for (int j = 0; j < n; ++j) {
+          t = fmaf(r_row[j], ToFloat(g_row[XIndex(s, j, chan[e])]), t);
+        }
+        out[e] = t;
+      }
+    }
+    if (proj) {
+      LoadVec<T, VK>(x + m * s.K + k0, v);
+      const float* dh_row = a.dh + m * s.N;
+      float sp[VK];
+#pragma unroll
+      for (int e = 0; e < VK; ++e) sp[e] = 0.0f;
+      if (small) {
+#pragma unroll
+        for (int g = 0; g < kGb; ++g) {
+          if (g >= s.N) break;
+          const float d = dh_row[g];
+#pragma unroll
+          for (int e = 0; e < VK; ++e) {
+            sp[e] = fmaf(d, ph[g][e], sp[e]);
+            acc[g][e] = fmaf(d, v[e], acc[g][e]);
+          }
+        }
+      } else {
+        for (int g = 0; g < s.N; ++g) {
+          const float d = dh_row[g];
+          float p[VK];
+          LoadVec<float, VK>(a.phi + g * s.K + k0, p);
+#pragma unroll
+          for (int e = 0; e < VK; ++e) sp[e] = fmaf(d, p[e] * gm[e], sp[e]);
+        }
+      }
+      const float dm = a.dms[m] * ms_scale;
+#pragma unroll
+      for (int e = 0; e < VK; ++e) out[e] += fmaf(dm, v[e], sp[e]);
+    }
+    StoreVec<T, VK>(dx + m * s.K + k0, out);
+  }
+  if (!proj || a.dphi_partial == nullptr) return;
+  float* partial = a.dphi_partial + blockIdx.x * s.N * s.K;
+  if (small) {
+#pragma unroll
+    for (int g = 0; g < kGb; ++g) {
+      if (g >= s.N) break;
+#pragma unroll
+      for (int e = 0; e < VK; ++e) partial[g * s.K + k0 + e] = acc[g][e];
+    }
+    return;
+  }
+  for (int g0 = 0; g0 < s.N; g0 += kGb) {
+#pragma unroll
+    for (int g = 0; g < kGb; ++g) {
+#pragma unroll
+      for (int e = 0; e < VK; ++e) acc[g][e] = 0.0f;
+    }
+    for (int64_t m = begin; m < end; ++m) {
+      float v[VK];
+      LoadVec<T, VK>(x + m * s.K + k0, v);
+      const float* dh_row = a.dh + m * s.N;
+#pragma unroll
+      for (int g = 0; g < kGb; ++g) {
+        if (g0 + g >= s.N) break;
+        const float d = dh_row[g0 + g];
+#pragma unroll
+        for (int e = 0; e < VK; ++e) acc[g][e] = fmaf(d, v[e], acc[g][e]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGb; ++g) {
+      if (g0 + g >= s.N) break;
+#pragma unroll
+      for (int e = 0; e < VK; ++e) {
+        partial[(g0 + g) * s.K + k0 + e] = acc[g][e];
+      }
+    }
+  }
+}
+
+__global__ void phi_grad_reduce_kernel(DevSpec s, int64_t chunks,
+                                       const float* partial, const float* phi,
+                                       const float* gamma, float* grads_phi,
+                                       float* grads_gamma) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= s.K) return;
+  const int64_t plane = static_cast<int64_t>(s.N) * s.K;
+  float dgamma = 0.0f;
+  for (int g = 0; g < s.N; ++g) {
+    float sum = 0.0f;
+    for (int64_t q = 0; q < chunks; ++q)
+      sum += partial[q * plane + g * s.K + k];
+    if (grads_phi != nullptr) {
+      grads_phi[g * s.K + k] += s.has_gamma ? sum * gamma[k] : sum;
+    }
+    dgamma = fmaf(sum, phi[g * s.K + k], dgamma);
+  }
+  if (grads_gamma != nullptr) grads_gamma[k] += dgamma;
+}
+
+}  // namespace
+
+size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
+  return AlignBytes(sizeof(float) * NumChunks(tokens) * spec.NumLogits() *
+                    spec.K());
+}
+
+absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
+                                     cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const float* gamma = s.has_gamma ? p.weights.gamma : nullptr;
+  const bool vk2 = s.K % 2 == 0 && Aligned16(p.x) && Aligned16(p.weights.phi) &&
+                   (gamma == nullptr || Aligned16(gamma));
+  const unsigned grid = GridSize((p.tokens + kTileTokens - 1) / kTileTokens);
+  DispatchDType(p.act_dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    const T* x = static_cast<const T*>(p.x);
+    if (vk2) {
+      projection_forward_kernel<T, 2><<<grid, kTileThreads, 0, stream>>>(
+          s, p.tokens, x, p.weights.phi, gamma, p.h, p.mean_square);
+    } else {
+      projection_forward_kernel<T, 1><<<grid, kTileThreads, 0, stream>>>(
+          s, p.tokens, x, p.weights.phi, gamma, p.h, p.mean_square);
+    }
+  });
+  MHC_CUDA_CHECK_LAUNCH("projection forward",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*a.spec);
+  const bool vk2 = s.K % 2 == 0 && Aligned16(a.x) && Aligned16(a.dx) &&
+                   (a.phi == nullptr || Aligned16(a.phi)) &&
+                   (a.gamma == nullptr || Aligned16(a.gamma));
+  const int vk = vk2 ? 2 : 1;
+  const int64_t per_block = static_cast<int64_t>(kDxThreads) * vk;
+  const dim3 grid(GridSize(NumChunks(a.tokens)),
+                  GridSize((s.K + per_block - 1) / per_block));
+  DxDev d{a.phi,   s.has_gamma ? a.gamma : nullptr,
+          a.dh,    a.dms,
+          a.h_pre, a.dy,
+          a.r,     a.dx_next,
+          a.dx,    a.dphi_partial};
+  DispatchDType(a.act_dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    const T* x = static_cast<const T*>(a.x);
+    if (vk2) {
+      dx_kernel<T, 2><<<grid, kDxThreads, 0, stream>>>(s, a.tokens, x, d);
+    } else {
+      dx_kernel<T, 1><<<grid, kDxThreads, 0, stream>>>(s, a.tokens, x, d);
+    }
+  });
+  MHC_CUDA_CHECK_LAUNCH("dx", ShapeString(*a.spec, a.tokens, a.act_dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
+                                 const float* partial, const float* phi,
+                                 const float* gamma, float* grads_phi,
+                                 float* grads_gamma, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  if (!s.has_gamma) grads_gamma = nullptr;
+  if (grads_phi == nullptr && grads_gamma == nullptr) return absl::OkStatus();
+  phi_grad_reduce_kernel<<<GridSize((s.K + 255) / 256), 256, 0, stream>>>(
+      s, NumChunks(tokens), partial, phi, s.has_gamma ? gamma : nullptr,
+      grads_phi, grads_gamma);
+  MHC_CUDA_CHECK_LAUNCH("phi gradient reduce",
+                        ShapeString(spec, tokens, DType::kF32));
+  return absl::OkStatus();
+}
+
+absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
+                                      Workspace ws, cudaStream_t stream) {
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const bool want_grads =
+      p.grads.phi != nullptr || (p.spec->has_gamma && p.grads.gamma != nullptr);
+  if (want_grads && ws.bytes < ProjectionBackwardWorkspace(*p.spec, p.tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda projection backward ", shape, ": workspace too small"));
+  }
+  DxArgs a;
+  a.spec = p.spec;
+  a.tokens = p.tokens;
+  a.act_dtype = p.act_dtype;
+  a.x = p.x;
+  a.phi = p.weights.phi;
+  a.gamma = p.weights.gamma;
+  a.dh = p.dh;
+  a.dms = p.dmean_square;
+  a.dx = p.dx;
+  a.dphi_partial = want_grads ? static_cast<float*>(ws.data) : nullptr;
+  MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, stream));
+  if (!want_grads) return absl::OkStatus();
+  return LaunchPhiGradReduce(*p.spec, p.tokens, a.dphi_partial, p.weights.phi,
+                             p.weights.gamma, p.grads.phi, p.grads.gamma,
+                             stream);
+}
+
+}  // namespace mhc::cuda

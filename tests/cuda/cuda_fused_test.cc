@@ -1,0 +1,403 @@
+// The fused CUDA ops (pre, head; forward and backward, with and without the
+// folded residual gradient) against the float64 reference, plus the
+// determinism contract of SPEC section 6: identical bits run after run, and
+// a token's outputs and dx identical alone or inside a batch. Skips without
+// a GPU.
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/cuda_cases.h"
+#include "cuda/cuda_harness.h"
+#include "gtest/gtest.h"
+
+namespace mhc::testing {
+namespace {
+
+// One layer's parameters, the same in both address spaces.
+struct Layer {
+  Pair phi, alpha, beta, gamma;
+  LayerWeights w[2];
+};
+
+Layer MakeLayer(Harness& h, const LayerSpec& spec) {
+  const int64_t N = spec.NumLogits(), K = spec.K();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  Layer l;
+  l.phi = h.Floats(N * K, FreshSeed(), -scale, scale);
+  l.alpha = h.Floats(3, FreshSeed(), 0.5f, 1.5f);
+  l.beta = h.Floats(N, FreshSeed());
+  l.gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+  for (int b = 0; b < 2; ++b) {
+    l.w[b].phi = spec.dynamic ? l.phi.f(b) : nullptr;
+    l.w[b].alpha = spec.dynamic ? l.alpha.f(b) : nullptr;
+    l.w[b].beta = l.beta.f(b);
+    l.w[b].gamma = l.gamma.f(b);
+  }
+  return l;
+}
+
+// Gradient accumulators starting from the same random values.
+struct Grads {
+  Pair phi, alpha, beta, gamma;
+  LayerGrads g[2];
+};
+
+Grads MakeGrads(Harness& h, const LayerSpec& spec) {
+  const int64_t N = spec.NumLogits(), K = spec.K();
+  Grads gr;
+  std::vector<float> a = RandomFloats(N * K + 3 + N + K, 11);
+  gr.phi = h.Input(a.data(), N * K * 4);
+  gr.alpha = h.Input(a.data() + N * K, 3 * 4);
+  gr.beta = h.Input(a.data() + N * K + 3, N * 4);
+  gr.gamma = h.Input(a.data() + N * K + 3 + N, K * 4);
+  for (int b = 0; b < 2; ++b) {
+    gr.g[b].phi = spec.dynamic ? gr.phi.f(b) : nullptr;
+    gr.g[b].alpha = spec.dynamic ? gr.alpha.f(b) : nullptr;
+    gr.g[b].beta = gr.beta.f(b);
+    gr.g[b].gamma = spec.dynamic ? gr.gamma.f(b) : nullptr;
+  }
+  return gr;
+}
+
+void ExpectGrads(Harness& h, Grads& gr, const LayerSpec& spec, double tol) {
+  const int64_t N = spec.NumLogits(), K = spec.K();
+  ExpectClose(h, gr.beta, DType::kF32, N, tol, false, "dbeta");
+  if (!spec.dynamic) return;
+  ExpectClose(h, gr.phi, DType::kF32, N * K, tol, false, "dphi");
+  ExpectClose(h, gr.alpha, DType::kF32, spec.NumAlpha(), tol, false, "dalpha");
+  if (spec.has_gamma) {
+    ExpectClose(h, gr.gamma, DType::kF32, K, tol, false, "dgamma");
+  }
+}
+
+class CudaFusedTest
+    : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
+ protected:
+  void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
+  std::string preset() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+};
+
+#define RUN_BOTH(Op, params, opkind, spec, tokens)                            \
+  for (int b = 0; b < 2; ++b) {                                               \
+    Workspace ws = h.Scratch(b, opkind, spec, tokens, dtype());               \
+    absl::Status st = h.backend(b).Op(params[b], ws);                         \
+    ASSERT_TRUE(st.ok()) << #Op << " " << (b ? "cuda" : "ref") << ": " << st; \
+  }                                                                           \
+  ASSERT_TRUE(h.cuda().Synchronize().ok())
+
+TEST_P(CudaFusedTest, PreAndHead) {
+  const DType dt = dtype();
+  const size_t es = DTypeSize(dt);
+  const auto& shapes = SampledShapes();
+  for (size_t ci = 0; ci < shapes.size(); ++ci) {
+    for (int variant = 0; variant < 3; ++variant) {
+      LayerSpec spec = CaseSpec(preset(), shapes[ci], static_cast<int>(ci));
+      // 0: dynamic mHC layer, 1: static mHC layer, 2: head.
+      spec.dynamic = variant != 1;
+      if (!spec.dynamic) spec.has_gamma = false;  // static: no phi
+      if (variant == 2) {
+        spec.kind = LayerKind::kHead;
+        spec.has_post_bias = false;
+      }
+      const int64_t M = shapes[ci].tokens, C = spec.hidden, K = spec.K();
+      const int64_t n = spec.n;
+      SCOPED_TRACE(CaseName(spec, M, dt) + (variant == 2 ? " head" : ""));
+      Harness h;
+      Layer l = MakeLayer(h, spec);
+      Pair x = h.Act(dt, M * K, FreshSeed());
+      Pair dy = h.Act(dt, M * C, FreshSeed());
+      Pair y = h.Output(M * C * es);
+      Pair hp = h.Output(M * n * 4);
+      if (variant == 2) {
+        HeadForwardParams p[2];
+        for (int b = 0; b < 2; ++b) {
+          p[b].spec = &spec;
+          p[b].tokens = M;
+          p[b].act_dtype = dt;
+          p[b].x = x.ptr(b);
+          p[b].weights = l.w[b];
+          p[b].y = y.ptr(b);
+          p[b].mix = hp.f(b);
+        }
+        RUN_BOTH(HeadForward, p, OpKind::kHeadForward, spec, M);
+        ExpectClose(h, y, dt, M * C, ForwardTol(dt), false, "head y");
+        ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "head mix");
+        Grads gr = MakeGrads(h, spec);
+        Pair dx = h.Output(M * K * es);
+        HeadBackwardParams q[2];
+        for (int b = 0; b < 2; ++b) {
+          q[b].spec = &spec;
+          q[b].tokens = M;
+          q[b].act_dtype = dt;
+          q[b].x = x.ptr(b);
+          q[b].weights = l.w[b];
+          q[b].dy = dy.ptr(b);
+          q[b].dx = dx.ptr(b);
+          q[b].grads = gr.g[b];
+        }
+        RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
+        ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "head dx");
+        ExpectGrads(h, gr, spec, BackwardTol(dt));
+        continue;
+      }
+      Pair hq = h.Output(M * n * 4);
+      Pair hr = h.Output(M * n * n * 4);
+      PreForwardParams p[2];
+      for (int b = 0; b < 2; ++b) {
+        p[b].spec = &spec;
+        p[b].tokens = M;
+        p[b].act_dtype = dt;
+        p[b].x = x.ptr(b);
+        p[b].weights = l.w[b];
+        p[b].y = y.ptr(b);
+        p[b].h_pre = hp.f(b);
+        p[b].h_post = hq.f(b);
+        p[b].h_res = hr.f(b);
+      }
+      RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
+      ExpectClose(h, y, dt, M * C, ForwardTol(dt), false, "pre y");
+      ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "pre h_pre");
+      ExpectClose(h, hq, DType::kF32, M * n, kMixTol, false, "pre h_post");
+      ExpectClose(h, hr, DType::kF32, M * n * n, kMixTol, false, "pre h_res");
+      for (bool residual : {false, true}) {
+        Pair dhq = h.Floats(M * n, FreshSeed());
+        Pair dhr = h.Floats(M * n * n, FreshSeed());
+        Pair dxn = h.Act(dt, M * K, FreshSeed());
+        Pair dx = h.Output(M * K * es);
+        Grads gr = MakeGrads(h, spec);
+        PreBackwardParams q[2];
+        for (int b = 0; b < 2; ++b) {
+          q[b].spec = &spec;
+          q[b].tokens = M;
+          q[b].act_dtype = dt;
+          q[b].x = x.ptr(b);
+          q[b].weights = l.w[b];
+          q[b].dy = dy.ptr(b);
+          q[b].dh_post = dhq.f(b);
+          q[b].dh_res = dhr.f(b);
+          q[b].dx_next = residual ? dxn.ptr(b) : nullptr;
+          q[b].dx = dx.ptr(b);
+          q[b].grads = gr.g[b];
+        }
+        RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
+        ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false,
+                    residual ? "pre dx (with dx_next)" : "pre dx");
+        ExpectGrads(h, gr, spec, BackwardTol(dt));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PresetsAndDtypes, CudaFusedTest,
+                         ::testing::Combine(::testing::ValuesIn(PresetNames()),
+                                            ::testing::Values(DType::kBF16,
+                                                              DType::kF16,
+                                                              DType::kF32)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::string(
+                                      DTypeName(std::get<1>(info.param)));
+                         });
+
+// ------------------------------------------------ determinism contract --
+
+class CudaDeterminismTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
+};
+
+struct LayerRun {
+  std::vector<uint8_t> y, h_post, h_res, x_next, dx, dx_post, df, dh_res, dphi,
+      dbeta;
+};
+
+// Runs pre forward, post forward, post backward and pre backward (with the
+// residual folded in) on the CUDA backend only, for tokens [first, first +
+// count) of the host inputs.
+LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
+                  const ActTensor& x, const ActTensor& f, const ActTensor& dxn,
+                  const ActTensor& dy, const std::vector<float>& params,
+                  int64_t first, int64_t count) {
+  Backend& cuda = h.cuda();
+  const int64_t C = spec.hidden, K = spec.K(), n = spec.n;
+  const int64_t N = spec.NumLogits();
+  const size_t es = DTypeSize(dt);
+  auto slice = [&](const ActTensor& t, int64_t width) {
+    return h.Input(t.bytes.data() + first * width * es, count * width * es);
+  };
+  Pair xs = slice(x, K), fs = slice(f, C), gs = slice(dxn, K),
+       dys = slice(dy, C);
+  Pair w = h.Input(params.data(), params.size() * 4);
+  LayerWeights lw;
+  lw.phi = w.f(1);
+  lw.alpha = w.f(1) + N * K;
+  lw.beta = w.f(1) + N * K + 3;
+  lw.gamma = w.f(1) + N * K + 3 + N;
+  lw.bias = w.f(1) + N * K + 3 + N + K;
+  Pair y = h.Output(count * C * es), hp = h.Output(count * n * 4),
+       hq = h.Output(count * n * 4), hr = h.Output(count * n * n * 4),
+       xn = h.Output(count * K * es), df = h.Output(count * C * es),
+       dxp = h.Output(count * K * es), dhq = h.Output(count * n * 4),
+       dhr = h.Output(count * n * n * 4), dx = h.Output(count * K * es);
+  std::vector<float> zeros(N * K + 3 + N + K + C, 0.0f);
+  Pair g = h.Input(zeros.data(), zeros.size() * 4);
+  LayerGrads lg;
+  lg.phi = g.f(1);
+  lg.alpha = g.f(1) + N * K;
+  lg.beta = g.f(1) + N * K + 3;
+  lg.gamma = g.f(1) + N * K + 3 + N;
+  lg.bias = g.f(1) + N * K + 3 + N + K;
+  auto ws = [&](OpKind op) { return h.Scratch(1, op, spec, count, dt); };
+
+  PreForwardParams pf;
+  pf.spec = &spec;
+  pf.tokens = count;
+  pf.act_dtype = dt;
+  pf.x = xs.dev;
+  pf.weights = lw;
+  pf.y = y.dev;
+  pf.h_pre = hp.f(1);
+  pf.h_post = hq.f(1);
+  pf.h_res = hr.f(1);
+  EXPECT_TRUE(cuda.PreForward(pf, ws(OpKind::kPreForward)).ok());
+  PostForwardParams po;
+  po.spec = &spec;
+  po.tokens = count;
+  po.act_dtype = dt;
+  po.f = fs.dev;
+  po.x = xs.dev;
+  po.h_post = hq.f(1);
+  po.h_res = hr.f(1);
+  po.weights = lw;
+  po.x_next = xn.dev;
+  EXPECT_TRUE(cuda.PostForward(po, ws(OpKind::kPostForward)).ok());
+  PostBackwardParams pb;
+  pb.spec = &spec;
+  pb.tokens = count;
+  pb.act_dtype = dt;
+  pb.dx_next = gs.dev;
+  pb.f = fs.dev;
+  pb.x = xs.dev;
+  pb.h_post = hq.f(1);
+  pb.h_res = hr.f(1);
+  pb.weights = lw;
+  pb.df = df.dev;
+  pb.dx = dxp.dev;
+  pb.dh_post = dhq.f(1);
+  pb.dh_res = dhr.f(1);
+  pb.grads = lg;
+  EXPECT_TRUE(cuda.PostBackward(pb, ws(OpKind::kPostBackward)).ok());
+  PreBackwardParams qb;
+  qb.spec = &spec;
+  qb.tokens = count;
+  qb.act_dtype = dt;
+  qb.x = xs.dev;
+  qb.weights = lw;
+  qb.dy = dys.dev;
+  qb.dh_post = dhq.f(1);
+  qb.dh_res = dhr.f(1);
+  qb.dx_next = gs.dev;
+  qb.dx = dx.dev;
+  qb.grads = lg;
+  EXPECT_TRUE(cuda.PreBackward(qb, ws(OpKind::kPreBackward)).ok());
+  EXPECT_TRUE(cuda.Synchronize().ok());
+  LayerRun r;
+  r.y = h.Fetch(y);
+  r.h_post = h.Fetch(hq);
+  r.h_res = h.Fetch(hr);
+  r.x_next = h.Fetch(xn);
+  r.dx = h.Fetch(dx);
+  r.dx_post = h.Fetch(dxp);
+  r.df = h.Fetch(df);
+  r.dh_res = h.Fetch(dhr);
+  std::vector<uint8_t> grads = h.Fetch(g);
+  r.dphi.assign(grads.begin(), grads.begin() + N * K * 4);
+  r.dbeta.assign(grads.begin() + (N * K + 3) * 4,
+                 grads.begin() + (N * K + 3 + N) * 4);
+  return r;
+}
+
+// Bytes of token `t` of a [M, width] tensor of `es`-byte elements.
+std::vector<uint8_t> Row(const std::vector<uint8_t>& v, int64_t t,
+                         int64_t width, size_t es) {
+  return std::vector<uint8_t>(v.begin() + t * width * es,
+                              v.begin() + (t + 1) * width * es);
+}
+
+TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
+  // Cases: (n, C, M, dtype, preset); M spans several token chunks.
+  struct Case {
+    int n;
+    int64_t C, M;
+    DType dt;
+    const char* preset;
+  };
+  const Case cases[] = {
+      {4, 1024, 2600, DType::kBF16, "deepseek_v4"},
+      {4, 5129, 137, DType::kF16, "transformer_engine"},
+      {3, 96, 1300, DType::kF32, "liger"},
+      {16, 17, 137, DType::kBF16, "megatron"},
+  };
+  const Case& c = cases[GetParam()];
+  LayerSpec spec = PresetSpec(c.preset, c.n, c.C).value();
+  spec.has_gamma = true;
+  spec.has_post_bias = true;
+  SCOPED_TRACE(CaseName(spec, c.M, c.dt));
+  const int64_t K = spec.K(), C = c.C, N = spec.NumLogits(), n = c.n;
+  const size_t es = DTypeSize(c.dt);
+  ActTensor x = RandomAct(c.dt, c.M * K, FreshSeed());
+  ActTensor f = RandomAct(c.dt, c.M * C, FreshSeed());
+  ActTensor dxn = RandomAct(c.dt, c.M * K, FreshSeed());
+  ActTensor dy = RandomAct(c.dt, c.M * C, FreshSeed());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  std::vector<float> params = RandomFloats(N * K, FreshSeed(), -scale, scale);
+  for (float v : RandomFloats(3, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(N, FreshSeed())) params.push_back(v);
+  for (float v : RandomFloats(K, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(C, FreshSeed())) params.push_back(v);
+
+  Harness h;
+  const LayerRun a = RunLayer(h, spec, c.dt, x, f, dxn, dy, params, 0, c.M);
+  const LayerRun b = RunLayer(h, spec, c.dt, x, f, dxn, dy, params, 0, c.M);
+  EXPECT_EQ(a.y, b.y);
+  EXPECT_EQ(a.h_res, b.h_res);
+  EXPECT_EQ(a.x_next, b.x_next);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.dx_post, b.dx_post);
+  EXPECT_EQ(a.dphi, b.dphi) << "parameter gradients must be deterministic";
+  EXPECT_EQ(a.dbeta, b.dbeta);
+
+  for (int64_t t : {int64_t{0}, c.M / 2, c.M - 1}) {
+    SCOPED_TRACE(absl::StrCat("token ", t));
+    const LayerRun one = RunLayer(h, spec, c.dt, x, f, dxn, dy, params, t, 1);
+    EXPECT_EQ(one.y, Row(a.y, t, C, es));
+    EXPECT_EQ(one.h_post, Row(a.h_post, t, n, 4));
+    EXPECT_EQ(one.h_res, Row(a.h_res, t, n * n, 4));
+    EXPECT_EQ(one.x_next, Row(a.x_next, t, K, es));
+    EXPECT_EQ(one.dx, Row(a.dx, t, K, es));
+    EXPECT_EQ(one.dx_post, Row(a.dx_post, t, K, es));
+    EXPECT_EQ(one.df, Row(a.df, t, C, es));
+    EXPECT_EQ(one.dh_res, Row(a.dh_res, t, n * n, 4));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 4));
+
+TEST(CudaBackendTest, NameAndZeroTokens) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  EXPECT_EQ(h.cuda().Name(), "cuda");
+  EXPECT_FALSE(h.cuda().HostAccessible());
+  LayerSpec spec = PresetSpec("deepseek_v4", 4, 64).value();
+  EXPECT_EQ(
+      h.cuda().WorkspaceBytes(OpKind::kPreBackward, spec, 0, DType::kBF16), 0u);
+  PreForwardParams p;
+  p.spec = &spec;
+  p.tokens = 0;
+  EXPECT_TRUE(h.cuda().PreForward(p, Workspace{}).ok());
+}
+
+}  // namespace
+}  // namespace mhc::testing

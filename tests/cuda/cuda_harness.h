@@ -1,0 +1,204 @@
+// Runs one op on the CUDA backend and on the float64 reference with the same
+// inputs and compares the outputs. Every output buffer starts poisoned (all
+// bytes 0xFF, a NaN in every dtype) so an element the kernel forgot to write
+// fails the comparison.
+#ifndef MHC_TESTS_CUDA_CUDA_HARNESS_H_
+#define MHC_TESTS_CUDA_CUDA_HARNESS_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+#include "mhc/backend.h"
+#include "mhc/cuda.h"
+#include "mhc/dtype.h"
+#include "mhc/types.h"
+
+namespace mhc::testing {
+
+#define MHC_SKIP_WITHOUT_GPU()                                  \
+  do {                                                          \
+    if (::mhc::CudaDeviceCount() == 0) {                        \
+      GTEST_SKIP() << "no CUDA device: CUDA tests are skipped"; \
+    }                                                           \
+  } while (0)
+
+// One tensor in both address spaces: index 0 is the reference's host copy,
+// index 1 the CUDA device copy.
+struct Pair {
+  std::vector<uint8_t> host;
+  void* dev = nullptr;
+  size_t bytes = 0;
+
+  void* ptr(int b) { return b == 0 ? static_cast<void*>(host.data()) : dev; }
+  float* f(int b) { return static_cast<float*>(ptr(b)); }
+};
+
+class Harness {
+ public:
+  Harness() {
+    auto cuda = MakeCudaBackend(0);
+    EXPECT_TRUE(cuda.ok()) << cuda.status();
+    if (cuda.ok()) cuda_ = std::move(cuda).value();
+    ref_ = MakeReferenceBackend();
+  }
+  ~Harness() {
+    for (void* p : allocations_) cuda_->Free(p);
+  }
+
+  Backend& backend(int b) { return b == 0 ? *ref_ : *cuda_; }
+  Backend& cuda() { return *cuda_; }
+
+  Pair Input(const void* data, size_t bytes) {
+    Pair p;
+    p.bytes = bytes;
+    p.host.assign(static_cast<const uint8_t*>(data),
+                  static_cast<const uint8_t*>(data) + bytes);
+    p.host.resize(std::max<size_t>(bytes, 1));
+    p.dev = DeviceAlloc(bytes);
+    if (bytes > 0) {
+      EXPECT_TRUE(cuda_->CopyToDevice(p.dev, data, bytes).ok());
+    }
+    return p;
+  }
+  Pair Act(DType dtype, int64_t count, uint64_t seed, float lo = -1.0f,
+           float hi = 1.0f) {
+    ActTensor t = RandomAct(dtype, count, seed, lo, hi);
+    return Input(t.data(), t.bytes.size());
+  }
+  Pair Floats(int64_t count, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v = RandomFloats(count, seed, lo, hi);
+    return Input(v.data(), v.size() * sizeof(float));
+  }
+  // A poisoned output.
+  Pair Output(size_t bytes) {
+    Pair p;
+    p.bytes = bytes;
+    p.host.assign(std::max<size_t>(bytes, 1), 0xFF);
+    p.dev = DeviceAlloc(bytes);
+    if (bytes > 0) {
+      EXPECT_TRUE(cuda_->Memset(p.dev, 0xFF, bytes).ok());
+    }
+    return p;
+  }
+  Workspace Scratch(int b, OpKind op, const LayerSpec& spec, int64_t tokens,
+                    DType dtype) {
+    const size_t bytes = backend(b).WorkspaceBytes(op, spec, tokens, dtype);
+    if (b == 0) {
+      host_scratch_.emplace_back(std::max<size_t>(bytes, 1));
+      return Workspace{host_scratch_.back().data(), bytes};
+    }
+    return Workspace{DeviceAlloc(bytes), bytes};
+  }
+
+  std::vector<uint8_t> Fetch(const Pair& p) {
+    std::vector<uint8_t> out(p.bytes);
+    if (p.bytes > 0) {
+      EXPECT_TRUE(cuda_->CopyToHost(out.data(), p.dev, p.bytes).ok());
+    }
+    return out;
+  }
+
+ private:
+  void* DeviceAlloc(size_t bytes) {
+    auto p = cuda_->Allocate(bytes);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok() || *p == nullptr) return nullptr;
+    allocations_.push_back(*p);
+    return *p;
+  }
+
+  std::unique_ptr<Backend> cuda_;
+  std::unique_ptr<Backend> ref_;
+  std::vector<void*> allocations_;
+  std::vector<std::vector<uint8_t>> host_scratch_;
+};
+
+inline float ElementAt(const std::vector<uint8_t>& bytes, DType dtype,
+                       int64_t i) {
+  return LoadActivation(bytes.data(), dtype, i);
+}
+
+// Max |a - b| over max |b| (norm-wise relative error); a NaN where the
+// reference is finite (an unwritten or broken element) counts as infinite.
+inline double RelativeError(const std::vector<uint8_t>& got,
+                            const std::vector<uint8_t>& want, DType dtype,
+                            int64_t count) {
+  double max_diff = 0.0;
+  double scale = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double a = ElementAt(got, dtype, i);
+    const double b = ElementAt(want, dtype, i);
+    if (std::isnan(b)) {
+      if (!std::isnan(a)) return INFINITY;
+      continue;
+    }
+    if (!std::isfinite(a)) return INFINITY;
+    max_diff = std::max(max_diff, std::fabs(a - b));
+    scale = std::max(scale, std::fabs(b));
+  }
+  return max_diff / std::max(scale, 1e-30);
+}
+
+inline int64_t MaxUlp(const std::vector<uint8_t>& got,
+                      const std::vector<uint8_t>& want, DType dtype,
+                      int64_t count) {
+  int64_t worst = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    worst = std::max(worst, UlpDistance(dtype, ElementAt(got, dtype, i),
+                                        ElementAt(want, dtype, i)));
+  }
+  return worst;
+}
+
+// Elements more than one 16-bit ulp from the reference's correctly rounded
+// value, not counting results whose distance is below the fp32 accumulation
+// floor (2^-18 of the tensor's largest magnitude): near a cancellation the
+// exact result can be far smaller than the terms, and fp32 accumulation
+// (SPEC section 1) cannot place it within one ulp of its own tiny value.
+inline int64_t UlpViolations(const std::vector<uint8_t>& got,
+                             const std::vector<uint8_t>& want, DType dtype,
+                             int64_t count) {
+  double scale = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double b = ElementAt(want, dtype, i);
+    if (std::isfinite(b)) scale = std::max(scale, std::fabs(b));
+  }
+  const double floor = std::ldexp(scale, -18);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float a = ElementAt(got, dtype, i);
+    const float b = ElementAt(want, dtype, i);
+    if (UlpDistance(dtype, a, b) <= 1) continue;
+    if (std::isfinite(a) && std::isfinite(b) && std::fabs(a - b) <= floor) {
+      continue;
+    }
+    ++bad;
+  }
+  return bad;
+}
+
+// Compares a CUDA output with the reference's: within `tol` norm-wise for
+// fp32 data or 16-bit data downstream of the projection, or within one ulp
+// of the reference's correctly rounded value (ulp_mode, 16-bit elementwise
+// ops).
+inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
+                        double tol, bool ulp_mode, const std::string& what) {
+  const std::vector<uint8_t> got = h.Fetch(out);
+  if (ulp_mode && dtype != DType::kF32) {
+    EXPECT_EQ(UlpViolations(got, out.host, dtype, count), 0) << what;
+    return;
+  }
+  EXPECT_LE(RelativeError(got, out.host, dtype, count), tol) << what;
+}
+
+}  // namespace mhc::testing
+
+#endif  // MHC_TESTS_CUDA_CUDA_HARNESS_H_
