@@ -8,8 +8,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "mhc/status.h"
 #include "convert/spec_convert.h"
+#include "mhc/status.h"
 
 namespace mhc::server {
 

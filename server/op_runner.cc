@@ -13,10 +13,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "convert/spec_convert.h"
 #include "google/protobuf/reflection.h"
 #include "mhc/status.h"
 #include "server/op_defs.h"
-#include "convert/spec_convert.h"
 #include "server/status_util.h"
 
 namespace mhc::server {
