@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang-format python3 python3-numpy python3-grpcio python3-protobuf
   python3-pytest curl
+  prometheus python3-yaml python3-matplotlib
 )
 
 missing=()

@@ -1,6 +1,9 @@
 #include "server/executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,12 +11,116 @@
 
 namespace mhc::server {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class HostTimer : public DeviceTimer {
+ public:
+  void Start() override { start_ = Clock::now(); }
+  absl::StatusOr<double> StopSeconds() override { return SecondsSince(start_); }
+
+ private:
+  Clock::time_point start_;
+};
+
+// For asynchronous backends until they install an event-based timer:
+// waiting for the device on both ends makes the host clock measure the
+// kernel instead of its launch, at the price of a synchronisation.
+class SynchronizingTimer : public DeviceTimer {
+ public:
+  explicit SynchronizingTimer(Backend* backend) : backend_(backend) {}
+  void Start() override {
+    // An error here resurfaces from the launch or from StopSeconds.
+    backend_->Synchronize().IgnoreError();
+    timer_.Start();
+  }
+  absl::StatusOr<double> StopSeconds() override {
+    absl::Status status = backend_->Synchronize();
+    if (!status.ok()) return status;
+    return timer_.StopSeconds();
+  }
+
+ private:
+  Backend* const backend_;
+  HostTimer timer_;
+};
+
+}  // namespace
+
+double MeasureHostCopyBandwidth() {
+  // 64 MiB: well beyond the last-level cache of current server CPUs.
+  constexpr size_t kBytes = size_t{64} << 20;
+  constexpr int kRuns = 4;
+  char* src = static_cast<char*>(std::aligned_alloc(64, kBytes));
+  char* dst = static_cast<char*>(std::aligned_alloc(64, kBytes));
+  double best = 0;
+  if (src != nullptr && dst != nullptr) {
+    std::memset(src, 1, kBytes);
+    std::memset(dst, 0, kBytes);  // fault the pages in before timing
+    for (int run = 0; run < kRuns; ++run) {
+      const Clock::time_point start = Clock::now();
+      std::memcpy(dst, src, kBytes);
+      const double seconds = SecondsSince(start);
+      if (seconds > 0) best = std::max(best, 2.0 * kBytes / seconds);
+      src[run] = dst[kBytes - 1 - run];  // keep the copies observable
+    }
+  }
+  std::free(src);
+  std::free(dst);
+  return best;
+}
+
 Executor::Executor(std::unique_ptr<Backend> backend, std::string device)
     : device_(std::move(device)),
       backend_name_(backend->Name()),
       description_(backend->DeviceDescription()),
       host_accessible_(backend->HostAccessible()),
-      backend_(std::move(backend)) {}
+      backend_(std::move(backend)) {
+  if (host_accessible_) {
+    timer_ = std::make_unique<HostTimer>();
+  } else {
+    timer_ = std::make_unique<SynchronizingTimer>(backend_.get());
+  }
+}
+
+void Executor::SetMetrics(Metrics* metrics) {
+  absl::MutexLock lock(&mu_);
+  metrics_ = metrics;
+  if (metrics_ == nullptr) return;
+  // Present from the start so that dashboards show 0, not "no data".
+  metrics_->AddQueueDepth(device_, 0);
+  metrics_->SetWorkspaceBytes(device_, static_cast<double>(workspace_bytes_));
+}
+
+void Executor::SetDeviceTimer(std::unique_ptr<DeviceTimer> timer) {
+  absl::MutexLock lock(&mu_);
+  timer_ = std::move(timer);
+}
+
+void Executor::SetCopyBandwidth(double bytes_per_second) {
+  copy_bandwidth_ = bytes_per_second;
+  if (metrics_ != nullptr) {
+    metrics_->SetCopyBandwidth(device_, bytes_per_second);
+  }
+}
+
+absl::Status Executor::Launch(KernelSample sample,
+                              absl::FunctionRef<absl::Status()> fn) {
+  if (metrics_ == nullptr) return fn();
+  timer_->Start();
+  absl::Status status = fn();
+  absl::StatusOr<double> seconds = timer_->StopSeconds();
+  if (!status.ok()) return status;
+  if (!seconds.ok()) return seconds.status();
+  sample.seconds = *seconds;
+  metrics_->RecordKernel(device_, sample, copy_bandwidth_);
+  return absl::OkStatus();
+}
 
 Executor::~Executor() {
   absl::MutexLock lock(&mu_);
@@ -38,13 +145,22 @@ absl::Status Executor::EnsureWorkspace(size_t bytes) {
   }
   workspace_ = *allocated;
   workspace_bytes_ = grown;
+  if (metrics_ != nullptr) {
+    metrics_->SetWorkspaceBytes(device_, static_cast<double>(grown));
+  }
   return absl::OkStatus();
 }
 
 absl::Status Executor::Run(
     absl::FunctionRef<size_t(const Backend&)> workspace_fn,
     absl::FunctionRef<absl::Status(Backend&, Workspace)> fn) {
+  const Clock::time_point arrived = Clock::now();
+  if (metrics_ != nullptr) metrics_->AddQueueDepth(device_, 1);
   absl::MutexLock lock(&mu_);
+  if (metrics_ != nullptr) {
+    metrics_->AddQueueDepth(device_, -1);
+    metrics_->RecordQueueWait(device_, SecondsSince(arrived));
+  }
   const size_t workspace_bytes = workspace_fn(*backend_);
   MHC_RETURN_IF_ERROR(EnsureWorkspace(workspace_bytes));
   Workspace workspace{workspace_bytes > 0 ? workspace_ : nullptr,

@@ -6,6 +6,10 @@
 // assume a single caller. It keeps one workspace buffer that only grows, so
 // steady-state requests allocate no scratch on the device.
 //
+// It is also where kernels are measured: every launch, from a single-op RPC
+// or an Execute batch, passes through Launch() exactly once, which times it
+// on the device and records time, bytes and roofline fraction.
+//
 // Admission bounds the work the daemon accepts: beyond --max_inflight a
 // request is refused at once with RESOURCE_EXHAUSTED instead of waiting in a
 // queue that grows without bound; while draining, with UNAVAILABLE.
@@ -22,8 +26,27 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "mhc/backend.h"
+#include "server/metrics.h"
 
 namespace mhc::server {
+
+class DeterminismAudit;
+
+// Measures the device time of the work issued between Start and Stop. The
+// default reads the host clock, which is exact for backends whose ops return
+// when the work is done (CPU); an asynchronous backend installs one built on
+// its stream's events (e.g. cudaEventRecord + cudaEventElapsedTime).
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual void Start() = 0;
+  virtual absl::StatusOr<double> StopSeconds() = 0;
+};
+
+// Bytes read plus written per second by memcpy of a buffer larger than the
+// caches, best of a few runs: the roofline denominator of host backends.
+// Single threaded, so a multithreaded kernel can exceed it.
+double MeasureHostCopyBandwidth();
 
 class Executor {
  public:
@@ -48,6 +71,21 @@ class Executor {
   // Exclusive use of the backend without a workspace (parameter access).
   absl::Status WithDevice(absl::FunctionRef<absl::Status(Backend&)> fn);
 
+  // Observability, set before the first request. `metrics` may be null (no
+  // measurement at all); `audit` may be null (no determinism audit).
+  void SetMetrics(Metrics* metrics);
+  void SetAudit(DeterminismAudit* audit) { audit_ = audit; }
+  void SetDeviceTimer(std::unique_ptr<DeviceTimer> timer);
+  // Roofline denominator in bytes per second; 0 leaves roofline unrecorded.
+  void SetCopyBandwidth(double bytes_per_second);
+  DeterminismAudit* audit() const { return audit_; }
+
+  // Runs one kernel launch `fn` and records `sample` (its seconds filled in
+  // here) when it succeeds. Only from inside Run's `fn`, which holds the
+  // device.
+  absl::Status Launch(KernelSample sample,
+                      absl::FunctionRef<absl::Status()> fn);
+
  private:
   absl::Status EnsureWorkspace(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -59,6 +97,11 @@ class Executor {
   std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   void* workspace_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Used by Launch, which runs under mu_ without the analysis seeing it.
+  std::unique_ptr<DeviceTimer> timer_;
+  Metrics* metrics_ = nullptr;
+  DeterminismAudit* audit_ = nullptr;
+  double copy_bandwidth_ = 0;
 };
 
 class Admission {

@@ -3,11 +3,13 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -44,10 +46,29 @@ ABSL_FLAG(int, max_batch_ops, 256, "Most ops in one Execute batch.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT: how long in-flight requests get to finish "
           "before they are cancelled (e.g. 30s, 500ms).");
+ABSL_FLAG(double, determinism_audit_rate, 0.0,
+          "Fraction (0..1) of kernel launches re-run on the same inputs and "
+          "compared bit for bit; results in the metrics and "
+          "GetDeterminismReport. Each audited launch costs a second launch.");
+ABSL_FLAG(double, batch_invariance_audit_rate, 0.0,
+          "Fraction (0..1) of kernel launches of several tokens of which one "
+          "token is re-run alone and compared with the batched result.");
 ABSL_FLAG(bool, allow_shm, false,
-          "Accept shared-memory tensors from local clients. Reserved: "
-          "shared memory is not implemented in this version, so shm tensors "
-          "are refused either way.");
+          "Accept shared-memory tensors (POSIX shm, CUDA IPC) from clients "
+          "on this node: sessions (OpenSession), region registration, and "
+          "TensorRef.shm / output_regions in compute requests.");
+ABSL_FLAG(bool, shm_allow_tcp, false,
+          "Also accept shared memory over TCP listeners (by default only "
+          "unix-socket clients may use it). Only for TCP on loopback.");
+ABSL_FLAG(std::string, shm_key_prefix, "mhcd_",
+          "Shared-memory keys (shm_open names) a client may register must "
+          "start with this non-empty prefix of [A-Za-z0-9_.-].");
+ABSL_FLAG(int, shm_max_regions_per_session, 64,
+          "Most regions one session may hold at once.");
+ABSL_FLAG(int64_t, shm_max_bytes_per_session, int64_t{64} << 30,
+          "Most bytes the regions of one session may span together.");
+ABSL_FLAG(int, shm_max_sessions, 64,
+          "Most sessions open at once (each holds a server thread).");
 
 namespace mhc::server {
 
@@ -90,6 +111,19 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
         "--listen: expected at least one host:port or unix:/path");
   }
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  for (auto [flag, rate, out] :
+       {std::make_tuple("determinism_audit_rate",
+                        absl::GetFlag(FLAGS_determinism_audit_rate),
+                        &config.determinism_audit_rate),
+        std::make_tuple("batch_invariance_audit_rate",
+                        absl::GetFlag(FLAGS_batch_invariance_audit_rate),
+                        &config.batch_invariance_audit_rate)}) {
+    if (!(rate >= 0 && rate <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": expected 0..1, got ", rate));
+    }
+    *out = rate;
+  }
 
   const int64_t message = absl::GetFlag(FLAGS_max_message_bytes);
   if (message < 1 || message > INT_MAX) {
@@ -124,6 +158,40 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout: expected >= 0");
   }
+  ShmOptions& shm = config.service.shm;
+  shm.enabled = absl::GetFlag(FLAGS_allow_shm);
+  shm.allow_tcp = absl::GetFlag(FLAGS_shm_allow_tcp);
+  shm.key_prefix = absl::GetFlag(FLAGS_shm_key_prefix);
+  bool prefix_ok = !shm.key_prefix.empty() && shm.key_prefix.size() < 200 &&
+                   shm.key_prefix.find("..") == std::string::npos;
+  for (char c : shm.key_prefix) {
+    prefix_ok =
+        prefix_ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                      c == '_' || c == '.' || c == '-');
+  }
+  if (!prefix_ok) {
+    return absl::InvalidArgumentError(
+        "--shm_key_prefix: expected 1..199 characters of [A-Za-z0-9_.-] "
+        "without '..'");
+  }
+  shm.max_regions_per_session =
+      absl::GetFlag(FLAGS_shm_max_regions_per_session);
+  if (shm.max_regions_per_session < 1 || shm.max_regions_per_session > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shm_max_regions_per_session: expected 1..4096, got ",
+                     shm.max_regions_per_session));
+  }
+  const int64_t shm_bytes = absl::GetFlag(FLAGS_shm_max_bytes_per_session);
+  if (shm_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_max_bytes_per_session: expected >= 1, got ", shm_bytes));
+  }
+  shm.max_bytes_per_session = static_cast<uint64_t>(shm_bytes);
+  shm.max_sessions = absl::GetFlag(FLAGS_shm_max_sessions);
+  if (shm.max_sessions < 1 || shm.max_sessions > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_max_sessions: expected 1..1024, got ", shm.max_sessions));
+  }
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: expected >= 0 (0: all cores), got ",
@@ -155,10 +223,9 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
 
 std::vector<std::string> FlagNotices() {
   std::vector<std::string> notices;
-  if (absl::GetFlag(FLAGS_allow_shm)) {
+  if (!absl::GetFlag(FLAGS_allow_shm) && absl::GetFlag(FLAGS_shm_allow_tcp)) {
     notices.push_back(
-        "mhcd: note: --allow_shm has no effect yet; shared-memory tensors "
-        "are refused with FAILED_PRECONDITION");
+        "mhcd: note: --shm_allow_tcp has no effect without --allow_shm");
   }
   return notices;
 }

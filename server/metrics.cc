@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/process_metrics.h"
 #include "server/status_util.h"
 
 namespace mhc::server {
@@ -18,10 +21,52 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *buckets;
 }
 
+// 1 us (one token of a small op on a GPU) to 60 s.
+const prometheus::Histogram::BucketBoundaries& KernelBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      1e-6,   2.5e-6, 5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6,
+      500e-6, 1e-3,   2.5e-3, 5e-3,  10e-3, 25e-3, 50e-3,  0.1,
+      0.25,   0.5,    1.0,    2.5,   5.0,   10.0,  30.0,   60.0};
+  return *buckets;
+}
+
+// 100 MB/s (a slow CPU) to 10 TB/s (beyond any HBM today).
+const prometheus::Histogram::BucketBoundaries& BandwidthBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      1e8,    2.5e8, 5e8,  1e9,    2.5e9, 5e9,  1e10, 2.5e10, 5e10, 1e11,
+      2.5e11, 5e11,  1e12, 1.5e12, 2e12,  3e12, 4e12, 5e12,   1e13};
+  return *buckets;
+}
+
+// Fraction of the copy bandwidth; read-heavy kernels may exceed 1.
+const prometheus::Histogram::BucketBoundaries& RooflineBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.01, 0.02, 0.05, 0.1,  0.2, 0.3, 0.4,  0.5, 0.6, 0.7,
+      0.8,  0.85, 0.9,  0.95, 1.0, 1.1, 1.25, 1.5, 2.0};
+  return *buckets;
+}
+
+// Tokens per launch, powers of two up to 2^20.
+const prometheus::Histogram::BucketBoundaries& TokenBuckets() {
+  static const auto* buckets = [] {
+    auto* b = new prometheus::Histogram::BucketBoundaries;
+    for (int i = 0; i <= 20; ++i) b->push_back(static_cast<double>(1 << i));
+    return b;
+  }();
+  return *buckets;
+}
+
+prometheus::Labels OpLabels(OpKind kind, absl::string_view device) {
+  return {{"op", std::string(OpFamilyName(kind))},
+          {"direction", std::string(OpDirectionName(kind))},
+          {"device", std::string(device)}};
+}
+
 }  // namespace
 
-Metrics::Metrics(absl::string_view version, absl::string_view backend)
-    : registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics(const BuildInfo& build)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      process_(MakeProcessCollector()) {
   requests_ = &prometheus::BuildCounter()
                    .Name("mhcd_requests_total")
                    .Help("RPCs handled, by method and gRPC status code.")
@@ -39,17 +84,124 @@ Metrics::Metrics(absl::string_view version, absl::string_view backend)
                    .Help("Requests admitted and not yet answered.")
                    .Register(*registry_)
                    .Add({});
+  kernel_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_kernel_duration_seconds")
+           .Help(
+               "Device time of one kernel launch (CUDA events on GPUs, the "
+               "host clock on CPU backends), by op family, direction, "
+               "activation dtype, layout, streams n and device.")
+           .Register(*registry_);
+  kernel_bytes_ = &prometheus::BuildCounter()
+                       .Name("mhcd_kernel_bytes_total")
+                       .Help(
+                           "Tensor bytes read and written by kernel "
+                           "launches (parameters excluded), by op family, "
+                           "direction and device.")
+                       .Register(*registry_);
+  kernel_bandwidth_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_kernel_bandwidth_bytes_per_second")
+           .Help(
+               "Achieved bandwidth of one launch: tensor bytes over device "
+               "time, by op family, direction and device.")
+           .Register(*registry_);
+  kernel_roofline_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_kernel_roofline_ratio")
+           .Help(
+               "Achieved bandwidth of one launch as a fraction of the "
+               "device's measured copy bandwidth "
+               "(mhcd_device_copy_bandwidth_bytes_per_second), by op family, "
+               "direction and device.")
+           .Register(*registry_);
+  kernel_tokens_ = &prometheus::BuildHistogram()
+                        .Name("mhcd_kernel_tokens")
+                        .Help(
+                            "Tokens (M) per kernel launch, by op family, "
+                            "direction and device.")
+                        .Register(*registry_);
+  queue_depth_ = &prometheus::BuildGauge()
+                      .Name("mhcd_queue_depth")
+                      .Help("Admitted requests waiting for their device.")
+                      .Register(*registry_);
+  queue_wait_ = &prometheus::BuildHistogram()
+                     .Name("mhcd_queue_wait_seconds")
+                     .Help(
+                         "Time a request waited for its device before its "
+                         "ops started, by device.")
+                     .Register(*registry_);
+  copy_bandwidth_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_device_copy_bandwidth_bytes_per_second")
+           .Help(
+               "Bytes read plus written per second by a large copy within "
+               "the device's memory, measured once at startup: the "
+               "roofline denominator.")
+           .Register(*registry_);
   layers_ = &prometheus::BuildGauge()
                  .Name("mhcd_layers")
-                 .Help("Layers held by the daemon.")
-                 .Register(*registry_)
-                 .Add({});
+                 .Help("Layers held by the daemon, by device.")
+                 .Register(*registry_);
+  parameter_bytes_ = &prometheus::BuildGauge()
+                          .Name("mhcd_parameter_bytes")
+                          .Help("Memory of layer parameters, by device.")
+                          .Register(*registry_);
+  gradient_bytes_ = &prometheus::BuildGauge()
+                         .Name("mhcd_gradient_bytes")
+                         .Help("Memory of gradient accumulators, by device.")
+                         .Register(*registry_);
+  workspace_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_workspace_bytes")
+           .Help("Memory of the kernel workspace (scratch), by device.")
+           .Register(*registry_);
+  shm_regions_ = &prometheus::BuildGauge()
+                      .Name("mhcd_shm_regions")
+                      .Help(
+                          "Registered shared-memory regions, by kind "
+                          "(system, cuda).")
+                      .Register(*registry_);
+  shm_bytes_ = &prometheus::BuildGauge()
+                    .Name("mhcd_shm_region_bytes")
+                    .Help(
+                        "Bytes of registered shared-memory regions, by kind "
+                        "(system, cuda).")
+                    .Register(*registry_);
+  for (const char* kind : {"system", "cuda"}) SetSharedMemory(kind, 0, 0);
+  determinism_checks_ =
+      &prometheus::BuildCounter()
+           .Name("mhcd_determinism_checks_total")
+           .Help(
+               "Determinism audits of sampled launches, by op family, "
+               "direction, check (replay: same inputs again; "
+               "batch_invariance: one token alone) and result (match, "
+               "mismatch).")
+           .Register(*registry_);
+  determinism_max_ulp_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_determinism_max_ulp_difference")
+           .Help(
+               "Largest difference between an audited launch and its "
+               "re-run seen since start, in units in the last place of the "
+               "output dtype, by op family, direction and check.")
+           .Register(*registry_);
+  last_mismatch_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_determinism_last_mismatch_timestamp_seconds")
+           .Help(
+               "Unix time of the last determinism mismatch; 0 "
+               "when there was none.")
+           .Register(*registry_)
+           .Add({});
   prometheus::BuildGauge()
       .Name("mhcd_build_info")
       .Help("Always 1; the labels say which build and backend run.")
       .Register(*registry_)
-      .Add({{"version", std::string(version)},
-            {"backend", std::string(backend)}})
+      .Add({{"version", build.version},
+            {"commit", build.commit},
+            {"backend", build.backend},
+            {"cuda_version", build.cuda_version}})
       .Set(1);
 }
 
@@ -67,6 +219,7 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
         "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
   }
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
   std::vector<int> ports = exposer_->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(
@@ -81,6 +234,82 @@ void Metrics::RecordRequest(absl::string_view rpc, grpc::StatusCode code,
                             {"code", StatusCodeName(code)}};
   requests_->Add(labels).Increment();
   durations_->Add(labels, LatencyBuckets()).Observe(seconds);
+}
+
+}  // namespace mhc::server
+
+namespace mhc::server {
+
+void Metrics::RecordKernel(absl::string_view device, const KernelSample& sample,
+                           double copy_bandwidth) {
+  prometheus::Labels labels = OpLabels(sample.kind, device);
+  kernel_bytes_->Add(labels).Increment(static_cast<double>(sample.bytes));
+  kernel_tokens_->Add(labels, TokenBuckets())
+      .Observe(static_cast<double>(sample.tokens));
+  // An empty launch moves nothing; its bandwidth would only drag the
+  // distribution towards zero.
+  if (sample.seconds > 0 && sample.bytes > 0) {
+    const double bandwidth = static_cast<double>(sample.bytes) / sample.seconds;
+    kernel_bandwidth_->Add(labels, BandwidthBuckets()).Observe(bandwidth);
+    if (copy_bandwidth > 0) {
+      kernel_roofline_->Add(labels, RooflineBuckets())
+          .Observe(bandwidth / copy_bandwidth);
+    }
+  }
+  labels["dtype"] = std::string(DTypeName(sample.dtype));
+  labels["layout"] = std::string(LayoutName(sample.layout));
+  labels["n"] = absl::StrCat(sample.n);
+  kernel_seconds_->Add(labels, KernelBuckets()).Observe(sample.seconds);
+}
+
+void Metrics::AddQueueDepth(absl::string_view device, double delta) {
+  queue_depth_->Add({{"device", std::string(device)}}).Increment(delta);
+}
+
+void Metrics::RecordQueueWait(absl::string_view device, double seconds) {
+  queue_wait_->Add({{"device", std::string(device)}}, LatencyBuckets())
+      .Observe(seconds);
+}
+
+void Metrics::SetCopyBandwidth(absl::string_view device,
+                               double bytes_per_second) {
+  copy_bandwidth_->Add({{"device", std::string(device)}}).Set(bytes_per_second);
+}
+
+void Metrics::SetLayerMemory(absl::string_view device, double layers,
+                             double parameter_bytes, double gradient_bytes) {
+  const prometheus::Labels labels{{"device", std::string(device)}};
+  layers_->Add(labels).Set(layers);
+  parameter_bytes_->Add(labels).Set(parameter_bytes);
+  gradient_bytes_->Add(labels).Set(gradient_bytes);
+}
+
+void Metrics::SetWorkspaceBytes(absl::string_view device, double bytes) {
+  workspace_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
+}
+
+void Metrics::SetSharedMemory(absl::string_view kind, double regions,
+                              double bytes) {
+  const prometheus::Labels labels{{"kind", std::string(kind)}};
+  shm_regions_->Add(labels).Set(regions);
+  shm_bytes_->Add(labels).Set(bytes);
+}
+
+void Metrics::RecordDeterminismCheck(OpKind kind, absl::string_view check,
+                                     bool match, uint64_t ulp_difference) {
+  prometheus::Labels labels{{"op", std::string(OpFamilyName(kind))},
+                            {"direction", std::string(OpDirectionName(kind))},
+                            {"check", std::string(check)}};
+  prometheus::Gauge& max_ulp = determinism_max_ulp_->Add(labels);
+  labels["result"] = "mismatch";
+  prometheus::Counter& mismatches = determinism_checks_->Add(labels);
+  labels["result"] = "match";
+  prometheus::Counter& matches = determinism_checks_->Add(labels);
+  (match ? matches : mismatches).Increment();
+  if (!match) last_mismatch_->Set(absl::ToUnixMicros(absl::Now()) * 1e-6);
+  absl::MutexLock lock(&ulp_mu_);
+  const double ulp = static_cast<double>(ulp_difference);
+  if (ulp > max_ulp.Value()) max_ulp.Set(ulp);
 }
 
 }  // namespace mhc::server

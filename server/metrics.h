@@ -1,14 +1,22 @@
 // Prometheus metrics of the daemon, served by prometheus-cpp on
-// --metrics_listen. All durations in seconds (base units).
+// --metrics_listen. Base units (seconds, bytes), `_total` on counters, and
+// histograms rather than summaries so that percentiles aggregate across
+// pods. Every family is created up front, and label sets that dashboards and
+// alerts select on (shm kinds, mismatch results) start at zero, so a query
+// returns 0 instead of nothing on a healthy daemon.
 #ifndef MHC_SERVER_METRICS_H_
 #define MHC_SERVER_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/status.h"
+#include "mhc/backend.h"
+#include "mhc/types.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -18,9 +26,28 @@
 
 namespace mhc::server {
 
+// Labels of mhcd_build_info.
+struct BuildInfo {
+  std::string version;
+  std::string commit;        // git commit of the source, "unknown" without
+  std::string backend;       // "cpu", "reference", "cuda"
+  std::string cuda_version;  // CUDA toolkit the build used, "none" without
+};
+
+// One kernel launch as the executor measured it.
+struct KernelSample {
+  OpKind kind = OpKind::kPreForward;
+  DType dtype = DType::kF32;
+  Layout layout = Layout::kStreamMajor;
+  int n = 0;
+  int64_t tokens = 0;
+  uint64_t bytes = 0;    // tensor bytes read and written by the launch
+  double seconds = 0.0;  // device time
+};
+
 class Metrics {
  public:
-  Metrics(absl::string_view version, absl::string_view backend);
+  explicit Metrics(const BuildInfo& build);
 
   // Starts the HTTP endpoint; returns "host:port" with the bound port (port
   // 0 picks a free one). Not calling it keeps the metrics in memory only.
@@ -29,16 +56,53 @@ class Metrics {
   void RecordRequest(absl::string_view rpc, grpc::StatusCode code,
                      double seconds);
   void AddInflight(double delta) { inflight_->Increment(delta); }
-  void SetLayers(double count) { layers_->Set(count); }
+
+  // Kernel time, bytes, bandwidth, fraction of `copy_bandwidth` (bytes per
+  // second; 0: unknown, no roofline sample) and tokens of one launch.
+  void RecordKernel(absl::string_view device, const KernelSample& sample,
+                    double copy_bandwidth);
+  // Requests waiting for the device, and how long one waited.
+  void AddQueueDepth(absl::string_view device, double delta);
+  void RecordQueueWait(absl::string_view device, double seconds);
+  void SetCopyBandwidth(absl::string_view device, double bytes_per_second);
+  // Layers and the memory their parameters and gradient accumulators hold.
+  void SetLayerMemory(absl::string_view device, double layers,
+                      double parameter_bytes, double gradient_bytes);
+  void SetWorkspaceBytes(absl::string_view device, double bytes);
+  // Registered shared-memory regions of one kind ("system", "cuda"): the
+  // registry calls it whenever a region comes or goes.
+  void SetSharedMemory(absl::string_view kind, double regions, double bytes);
+  // One determinism check (`check`: "replay" or "batch_invariance").
+  void RecordDeterminismCheck(OpKind kind, absl::string_view check, bool match,
+                              uint64_t ulp_difference);
 
   prometheus::Registry& registry() { return *registry_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Histogram>* durations_;
   prometheus::Gauge* inflight_;
-  prometheus::Gauge* layers_;
+  prometheus::Family<prometheus::Histogram>* kernel_seconds_;
+  prometheus::Family<prometheus::Counter>* kernel_bytes_;
+  prometheus::Family<prometheus::Histogram>* kernel_bandwidth_;
+  prometheus::Family<prometheus::Histogram>* kernel_roofline_;
+  prometheus::Family<prometheus::Histogram>* kernel_tokens_;
+  prometheus::Family<prometheus::Gauge>* queue_depth_;
+  prometheus::Family<prometheus::Histogram>* queue_wait_;
+  prometheus::Family<prometheus::Gauge>* copy_bandwidth_;
+  prometheus::Family<prometheus::Gauge>* layers_;
+  prometheus::Family<prometheus::Gauge>* parameter_bytes_;
+  prometheus::Family<prometheus::Gauge>* gradient_bytes_;
+  prometheus::Family<prometheus::Gauge>* workspace_bytes_;
+  prometheus::Family<prometheus::Gauge>* shm_regions_;
+  prometheus::Family<prometheus::Gauge>* shm_bytes_;
+  prometheus::Family<prometheus::Counter>* determinism_checks_;
+  prometheus::Family<prometheus::Gauge>* determinism_max_ulp_;
+  // A maximum is a read-modify-write; checks of several devices may race.
+  absl::Mutex ulp_mu_;
+  prometheus::Gauge* last_mismatch_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "convert/spec_convert.h"
 #include "google/protobuf/reflection.h"
 #include "mhc/status.h"
+#include "server/determinism_audit.h"
 #include "server/op_defs.h"
 #include "server/status_util.h"
 
@@ -55,6 +57,7 @@ struct PlannedInput {
   absl::string_view bytes;  // inline data of the request
   int source = -1;          // an earlier output of the batch (Execute refs)
   const void* data = nullptr;
+  bool device = false;  // data is device memory of a CUDA region
   HostBuffer scratch;
 };
 
@@ -65,6 +68,10 @@ struct PlannedOutput {
   void* data = nullptr;           // where the op writes, backend memory
   HostBuffer scratch;
   bool copy_to_dest = false;  // data is not dest's own bytes
+  // An output_regions destination: written in place, returned as shm.
+  std::optional<v1::SharedMemoryRef> region;
+  RegionSpan span;
+  bool copy_to_region = false;  // data is not the region's bytes
 };
 
 struct PlannedOp {
@@ -159,11 +166,38 @@ absl::Status ResolveRef(const v1::TensorRef& ref, absl::string_view field,
   return absl::OkStatus();
 }
 
+// CUDA regions hold device memory, which a host backend cannot address;
+// host regions reach a device backend through copies.
+absl::Status CheckReachable(const RegionSpan& span, bool host,
+                            absl::string_view field) {
+  if (span.device && host) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field,
+        ": the region is CUDA device memory, and this layer's device "
+        "runs on the host; use a system shared-memory region"));
+  }
+  return absl::OkStatus();
+}
+
+// Sets dest's dtype and shape; a region output is returned as its shm
+// reference, without bytes.
+void DescribeDest(const PlannedOutput& out) {
+  out.dest->set_dtype(DTypeToProto(out.info.dtype));
+  out.dest->clear_shape();
+  for (int64_t d : out.info.shape) out.dest->add_shape(d);
+  if (out.region.has_value()) {
+    *out.dest->mutable_shm() = *out.region;
+  } else {
+    out.dest->mutable_inline_data()->resize(out.info.bytes);
+  }
+}
+
 // Validates one op against its layer and the outputs of earlier ops, and
 // adds its outputs to the arena. Runs nothing.
 absl::Status PlanOp(const OpDef& def, const Message& request,
                     absl::string_view id, const LayerStore& store,
-                    bool in_batch, Batch* batch, ByteBudget* budget) {
+                    bool in_batch, Batch* batch, ByteBudget* budget,
+                    RegionScope* regions) {
   const Reflection* refl = request.GetReflection();
   PlannedOp op;
   op.def = &def;
@@ -171,11 +205,8 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
       op.layer, store.Find(refl->GetString(request, def.layer_field), "layer"));
   const Layer& layer = *op.layer;
   const LayerSpec& spec = layer.spec();
-  if (refl->FieldSize(request, def.regions_field) > 0) {
-    return absl::FailedPreconditionError(
-        "output_regions: shared memory is not enabled");
-  }
   MHC_RETURN_IF_ERROR(CheckLayerRule(def, layer));
+  const bool host = op.layer->executor()->HostAccessible();
   const bool skip_dx =
       def.skip_dx_field != nullptr && refl->GetBool(request, def.skip_dx_field);
   op.accumulate =
@@ -220,8 +251,23 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
         slot.name));
     if (input.source < 0) {
       MHC_RETURN_IF_ERROR(budget->Charge(input.info.bytes, slot.name));
-      MHC_ASSIGN_OR_RETURN(input.bytes,
-                           InlineBytes(ref, input.info, slot.name));
+      if (ref.data_case() == v1::TensorRef::kShm) {
+        MHC_ASSIGN_OR_RETURN(
+            RegionSpan span,
+            regions->Acquire(ref.shm(), input.info.bytes, /*output=*/false,
+                             absl::StrCat(slot.name, ".shm")));
+        MHC_RETURN_IF_ERROR(CheckReachable(span, host, slot.name));
+        input.device = span.device;
+        if (span.device) {
+          input.data = span.data;
+        } else {
+          input.bytes = absl::string_view(static_cast<const char*>(span.data),
+                                          span.bytes);
+        }
+      } else {
+        MHC_ASSIGN_OR_RETURN(input.bytes,
+                             InlineBytes(ref, input.info, slot.name));
+      }
     }
   }
   if (!shapes.has_lead() && def.lead_shape_field != nullptr) {
@@ -241,6 +287,18 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
   op.tokens = shapes.tokens();
   op.act_dtype = shapes.act_dtype().value_or(DType::kF32);
 
+  // By output name; entries left after the outputs are planned name none.
+  absl::flat_hash_map<std::string, v1::SharedMemoryRef> output_regions;
+  const google::protobuf::Descriptor* entry_type =
+      def.regions_field->message_type();
+  for (int k = 0; k < refl->FieldSize(request, def.regions_field); ++k) {
+    const Message& entry =
+        refl->GetRepeatedMessage(request, def.regions_field, k);
+    const Reflection* entry_refl = entry.GetReflection();
+    output_regions[entry_refl->GetString(entry, entry_type->map_key())] =
+        static_cast<const v1::SharedMemoryRef&>(
+            entry_refl->GetMessage(entry, entry_type->map_value()));
+  }
   op.outputs.assign(def.outputs.size(), -1);
   for (size_t j = 0; j < def.outputs.size(); ++j) {
     const SlotDef& slot = def.outputs[j];
@@ -263,9 +321,28 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
     out->info.bytes = static_cast<uint64_t>(*elements) * size;
     MHC_RETURN_IF_ERROR(
         budget->Charge(out->info.bytes, absl::StrCat("output ", slot.name)));
+    auto it = output_regions.find(slot.name);
+    if (it != output_regions.end()) {
+      const std::string field =
+          absl::StrCat("output_regions[\"", slot.name, "\"]");
+      out->region = it->second;
+      MHC_ASSIGN_OR_RETURN(out->span,
+                           regions->Acquire(it->second, out->info.bytes,
+                                            /*output=*/true, field));
+      MHC_RETURN_IF_ERROR(CheckReachable(out->span, host, field));
+      output_regions.erase(it);
+    }
     op.outputs[j] = static_cast<int>(batch->outputs.size());
     batch->by_name[out->name] = op.outputs[j];
     batch->outputs.push_back(std::move(out));
+  }
+  if (!output_regions.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [name, ref] : output_regions) names.push_back(name);
+    std::sort(names.begin(), names.end());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_regions: '", absl::CEscape(names.front()),
+        "' is not an output ", def.rpc, " produces on ", layer.Describe()));
   }
   batch->ops.push_back(std::move(op));
   return absl::OkStatus();
@@ -274,12 +351,15 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
 // Sets dest's dtype and shape and chooses where the op writes: into dest's
 // bytes when the backend can address them, else into scratch.
 absl::Status PrepareHostOutput(PlannedOutput& out) {
-  if (out.dest != nullptr) {
-    out.dest->set_dtype(DTypeToProto(out.info.dtype));
-    out.dest->clear_shape();
-    for (int64_t d : out.info.shape) out.dest->add_shape(d);
+  if (out.dest != nullptr) DescribeDest(out);
+  if (out.region.has_value()) {
+    if (out.info.bytes == 0 || Aligned(out.span.data)) {
+      out.data = out.span.data;
+      return absl::OkStatus();
+    }
+    out.copy_to_region = true;
+  } else if (out.dest != nullptr) {
     std::string* bytes = out.dest->mutable_inline_data();
-    bytes->resize(out.info.bytes);
     if (out.info.bytes == 0 || Aligned(bytes->data())) {
       out.data = bytes->data();
       return absl::OkStatus();
@@ -327,6 +407,46 @@ class DeviceStaging {
   std::vector<void*> buffers_;
 };
 
+// What the executor records about one launch of `op`.
+KernelSample SampleOf(const Batch& batch, const PlannedOp& op) {
+  KernelSample sample;
+  sample.kind = op.def->kind;
+  sample.dtype = op.act_dtype;
+  sample.layout = op.layer->spec().layout;
+  sample.n = op.layer->spec().n;
+  sample.tokens = op.tokens;
+  for (const PlannedInput& in : op.inputs) {
+    if (in.present) sample.bytes += in.info.bytes;
+  }
+  for (int index : op.outputs) {
+    if (index >= 0) sample.bytes += batch.outputs[index]->info.bytes;
+  }
+  return sample;
+}
+
+void Audit(DeterminismAudit& audit, Backend& backend, Workspace ws,
+           const Batch& batch, const PlannedOp& op, const BoundOp& bound) {
+  AuditedLaunch launch;
+  launch.kind = op.def->kind;
+  launch.launch = op.def->launch;
+  launch.bound = &bound;
+  launch.layer = op.layer->Describe();
+  for (const PlannedInput& in : op.inputs) {
+    launch.input_bytes.push_back(in.present ? in.info.bytes : 0);
+  }
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    AuditedLaunch::Output out;
+    out.name = op.def->outputs[j].name;
+    if (op.outputs[j] >= 0) {
+      const PlannedOutput& planned = *batch.outputs[op.outputs[j]];
+      out.dtype = planned.info.dtype;
+      out.bytes = planned.info.bytes;
+    }
+    launch.outputs.push_back(std::move(out));
+  }
+  audit.MaybeAudit(backend, ws, launch);
+}
+
 absl::Status RunBatch(Batch& batch, Executor& executor) {
   const bool host = executor.HostAccessible();
   if (host) {
@@ -342,11 +462,7 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
     }
   } else {
     for (auto& out : batch.outputs) {
-      if (out->dest == nullptr) continue;
-      out->dest->set_dtype(DTypeToProto(out->info.dtype));
-      out->dest->clear_shape();
-      for (int64_t d : out->info.shape) out->dest->add_shape(d);
-      out->dest->mutable_inline_data()->resize(out->info.bytes);
+      if (out->dest != nullptr) DescribeDest(*out);
     }
   }
   auto workspace_bytes = [&](const Backend& backend) {
@@ -369,7 +485,7 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
       bound.weights = op.layer->Weights();
       if (op.accumulate) bound.grads = op.layer->Grads();
       for (PlannedInput& in : op.inputs) {
-        if (in.present && in.source < 0 && !host) {
+        if (in.present && in.source < 0 && !host && !in.device) {
           MHC_ASSIGN_OR_RETURN(void* p, staging.Allocate(in.bytes.size()));
           if (p != nullptr) {
             MHC_RETURN_IF_ERROR(
@@ -384,11 +500,17 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
       for (int index : op.outputs) {
         if (index >= 0 && !host) {
           PlannedOutput& out = *batch.outputs[index];
-          MHC_ASSIGN_OR_RETURN(out.data, staging.Allocate(out.info.bytes));
+          if (out.region.has_value() && out.span.device) {
+            out.data = out.span.data;  // kernels write the client's memory
+          } else {
+            MHC_ASSIGN_OR_RETURN(out.data, staging.Allocate(out.info.bytes));
+          }
         }
         bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
       }
-      absl::Status status = op.def->launch(backend, bound, ws);
+      absl::Status status = executor.Launch(SampleOf(batch, op), [&] {
+        return op.def->launch(backend, bound, ws);
+      });
       if (!status.ok()) {
         absl::StatusCode code =
             status.code() == absl::StatusCode::kResourceExhausted
@@ -399,10 +521,24 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
                                op.layer->Describe(), " failed in the ",
                                backend.Name(), " backend: ", status.message()));
       }
+      DeterminismAudit* audit = executor.audit();
+      if (audit != nullptr && audit->active()) {
+        Audit(*audit, backend, ws, batch, op, bound);
+      }
       for (int index : op.outputs) {
         if (index < 0) continue;
         PlannedOutput& out = *batch.outputs[index];
-        if (out.dest == nullptr || out.info.bytes == 0) continue;
+        if (out.info.bytes == 0) continue;
+        if (out.region.has_value()) {
+          if (!host && !out.span.device) {
+            MHC_RETURN_IF_ERROR(
+                backend.CopyToHost(out.span.data, out.data, out.info.bytes));
+          } else if (out.copy_to_region) {
+            std::memcpy(out.span.data, out.data, out.info.bytes);
+          }
+          continue;
+        }
+        if (out.dest == nullptr) continue;
         if (!host) {
           MHC_RETURN_IF_ERROR(
               backend.CopyToHost(out.dest->mutable_inline_data()->data(),
@@ -438,12 +574,12 @@ OpRunner::OpRunner(LayerStore* store, RequestLimits limits)
     : store_(store), limits_(limits) {}
 
 absl::Status OpRunner::RunSingle(OpKind kind, const Message& request,
-                                 Message* response) {
+                                 Message* response, RegionScope* regions) {
   const OpDef& def = GetOpDef(kind);
   Batch batch;
   ByteBudget budget(limits_);
-  MHC_RETURN_IF_ERROR(
-      PlanOp(def, request, "", *store_, /*in_batch=*/false, &batch, &budget));
+  MHC_RETURN_IF_ERROR(PlanOp(def, request, "", *store_, /*in_batch=*/false,
+                             &batch, &budget, regions));
   const Reflection* refl = response->GetReflection();
   const PlannedOp& op = batch.ops.front();
   for (size_t j = 0; j < def.outputs.size(); ++j) {
@@ -451,11 +587,13 @@ absl::Status OpRunner::RunSingle(OpKind kind, const Message& request,
     batch.outputs[op.outputs[j]]->dest = static_cast<v1::TensorRef*>(
         refl->MutableMessage(response, def.outputs[j].field));
   }
-  return RunBatch(batch, *op.layer->executor());
+  MHC_RETURN_IF_ERROR(RunBatch(batch, *op.layer->executor()));
+  return regions->CheckIntact();
 }
 
 absl::Status OpRunner::Execute(const v1::ExecuteRequest& request,
-                               v1::ExecuteResponse* response) {
+                               v1::ExecuteResponse* response,
+                               RegionScope* regions) {
   if (request.ops_size() > limits_.max_batch_ops) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ops: at most ", limits_.max_batch_ops,
@@ -485,9 +623,10 @@ absl::Status OpRunner::Execute(const v1::ExecuteRequest& request,
     }
     const Message& sub = op.GetReflection()->GetMessage(
         op, v1::Op::descriptor()->FindFieldByNumber(op.op_case()));
-    MHC_RETURN_IF_ERROR(Annotate(
-        PlanOp(*def, sub, op.id(), *store_, /*in_batch=*/true, &batch, &budget),
-        context));
+    MHC_RETURN_IF_ERROR(
+        Annotate(PlanOp(*def, sub, op.id(), *store_, /*in_batch=*/true, &batch,
+                        &budget, regions),
+                 context));
     PlannedOp& planned = batch.ops.back();
     planned.context = context;
     if (executor == nullptr) executor = planned.layer->executor();
@@ -522,7 +661,8 @@ absl::Status OpRunner::Execute(const v1::ExecuteRequest& request,
   for (int k : returned) {
     batch.outputs[k]->dest = &outputs[batch.outputs[k]->name];
   }
-  return RunBatch(batch, *executor);
+  MHC_RETURN_IF_ERROR(RunBatch(batch, *executor));
+  return regions->CheckIntact();
 }
 
 }  // namespace mhc::server

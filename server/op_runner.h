@@ -13,6 +13,12 @@
 // request-scoped arena, named "<op id>.<field>", which later ops read by
 // reference. Backends without host access get every tensor staged through
 // device buffers instead.
+//
+// Shared memory: tensors in a session's regions (TensorRef.shm, and outputs
+// named in output_regions) are pinned for the whole request by its
+// RegionScope. Host backends read and write the mapped bytes in place (a
+// misaligned range goes through aligned scratch); device backends run on
+// CUDA-region memory directly and copy host regions to and from the device.
 #ifndef MHC_SERVER_OP_RUNNER_H_
 #define MHC_SERVER_OP_RUNNER_H_
 
@@ -21,6 +27,7 @@
 #include "mhc/backend.h"
 #include "mhc/v1/service.pb.h"
 #include "server/layer_store.h"
+#include "server/shm_registry.h"
 #include "server/tensor_resolver.h"
 
 namespace mhc::server {
@@ -30,12 +37,14 @@ class OpRunner {
   OpRunner(LayerStore* store, RequestLimits limits);
 
   // `request` and `response` are the op's messages (e.g. PreRequest and
-  // PreResponse for kPreForward).
+  // PreResponse for kPreForward). `regions` resolves and pins the request's
+  // shared-memory tensors.
   absl::Status RunSingle(OpKind kind, const google::protobuf::Message& request,
-                         google::protobuf::Message* response);
+                         google::protobuf::Message* response,
+                         RegionScope* regions);
 
   absl::Status Execute(const v1::ExecuteRequest& request,
-                       v1::ExecuteResponse* response);
+                       v1::ExecuteResponse* response, RegionScope* regions);
 
  private:
   LayerStore* const store_;

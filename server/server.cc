@@ -21,8 +21,18 @@
 #include "grpcpp/server_builder.h"
 #include "mhc/status.h"
 
+#ifdef MHC_HAVE_CUDA
+#include "server/shm_cuda.h"
+#endif
+
 #ifndef MHC_VERSION
 #define MHC_VERSION "0.0.0"
+#endif
+#ifndef MHC_GIT_COMMIT
+#define MHC_GIT_COMMIT "unknown"
+#endif
+#ifndef MHC_CUDA_VERSION
+#define MHC_CUDA_VERSION "none"
 #endif
 
 namespace mhc::server {
@@ -101,20 +111,41 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   }
 
   std::unique_ptr<MhcServer> server(new MhcServer());
-  const std::string backend_name = backend->Name();
-  server->metrics_ = std::make_unique<Metrics>(MHC_VERSION, backend_name);
+  const bool host_accessible = backend->HostAccessible();
+  server->metrics_ = std::make_unique<Metrics>(BuildInfo{
+      MHC_VERSION, MHC_GIT_COMMIT, backend->Name(), MHC_CUDA_VERSION});
   if (!config.metrics_listen.empty()) {
     MHC_ASSIGN_OR_RETURN(server->metrics_address_,
                          server->metrics_->Serve(config.metrics_listen));
   }
+  server->audit_ = std::make_unique<DeterminismAudit>(
+      config.determinism_audit_rate, config.batch_invariance_audit_rate,
+      server->metrics_.get());
   server->executor_ = std::make_unique<Executor>(std::move(backend), "cpu");
+  server->executor_->SetMetrics(server->metrics_.get());
+  server->executor_->SetAudit(server->audit_.get());
+  // The roofline denominator. A device backend supplies its own (a
+  // device-to-device copy) and an event-based DeviceTimer through the
+  // executor's setters; until it does, its kernels are timed on the host
+  // around a synchronisation and no roofline is recorded.
+  if (host_accessible) {
+    server->executor_->SetCopyBandwidth(MeasureHostCopyBandwidth());
+  }
   server->store_ = std::make_unique<LayerStore>(server->executor_.get(),
                                                 config.service.limits);
   server->admission_ = std::make_unique<Admission>(config.service.max_inflight);
+  // CUDA IPC regions need a CUDA device served by this daemon; host
+  // backends get none, so RegisterCudaSharedMemory is refused there.
+  std::unique_ptr<DeviceMemoryOpener> cuda_ipc;
+#ifdef MHC_HAVE_CUDA
+  if (!server->executor_->HostAccessible()) cuda_ipc = MakeCudaIpcOpener();
+#endif
+  server->shm_ =
+      std::make_unique<ShmRegistry>(config.service.shm, std::move(cuda_ipc));
   server->service_ = std::make_unique<MhcService>(
       config.service, server->executor_.get(), server->store_.get(),
-      server->admission_.get(), server->metrics_.get());
-  server->metrics_->SetLayers(0);
+      server->admission_.get(), server->metrics_.get(), server->shm_.get());
+  server->metrics_->SetLayerMemory(server->executor_->device(), 0, 0, 0);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -162,6 +193,8 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
 
 MhcServer::~MhcServer() {
   if (server_ != nullptr) {
+    // Open sessions are streams that never end on their own.
+    shm_->CancelAllSessions();
     server_->Shutdown();
     server_->Wait();
   }
@@ -169,6 +202,7 @@ MhcServer::~MhcServer() {
 
 void MhcServer::Drain(absl::Duration timeout) {
   admission_->BeginDrain();
+  shm_->CancelAllSessions();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));

@@ -12,10 +12,12 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "mhc/backend.h"
+#include "server/determinism_audit.h"
 #include "server/executor.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/shm_registry.h"
 
 namespace mhc::server {
 
@@ -24,6 +26,10 @@ struct ServerConfig {
   std::vector<std::string> listen;
   // "host:port"; empty: no metrics endpoint.
   std::string metrics_listen;
+  // Fractions of kernel launches the determinism audit re-runs whole
+  // (replay) and one token alone (batch invariance); 0 disables each.
+  double determinism_audit_rate = 0;
+  double batch_invariance_audit_rate = 0;
   ServiceOptions service;
 };
 
@@ -52,9 +58,11 @@ class MhcServer {
   // Destroyed bottom-up: the gRPC server first (no more handlers), the
   // layers before the executor whose memory they hold.
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<DeterminismAudit> audit_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<LayerStore> store_;
   std::unique_ptr<Admission> admission_;
+  std::unique_ptr<ShmRegistry> shm_;
   std::unique_ptr<MhcService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> addresses_;

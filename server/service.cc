@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "mhc/status.h"
+#include "server/determinism_audit.h"
 #include "server/status_util.h"
 
 #ifndef MHC_VERSION
@@ -17,12 +18,13 @@ namespace mhc::server {
 
 MhcService::MhcService(const ServiceOptions& options, Executor* executor,
                        LayerStore* store, Admission* admission,
-                       Metrics* metrics)
+                       Metrics* metrics, ShmRegistry* shm)
     : options_(options),
       executor_(executor),
       store_(store),
       admission_(admission),
       metrics_(metrics),
+      shm_(shm),
       runner_(store, options.limits) {}
 
 grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
@@ -56,11 +58,27 @@ grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
   return result;
 }
 
+void MhcService::UpdateLayerMetrics() {
+  double parameter_bytes = 0;
+  size_t layers = 0;
+  for (const auto& layer : store_->List()) {
+    ++layers;
+    parameter_bytes +=
+        static_cast<double>(layer->parameter_count()) * sizeof(float);
+  }
+  // Every parameter has a gradient accumulator of its size.
+  metrics_->SetLayerMemory(executor_->device(), static_cast<double>(layers),
+                           parameter_bytes, parameter_bytes);
+}
+
 grpc::Status MhcService::RunOp(absl::string_view rpc, OpKind kind,
+                               const grpc::ServerContext& context,
                                const google::protobuf::Message& request,
                                google::protobuf::Message* response) {
-  return Handle(rpc, true,
-                [&] { return runner_.RunSingle(kind, request, response); });
+  return Handle(rpc, true, [&] {
+    RegionScope regions = Regions(context);
+    return runner_.RunSingle(kind, request, response, &regions);
+  });
 }
 
 grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
@@ -94,13 +112,24 @@ grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
   });
 }
 
+grpc::Status MhcService::GetDeterminismReport(
+    grpc::ServerContext*, const v1::GetDeterminismReportRequest*,
+    v1::GetDeterminismReportResponse* response) {
+  return Handle("GetDeterminismReport", false, [&] {
+    if (executor_->audit() != nullptr) {
+      executor_->audit()->FillReport(response);
+    }
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status MhcService::CreateLayer(grpc::ServerContext*,
                                      const v1::CreateLayerRequest* request,
                                      v1::LayerInfo* response) {
   return Handle("CreateLayer", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Create(*request));
-    metrics_->SetLayers(store_->size());
+    UpdateLayerMetrics();
     store_->FillInfo(*layer, response);
     return absl::OkStatus();
   });
@@ -136,7 +165,7 @@ grpc::Status MhcService::DeleteLayer(grpc::ServerContext*,
       return absl::InvalidArgumentError("name: required (a layer name)");
     }
     MHC_RETURN_IF_ERROR(store_->Delete(request->name()));
-    metrics_->SetLayers(store_->size());
+    UpdateLayerMetrics();
     return absl::OkStatus();
   });
 }
@@ -201,15 +230,17 @@ grpc::Status MhcService::ConvertLayout(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::Execute(grpc::ServerContext*,
+grpc::Status MhcService::Execute(grpc::ServerContext* context,
                                  const v1::ExecuteRequest* request,
                                  v1::ExecuteResponse* response) {
-  return Handle("Execute", true,
-                [&] { return runner_.Execute(*request, response); });
+  return Handle("Execute", true, [&] {
+    RegionScope regions = Regions(*context);
+    return runner_.Execute(*request, response, &regions);
+  });
 }
 
 grpc::Status MhcService::ExecuteStream(
-    grpc::ServerContext*,
+    grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream) {
   // Each batch is admitted and measured on its own: a long-lived stream
   // holds no admission slot between batches. A failed batch ends the
@@ -218,7 +249,8 @@ grpc::Status MhcService::ExecuteStream(
   while (stream->Read(&request)) {
     v1::ExecuteResponse response;
     grpc::Status status = Handle("ExecuteStream", true, [&] {
-      return runner_.Execute(request, &response);
+      RegionScope regions = Regions(*context);
+      return runner_.Execute(request, &response, &regions);
     });
     if (!status.ok()) return status;
     if (!stream->Write(response)) {

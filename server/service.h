@@ -14,6 +14,7 @@
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/op_runner.h"
+#include "server/shm_registry.h"
 
 namespace mhc::server {
 
@@ -21,6 +22,7 @@ struct ServiceOptions {
   RequestLimits limits;
   uint64_t max_message_bytes = uint64_t{1} << 30;
   int max_inflight = 64;
+  ShmOptions shm;
 };
 
 #define MHC_UNARY(Rpc, Req, Resp)                                        \
@@ -30,9 +32,12 @@ struct ServiceOptions {
 class MhcService final : public v1::Mhc::Service {
  public:
   MhcService(const ServiceOptions& options, Executor* executor,
-             LayerStore* store, Admission* admission, Metrics* metrics);
+             LayerStore* store, Admission* admission, Metrics* metrics,
+             ShmRegistry* shm);
 
   MHC_UNARY(GetServerInfo, GetServerInfoRequest, GetServerInfoResponse);
+  MHC_UNARY(GetDeterminismReport, GetDeterminismReportRequest,
+            GetDeterminismReportResponse);
   MHC_UNARY(CreateLayer, CreateLayerRequest, LayerInfo);
   MHC_UNARY(GetLayer, GetLayerRequest, LayerInfo);
   MHC_UNARY(ListLayers, ListLayersRequest, ListLayersResponse);
@@ -71,19 +76,41 @@ class MhcService final : public v1::Mhc::Service {
       grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream)
       override;
 
+  // Shared memory (service_shm.cc).
+  grpc::Status OpenSession(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SessionEvent, v1::OpenSessionRequest>*
+          stream) override;
+  MHC_UNARY(RegisterSystemSharedMemory, RegisterSystemSharedMemoryRequest,
+            RegisterSystemSharedMemoryResponse);
+  MHC_UNARY(RegisterCudaSharedMemory, RegisterCudaSharedMemoryRequest,
+            RegisterCudaSharedMemoryResponse);
+  MHC_UNARY(UnregisterSharedMemory, UnregisterSharedMemoryRequest,
+            UnregisterSharedMemoryResponse);
+  MHC_UNARY(SharedMemoryStatus, SharedMemoryStatusRequest,
+            SharedMemoryStatusResponse);
+
  private:
   // Admission (unless `admit` is false), the call, status mapping, metrics.
   grpc::Status Handle(absl::string_view rpc, bool admit,
                       absl::FunctionRef<absl::Status()> body);
+  // Layer count and parameter/gradient memory after layers came or went.
+  void UpdateLayerMetrics();
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
+                     const grpc::ServerContext& context,
                      const google::protobuf::Message& request,
                      google::protobuf::Message* response);
+  // The shared-memory view of one request: its session and transport.
+  RegionScope Regions(const grpc::ServerContext& context);
+  // Region gauges after registrations change.
+  void PublishSharedMemory();
 
   const ServiceOptions options_;
   Executor* const executor_;
   LayerStore* const store_;
   Admission* const admission_;
   Metrics* const metrics_;
+  ShmRegistry* const shm_;
   OpRunner runner_;
 };
 

@@ -4,9 +4,9 @@
 namespace mhc::server {
 
 #define MHC_OP_HANDLER(Rpc, Req, Resp, Kind)                                 \
-  grpc::Status MhcService::Rpc(grpc::ServerContext*, const v1::Req* request, \
-                               v1::Resp* response) {                         \
-    return RunOp(#Rpc, OpKind::Kind, *request, response);                    \
+  grpc::Status MhcService::Rpc(grpc::ServerContext* context,                 \
+                               const v1::Req* request, v1::Resp* response) { \
+    return RunOp(#Rpc, OpKind::Kind, *context, *request, response);          \
   }
 
 MHC_OP_HANDLER(Projection, ProjectionRequest, ProjectionResponse,

@@ -68,8 +68,8 @@ absl::StatusOr<absl::string_view> InlineBytes(const v1::TensorRef& ref,
       }
       return absl::string_view(ref.inline_data());
     case v1::TensorRef::kShm:
-      return absl::FailedPreconditionError(
-          absl::StrCat(field, ".shm: shared memory is not enabled"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".shm: not accepted here (parameters are always inline)"));
     case v1::TensorRef::kRef:
       return absl::InvalidArgumentError(
           absl::StrCat(field,

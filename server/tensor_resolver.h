@@ -55,8 +55,9 @@ absl::StatusOr<TensorInfo> DeclaredInfo(const v1::TensorRef& ref,
                                         absl::string_view field);
 
 // Bytes of a tensor carried in the request: inline_data of exactly
-// info.bytes (absent is fine for an empty tensor). shm is refused with
-// FAILED_PRECONDITION; ref is not valid here (only inside Execute, where the
+// info.bytes (absent is fine for an empty tensor). shm is not valid here
+// (the op runner resolves compute tensors' regions itself); ref is not valid
+// here (only inside Execute, where the
 // caller resolves it before).
 absl::StatusOr<absl::string_view> InlineBytes(const v1::TensorRef& ref,
                                               const TensorInfo& info,

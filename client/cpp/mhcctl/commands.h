@@ -38,6 +38,7 @@ ABSL_DECLARE_FLAG(int32_t, iterations);
 ABSL_DECLARE_FLAG(std::string, layer);
 ABSL_DECLARE_FLAG(std::string, f);
 ABSL_DECLARE_FLAG(uint64_t, data_seed);
+ABSL_DECLARE_FLAG(bool, shm);
 
 namespace mhc::mhcctl {
 

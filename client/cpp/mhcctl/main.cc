@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, layer, "",
 ABSL_FLAG(std::string, f, "tanh",
           "run: the client-side sub-layer F, tanh or identity");
 ABSL_FLAG(uint64_t, data_seed, 1, "run: seed of the random activations");
+ABSL_FLAG(bool, shm, false,
+          "run: pass the forward tensors (Pre, Post) through POSIX shared "
+          "memory in a session instead of inline (daemon needs --allow_shm "
+          "and a unix-socket address)");
 
 namespace {
 
@@ -64,7 +68,7 @@ Commands:
   layer show --name=N       (or: layer show N)
   layer delete --name=N     (or: layer delete N)
   run [--tokens=128 --n=4 --hidden=256 --dtype=bf16 --preset=deepseek_v4
-       --iterations=3 --layer=EXISTING --f=tanh]
+       --iterations=3 --layer=EXISTING --f=tanh --shm]
       one mHC layer forward and backward through the daemon on random data,
       checked against the float64 reference computed here; exit code 1 when
       a check fails.

@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include "absl/time/time.h"
 #include "mhc/backend.h"
 #include "mhc/client/compare.h"
+#include "mhc/client/shm.h"
 #include "mhc/client/spec.h"
 #include "mhc/client/tensor.h"
 #include "mhc/status.h"
@@ -114,9 +117,67 @@ class Timings {
   std::vector<std::string> order_;
 };
 
+// With --shm: the forward tensors travel through one shared-memory object
+// registered as region "run" of a session, packed 64-byte aligned.
+class ShmStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShmStage>> Open(client::Client& client,
+                                                        uint64_t bytes) {
+    auto stage = std::make_unique<ShmStage>();
+    MHC_ASSIGN_OR_RETURN(stage->session_, client::Session::Open(client));
+    MHC_ASSIGN_OR_RETURN(
+        stage->object_,
+        client::SharedMemoryObject::Create(
+            client::UniqueShmKey("mhcd_mhcctl_", "run"), bytes));
+    MHC_RETURN_IF_ERROR(client.RegisterSystemSharedMemory(
+        "run", stage->object_->key(), 0, bytes));
+    return stage;
+  }
+
+  void Reset() { next_ = 0; }
+  absl::StatusOr<v1::TensorRef> In(const HostTensor& tensor) {
+    MHC_ASSIGN_OR_RETURN(uint64_t offset, Reserve(tensor.bytes.size()));
+    std::memcpy(object_->data() + offset, tensor.bytes.data(),
+                tensor.bytes.size());
+    return client::ShmTensorRef(tensor.dtype, tensor.shape, "run", offset);
+  }
+  absl::StatusOr<v1::SharedMemoryRef> Out(uint64_t bytes) {
+    MHC_ASSIGN_OR_RETURN(uint64_t offset, Reserve(bytes));
+    return client::ShmRef("run", offset, bytes);
+  }
+  // An output the daemon wrote into the region.
+  absl::StatusOr<HostTensor> Read(const v1::TensorRef& ref) const {
+    v1::TensorRef copy = ref;
+    const v1::SharedMemoryRef& shm = ref.shm();
+    if (shm.offset() > object_->size() ||
+        shm.byte_size() > object_->size() - shm.offset()) {
+      return absl::InternalError("shm output outside the object");
+    }
+    copy.set_inline_data(object_->data() + shm.offset(), shm.byte_size());
+    return client::FromTensorRef(copy);
+  }
+
+ private:
+  absl::StatusOr<uint64_t> Reserve(uint64_t bytes) {
+    const uint64_t offset = next_;
+    next_ += (bytes + 63) / 64 * 64;
+    if (next_ > object_->size()) {
+      return absl::InternalError("--shm: staging object too small");
+    }
+    return offset;
+  }
+
+  std::unique_ptr<client::Session> session_;
+  std::unique_ptr<client::SharedMemoryObject> object_;
+  uint64_t next_ = 0;
+};
+
+// The daemon's output: inline bytes, or its region with --shm.
 absl::StatusOr<HostTensor> Read(const v1::TensorRef& ref,
-                                absl::string_view what) {
-  auto tensor = client::FromTensorRef(ref);
+                                absl::string_view what,
+                                const ShmStage* shm = nullptr) {
+  auto tensor = ref.has_shm() && shm != nullptr ? shm->Read(ref)
+                                                : client::FromTensorRef(ref);
   if (!tensor.ok()) {
     return absl::InternalError(
         absl::StrCat(what, ": ", tensor.status().message()));
@@ -136,16 +197,31 @@ std::map<std::string, std::vector<float>> GradientFloats(
 
 // One forward and backward pass through the daemon.
 absl::Status RunPass(client::Client& client, const std::string& layer,
-                     const std::string& f_kind, Timings& timings, Pass& p) {
+                     const std::string& f_kind, Timings& timings, Pass& p,
+                     int64_t streams, ShmStage* shm) {
   v1::PreRequest pre;
   pre.set_layer(layer);
   *pre.mutable_x() = client::ToTensorRef(p.x);
+  if (shm != nullptr) {
+    shm->Reset();
+    MHC_ASSIGN_OR_RETURN(*pre.mutable_x(), shm->In(p.x));
+    // y is x summed over the streams; the mixing values are f32.
+    const uint64_t n = static_cast<uint64_t>(streams);
+    const uint64_t tokens = static_cast<uint64_t>(p.x.shape.front());
+    const uint64_t sizes[4] = {p.x.bytes.size() / n, tokens * n * 4,
+                               tokens * n * 4, tokens * n * n * 4};
+    const char* names[4] = {"y", "h_pre", "h_post", "h_res"};
+    for (int i = 0; i < 4; ++i) {
+      MHC_ASSIGN_OR_RETURN((*pre.mutable_output_regions())[names[i]],
+                           shm->Out(sizes[i]));
+    }
+  }
   MHC_ASSIGN_OR_RETURN(v1::PreResponse pre_out,
                        timings.Time("Pre", [&] { return client.Pre(pre); }));
-  MHC_ASSIGN_OR_RETURN(p.y, Read(pre_out.y(), "Pre.y"));
-  MHC_ASSIGN_OR_RETURN(p.h_pre, Read(pre_out.h_pre(), "Pre.h_pre"));
-  MHC_ASSIGN_OR_RETURN(p.h_post, Read(pre_out.h_post(), "Pre.h_post"));
-  MHC_ASSIGN_OR_RETURN(p.h_res, Read(pre_out.h_res(), "Pre.h_res"));
+  MHC_ASSIGN_OR_RETURN(p.y, Read(pre_out.y(), "Pre.y", shm));
+  MHC_ASSIGN_OR_RETURN(p.h_pre, Read(pre_out.h_pre(), "Pre.h_pre", shm));
+  MHC_ASSIGN_OR_RETURN(p.h_post, Read(pre_out.h_post(), "Pre.h_post", shm));
+  MHC_ASSIGN_OR_RETURN(p.h_res, Read(pre_out.h_res(), "Pre.h_res", shm));
 
   // F, locally.
   p.y_float = p.y.ToFloats();
@@ -161,9 +237,18 @@ absl::Status RunPass(client::Client& client, const std::string& layer,
   *post.mutable_x() = client::ToTensorRef(p.x);
   *post.mutable_h_post() = client::ToTensorRef(p.h_post);
   *post.mutable_h_res() = client::ToTensorRef(p.h_res);
+  if (shm != nullptr) {
+    shm->Reset();
+    MHC_ASSIGN_OR_RETURN(*post.mutable_f(), shm->In(p.f));
+    MHC_ASSIGN_OR_RETURN(*post.mutable_x(), shm->In(p.x));
+    MHC_ASSIGN_OR_RETURN(*post.mutable_h_post(), shm->In(p.h_post));
+    MHC_ASSIGN_OR_RETURN(*post.mutable_h_res(), shm->In(p.h_res));
+    MHC_ASSIGN_OR_RETURN((*post.mutable_output_regions())["x_next"],
+                         shm->Out(p.x.bytes.size()));
+  }
   MHC_ASSIGN_OR_RETURN(v1::PostResponse post_out,
                        timings.Time("Post", [&] { return client.Post(post); }));
-  MHC_ASSIGN_OR_RETURN(p.x_next, Read(post_out.x_next(), "Post.x_next"));
+  MHC_ASSIGN_OR_RETURN(p.x_next, Read(post_out.x_next(), "Post.x_next", shm));
 
   v1::PostBackwardRequest post_bwd;
   post_bwd.set_layer(layer);
@@ -383,8 +468,17 @@ int RunRun(client::Client& client) {
     const uint64_t seed = absl::GetFlag(FLAGS_data_seed);
     pass.x = client::RandomTensor(*dtype, x_shape, seed);
     pass.dx_next = client::RandomTensor(*dtype, x_shape, seed + 1);
+    std::unique_ptr<ShmStage> shm;
+    if (absl::GetFlag(FLAGS_shm)) {
+      // Post's inputs and output: f, x, h_post, h_res, x_next.
+      auto opened =
+          ShmStage::Open(client, 4 * pass.x.bytes.size() + (uint64_t{1} << 20));
+      if (!opened.ok()) return void(status = opened.status());
+      shm = *std::move(opened);
+    }
     for (int i = 0; i < iterations && status.ok(); ++i) {
-      status = RunPass(client, layer, f_kind, timings, pass);
+      status =
+          RunPass(client, layer, f_kind, timings, pass, host.spec.n, shm.get());
     }
     if (!status.ok()) return;
     auto after = timings.Time("GetGradients",

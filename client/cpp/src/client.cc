@@ -74,6 +74,9 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
 void Client::Prepare(grpc::ClientContext& context) const {
   context.set_deadline(std::chrono::system_clock::now() +
                        absl::ToChronoMilliseconds(options_.timeout));
+  if (!session_id_.empty()) {
+    context.AddMetadata("mhc-session-id", session_id_);
+  }
 }
 
 template <typename Request, typename Response, typename Method>
@@ -101,6 +104,13 @@ absl::StatusOr<std::string> Client::Health(const std::string& service) {
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
   return Call<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(
       &v1::Mhc::Stub::GetServerInfo, v1::GetServerInfoRequest());
+}
+
+absl::StatusOr<v1::GetDeterminismReportResponse>
+Client::GetDeterminismReport() {
+  return Call<v1::GetDeterminismReportRequest,
+              v1::GetDeterminismReportResponse>(
+      &v1::Mhc::Stub::GetDeterminismReport, v1::GetDeterminismReportRequest());
 }
 
 absl::StatusOr<v1::LayerInfo> Client::CreateLayer(
@@ -226,6 +236,53 @@ absl::StatusOr<std::vector<v1::ExecuteResponse>> Client::ExecuteStream(
                                             responses.size(), " answers"));
   }
   return responses;
+}
+
+absl::Status Client::RegisterSystemSharedMemory(const std::string& name,
+                                                const std::string& key,
+                                                uint64_t offset,
+                                                uint64_t byte_size) {
+  v1::RegisterSystemSharedMemoryRequest r;
+  r.set_name(name);
+  r.set_key(key);
+  r.set_offset(offset);
+  r.set_byte_size(byte_size);
+  return Call<v1::RegisterSystemSharedMemoryRequest,
+              v1::RegisterSystemSharedMemoryResponse>(
+             &v1::Mhc::Stub::RegisterSystemSharedMemory, r)
+      .status();
+}
+
+absl::Status Client::RegisterCudaSharedMemory(const std::string& name,
+                                              const std::string& raw_handle,
+                                              int device_id,
+                                              uint64_t byte_size) {
+  v1::RegisterCudaSharedMemoryRequest r;
+  r.set_name(name);
+  r.set_raw_handle(raw_handle);
+  r.set_device_id(device_id);
+  r.set_byte_size(byte_size);
+  return Call<v1::RegisterCudaSharedMemoryRequest,
+              v1::RegisterCudaSharedMemoryResponse>(
+             &v1::Mhc::Stub::RegisterCudaSharedMemory, r)
+      .status();
+}
+
+absl::StatusOr<v1::UnregisterSharedMemoryResponse>
+Client::UnregisterSharedMemory(const std::string& name) {
+  v1::UnregisterSharedMemoryRequest r;
+  r.set_name(name);
+  return Call<v1::UnregisterSharedMemoryRequest,
+              v1::UnregisterSharedMemoryResponse>(
+      &v1::Mhc::Stub::UnregisterSharedMemory, r);
+}
+
+absl::StatusOr<v1::SharedMemoryStatusResponse> Client::SharedMemoryStatus(
+    const std::string& name) {
+  v1::SharedMemoryStatusRequest r;
+  r.set_name(name);
+  return Call<v1::SharedMemoryStatusRequest, v1::SharedMemoryStatusResponse>(
+      &v1::Mhc::Stub::SharedMemoryStatus, r);
 }
 
 }  // namespace mhc::client

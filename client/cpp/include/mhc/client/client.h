@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,12 +48,19 @@ class Client {
   void set_timeout(absl::Duration timeout) { options_.timeout = timeout; }
   const std::string& target() const { return target_; }
   mhc::v1::Mhc::Stub* stub() { return stub_.get(); }
+
+  // Shared-memory session whose id every call carries as metadata
+  // "mhc-session-id" (set by Session::Open in mhc/client/shm.h); empty:
+  // none.
+  const std::string& session_id() const { return session_id_; }
+  void set_session_id(std::string id) { session_id_ = std::move(id); }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
   // grpc.health.v1 Check: "SERVING", "NOT_SERVING", "UNKNOWN", ...
   absl::StatusOr<std::string> Health(const std::string& service = "");
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  absl::StatusOr<v1::GetDeterminismReportResponse> GetDeterminismReport();
 
   absl::StatusOr<v1::LayerInfo> CreateLayer(const v1::CreateLayerRequest& r);
   absl::StatusOr<v1::LayerInfo> GetLayer(const std::string& name);
@@ -104,6 +112,19 @@ class Client {
   absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteStream(
       const std::vector<v1::ExecuteRequest>& batches);
 
+  // Shared memory of this client's session (see mhc/client/shm.h).
+  absl::Status RegisterSystemSharedMemory(const std::string& name,
+                                          const std::string& key,
+                                          uint64_t offset, uint64_t byte_size);
+  absl::Status RegisterCudaSharedMemory(const std::string& name,
+                                        const std::string& raw_handle,
+                                        int device_id, uint64_t byte_size);
+  // `name` empty: all of the session's regions.
+  absl::StatusOr<v1::UnregisterSharedMemoryResponse> UnregisterSharedMemory(
+      const std::string& name);
+  absl::StatusOr<v1::SharedMemoryStatusResponse> SharedMemoryStatus(
+      const std::string& name = "");
+
  private:
   Client(std::string target, ClientOptions options,
          std::shared_ptr<grpc::Channel> channel);
@@ -116,6 +137,7 @@ class Client {
 
   std::string target_;
   ClientOptions options_;
+  std::string session_id_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Mhc::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;

@@ -1,0 +1,121 @@
+// The shared-memory RPCs: sessions and the regions they own.
+#include <string>
+
+#include "absl/strings/match.h"
+#include "mhc/status.h"
+#include "server/service.h"
+#include "server/status_util.h"
+
+namespace mhc::server {
+namespace {
+
+// Peers on a unix socket are on this node; anything else may not be.
+bool IsLocal(const grpc::ServerContext& context) {
+  const std::string peer = context.peer();
+  return absl::StartsWith(peer, "unix:") ||
+         absl::StartsWith(peer, "unix-abstract:");
+}
+
+std::string SessionId(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kSessionMetadataKey);
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+RegionScope MhcService::Regions(const grpc::ServerContext& context) {
+  return RegionScope(shm_, SessionId(context), IsLocal(context));
+}
+
+void MhcService::PublishSharedMemory() {
+  for (auto [kind, label] : {std::pair{v1::SHARED_MEMORY_KIND_SYSTEM, "system"},
+                             std::pair{v1::SHARED_MEMORY_KIND_CUDA, "cuda"}}) {
+    const auto [regions, bytes] = shm_->Totals(kind);
+    metrics_->SetSharedMemory(label, regions, static_cast<double>(bytes));
+  }
+}
+
+grpc::Status MhcService::OpenSession(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::SessionEvent, v1::OpenSessionRequest>*
+        stream) {
+  // Not admitted: an open session uses no compute, and holding an
+  // admission slot for its lifetime would starve requests.
+  std::string id;
+  grpc::Status opened = Handle("OpenSession", false, [&]() -> absl::Status {
+    if (admission_->draining()) {
+      return absl::UnavailableError("OpenSession: the daemon is draining");
+    }
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_ASSIGN_OR_RETURN(
+        id, shm_->OpenSession([context] { context->TryCancel(); }));
+    return absl::OkStatus();
+  });
+  if (!opened.ok()) return opened;
+  v1::SessionEvent event;
+  event.set_session_id(id);
+  event.set_max_regions(shm_->options().max_regions_per_session);
+  event.set_max_bytes(shm_->options().max_bytes_per_session);
+  if (stream->Write(event)) {
+    // Read fails once the client half-closes, its connection drops or the
+    // daemon cancels the call: each of them ends the session.
+    v1::OpenSessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+  }
+  shm_->CloseSession(id);
+  PublishSharedMemory();
+  return grpc::Status::OK;
+}
+
+grpc::Status MhcService::RegisterSystemSharedMemory(
+    grpc::ServerContext* context,
+    const v1::RegisterSystemSharedMemoryRequest* request,
+    v1::RegisterSystemSharedMemoryResponse*) {
+  return Handle("RegisterSystemSharedMemory", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_RETURN_IF_ERROR(shm_->RegisterSystem(SessionId(*context), *request));
+    PublishSharedMemory();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::RegisterCudaSharedMemory(
+    grpc::ServerContext* context,
+    const v1::RegisterCudaSharedMemoryRequest* request,
+    v1::RegisterCudaSharedMemoryResponse*) {
+  return Handle("RegisterCudaSharedMemory", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_RETURN_IF_ERROR(shm_->RegisterCuda(SessionId(*context), *request));
+    PublishSharedMemory();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::UnregisterSharedMemory(
+    grpc::ServerContext* context,
+    const v1::UnregisterSharedMemoryRequest* request,
+    v1::UnregisterSharedMemoryResponse* response) {
+  return Handle("UnregisterSharedMemory", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_ASSIGN_OR_RETURN(
+        std::vector<std::string> names,
+        shm_->Unregister(SessionId(*context), request->name()));
+    for (std::string& name : names) response->add_unregistered(std::move(name));
+    PublishSharedMemory();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MhcService::SharedMemoryStatus(
+    grpc::ServerContext* context, const v1::SharedMemoryStatusRequest* request,
+    v1::SharedMemoryStatusResponse* response) {
+  return Handle("SharedMemoryStatus", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    return shm_->Status(SessionId(*context), request->name(), response);
+  });
+}
+
+}  // namespace mhc::server

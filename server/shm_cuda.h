@@ -1,0 +1,19 @@
+// CUDA IPC for RegisterCudaSharedMemory: opens another process's device
+// allocation from its cudaIpcMemHandle_t. Built only with the CUDA backend.
+#ifndef MHC_SERVER_SHM_CUDA_H_
+#define MHC_SERVER_SHM_CUDA_H_
+
+#include <memory>
+
+#include "server/shm_registry.h"
+
+namespace mhc::server {
+
+// Opens handles with cudaIpcOpenMemHandle on the requested device, checks
+// the requested size against the allocation (cuMemGetAddressRange) and
+// closes them with cudaIpcCloseMemHandle.
+std::unique_ptr<DeviceMemoryOpener> MakeCudaIpcOpener();
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_SHM_CUDA_H_

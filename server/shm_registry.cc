@@ -1,0 +1,546 @@
+#include "server/shm_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mhc/status.h"
+#include "server/shm_guard.h"
+
+namespace mhc::server {
+namespace {
+
+constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxKeyBytes = 255;  // NAME_MAX of /dev/shm
+constexpr size_t kCudaHandleBytes = 64;
+
+bool SafeChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+}
+
+absl::Status CheckName(absl::string_view name) {
+  bool ok = !name.empty() && name.size() <= kMaxNameBytes;
+  for (char c : name) ok = ok && SafeChar(c);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("name: expected 1..", kMaxNameBytes,
+                   " characters of [A-Za-z0-9_.-], got '",
+                   absl::CEscape(name.substr(0, kMaxNameBytes)), "'"));
+}
+
+// Keys are never echoed: they name objects of the node and may be secrets
+// shared between the client's processes.
+absl::Status CheckKey(absl::string_view key, absl::string_view prefix) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: expected 1..", kMaxKeyBytes, " bytes"));
+  }
+  if (key.front() == '/') {
+    return absl::InvalidArgumentError(
+        "key: give the object name without a leading '/'");
+  }
+  for (char c : key) {
+    if (!SafeChar(c)) {
+      return absl::InvalidArgumentError(
+          "key: only [A-Za-z0-9_.-] are allowed (no '/')");
+    }
+  }
+  if (absl::StrContains(key, "..")) {
+    return absl::InvalidArgumentError("key: must not contain '..'");
+  }
+  if (!absl::StartsWith(key, prefix) || key.size() == prefix.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: must be the prefix '", prefix,
+        "' (--shm_key_prefix) followed by at least one character"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(uint64_t offset, uint64_t byte_size) {
+  if (byte_size == 0) {
+    return absl::InvalidArgumentError("byte_size: expected >= 1");
+  }
+  if (offset > UINT64_MAX - byte_size) {
+    return absl::InvalidArgumentError("offset + byte_size: overflows");
+  }
+  if (offset + byte_size > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(
+        "offset + byte_size: larger than any object can be");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NewSessionId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(
+          absl::StrCat("getrandom: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+absl::Status NoSession() {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no session: open one with OpenSession and send its id as metadata '",
+      kSessionMetadataKey, "'"));
+}
+
+}  // namespace
+
+Region::~Region() {
+  shm_guard::Unwatch(watch_slot_);
+  if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
+  if (fd_ >= 0) close(fd_);
+  if (opener_ != nullptr && data_ != nullptr) opener_->Close(device_id_, data_);
+}
+
+bool Region::Broken() const {
+  return watch_slot_ >= 0 && shm_guard::Faulted(watch_slot_);
+}
+
+ShmRegistry::ShmRegistry(ShmOptions options,
+                         std::unique_ptr<DeviceMemoryOpener> cuda)
+    : options_(std::move(options)), cuda_(std::move(cuda)) {
+  if (options_.enabled) shm_guard::Install();
+}
+
+ShmRegistry::~ShmRegistry() = default;
+
+absl::Status ShmRegistry::CheckAccess(bool local) const {
+  if (!options_.enabled) {
+    return absl::FailedPreconditionError(
+        "shared memory is not enabled (start mhcd with --allow_shm)");
+  }
+  if (!local && !options_.allow_tcp) {
+    return absl::PermissionDeniedError(
+        "shared memory is accepted only over a unix socket (start mhcd with "
+        "--shm_allow_tcp to allow other transports)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ShmRegistry::OpenSession(
+    std::function<void()> cancel) {
+  MHC_ASSIGN_OR_RETURN(std::string id, NewSessionId());
+  absl::MutexLock lock(&mu_);
+  if (closing_) {
+    return absl::UnavailableError("OpenSession: the daemon is shutting down");
+  }
+  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("OpenSession: ", options_.max_sessions,
+                     " sessions are open, the most allowed"));
+  }
+  sessions_[id].cancel = std::move(cancel);
+  return id;
+}
+
+void ShmRegistry::CloseSession(const std::string& id) {
+  Session ended;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    ended = std::move(it->second);
+    sessions_.erase(it);
+  }
+  // Regions are released here, outside the lock; pinned ones on their last
+  // request's exit.
+}
+
+void ShmRegistry::CancelAllSessions() {
+  // Under the lock: a session still listed has a live stream (its handler
+  // closes the session before returning), so cancel never touches a call
+  // that is gone. Cancelling only wakes the handler's Read.
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  for (auto& [id, session] : sessions_) {
+    if (session.cancel) session.cancel();
+  }
+}
+
+int ShmRegistry::session_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(sessions_.size());
+}
+
+std::pair<int, uint64_t> ShmRegistry::Totals(v1::SharedMemoryKind kind) const {
+  absl::MutexLock lock(&mu_);
+  std::pair<int, uint64_t> totals{0, 0};
+  for (const auto& [id, session] : sessions_) {
+    for (const auto& [name, region] : session.regions) {
+      if (region->kind() != kind) continue;
+      ++totals.first;
+      totals.second += region->byte_size();
+    }
+  }
+  return totals;
+}
+
+absl::StatusOr<ShmRegistry::Session*> ShmRegistry::FindSession(
+    const std::string& id) {
+  if (id.empty()) return NoSession();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(kSessionMetadataKey,
+                     ": no open session has this id (its stream ended, or it "
+                     "was never opened)"));
+  }
+  return &it->second;
+}
+
+absl::Status ShmRegistry::CheckNewRegion(const std::string& session_id,
+                                         const std::string& name,
+                                         uint64_t byte_size) {
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  if (session->regions.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "name: region '", name, "' is already registered in this session"));
+  }
+  if (static_cast<int>(session->regions.size()) >=
+      options_.max_regions_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "name: the session has ", session->regions.size(),
+        " regions, the most allowed (--shm_max_regions_per_session)"));
+  }
+  if (byte_size > options_.max_bytes_per_session - session->bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "byte_size: ", byte_size, " more bytes would exceed the session's ",
+        options_.max_bytes_per_session,
+        " bytes (--shm_max_bytes_per_session); it holds ", session->bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmRegistry::Add(const std::string& session_id,
+                              std::shared_ptr<Region> region) {
+  absl::MutexLock lock(&mu_);
+  // Checked again: the session may have ended, or raced another
+  // registration, while the object was being opened.
+  MHC_RETURN_IF_ERROR(
+      CheckNewRegion(session_id, region->name_, region->byte_size_));
+  Session& session = sessions_[session_id];
+  session.bytes += region->byte_size_;
+  session.regions.emplace(region->name_, std::move(region));
+  return absl::OkStatus();
+}
+
+absl::Status ShmRegistry::RegisterSystem(
+    const std::string& session_id,
+    const v1::RegisterSystemSharedMemoryRequest& r) {
+  MHC_RETURN_IF_ERROR(CheckName(r.name()));
+  MHC_RETURN_IF_ERROR(CheckKey(r.key(), options_.key_prefix));
+  MHC_RETURN_IF_ERROR(CheckRange(r.offset(), r.byte_size()));
+  {
+    absl::MutexLock lock(&mu_);
+    MHC_RETURN_IF_ERROR(CheckNewRegion(session_id, r.name(), r.byte_size()));
+  }
+  // From here on the Region's destructor releases whatever was acquired.
+  std::shared_ptr<Region> region(new Region());
+  region->name_ = r.name();
+  region->kind_ = v1::SHARED_MEMORY_KIND_SYSTEM;
+  region->offset_ = r.offset();
+  region->byte_size_ = r.byte_size();
+  const std::string path = absl::StrCat("/", r.key());
+  region->fd_ = shm_open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (region->fd_ < 0) {
+    const int error = errno;
+    if (error == ENOENT) {
+      return absl::NotFoundError("key: no shared-memory object has this key");
+    }
+    if (error == EACCES || error == EPERM) {
+      return absl::PermissionDeniedError(
+          "key: the daemon may not open this object for reading and writing");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: cannot open the object: ", std::strerror(error)));
+  }
+  struct stat st = {};
+  if (fstat(region->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        "key: the object is not a shared-memory file");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (r.offset() > size || r.byte_size() > size - r.offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset + byte_size: ", r.offset(), " + ", r.byte_size(),
+                     " is past the end of the object (", size, " bytes)"));
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t map_offset = r.offset() / page * page;
+  const uint64_t lead = r.offset() - map_offset;
+  region->map_bytes_ = static_cast<size_t>(lead + r.byte_size());
+  void* base = mmap(nullptr, region->map_bytes_, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, region->fd_, static_cast<off_t>(map_offset));
+  if (base == MAP_FAILED) {
+    const int error = errno;
+    if (error == ENOMEM) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "byte_size: cannot map ", r.byte_size(), " bytes into the daemon"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: cannot map the object: ", std::strerror(error)));
+  }
+  region->map_base_ = base;
+  region->data_ = static_cast<char*>(base) + lead;
+  region->watch_slot_ = shm_guard::Watch(base, region->map_bytes_);
+  if (region->watch_slot_ < 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the daemon holds ", shm_guard::kMaxWatched,
+                     " shared-memory regions, the most it can"));
+  }
+  region->dev_ = static_cast<uint64_t>(st.st_dev);
+  region->ino_ = static_cast<uint64_t>(st.st_ino);
+  return Add(session_id, std::move(region));
+}
+
+absl::Status ShmRegistry::RegisterCuda(
+    const std::string& session_id,
+    const v1::RegisterCudaSharedMemoryRequest& r) {
+  MHC_RETURN_IF_ERROR(CheckName(r.name()));
+  if (r.raw_handle().size() != kCudaHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw_handle: expected exactly ", kCudaHandleBytes,
+        " bytes (a cudaIpcMemHandle_t), got ", r.raw_handle().size()));
+  }
+  MHC_RETURN_IF_ERROR(CheckRange(0, r.byte_size()));
+  if (r.device_id() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_id: expected >= 0, got ", r.device_id()));
+  }
+  if (cuda_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "RegisterCudaSharedMemory: this daemon serves no CUDA device; use "
+        "RegisterSystemSharedMemory for host tensors");
+  }
+  if (r.device_id() >= cuda_->DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: expected 0..",
+                                                   cuda_->DeviceCount() - 1,
+                                                   ", got ", r.device_id()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    MHC_RETURN_IF_ERROR(CheckNewRegion(session_id, r.name(), r.byte_size()));
+  }
+  MHC_ASSIGN_OR_RETURN(
+      void* ptr, cuda_->Open(r.raw_handle(), r.device_id(), r.byte_size()));
+  std::shared_ptr<Region> region(new Region());
+  region->opener_ = cuda_.get();
+  region->data_ = static_cast<char*>(ptr);
+  region->device_id_ = r.device_id();
+  region->name_ = r.name();
+  region->kind_ = v1::SHARED_MEMORY_KIND_CUDA;
+  region->byte_size_ = r.byte_size();
+  return Add(session_id, std::move(region));
+}
+
+absl::StatusOr<std::vector<std::string>> ShmRegistry::Unregister(
+    const std::string& session_id, const std::string& name) {
+  std::vector<std::shared_ptr<Region>> released;
+  std::vector<std::string> names;
+  absl::MutexLock lock(&mu_);
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  if (name.empty()) {
+    std::vector<std::string> busy;
+    for (const auto& [region_name, region] : session->regions) {
+      if (region->in_use() > 0) busy.push_back(region_name);
+    }
+    if (!busy.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "regions in use by running requests: ", absl::StrJoin(busy, ", "),
+          "; nothing was unregistered, retry after they finish"));
+    }
+    for (auto& [region_name, region] : session->regions) {
+      names.push_back(region_name);
+      released.push_back(std::move(region));
+    }
+    session->regions.clear();
+    session->bytes = 0;
+    return names;
+  }
+  MHC_RETURN_IF_ERROR(CheckName(name));
+  auto it = session->regions.find(name);
+  if (it == session->regions.end()) {
+    for (const auto& [id, other] : sessions_) {
+      if (other.regions.count(name) > 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "name: region '", name, "' belongs to another session"));
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("name: no region '", name, "' in this session"));
+  }
+  if (it->second->in_use() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: region '", name, "' is in use by ", it->second->in_use(),
+        " running request(s); retry after they finish"));
+  }
+  session->bytes -= it->second->byte_size();
+  released.push_back(std::move(it->second));
+  session->regions.erase(it);
+  names.push_back(name);
+  return names;
+}
+
+absl::Status ShmRegistry::Status(const std::string& session_id,
+                                 const std::string& name,
+                                 v1::SharedMemoryStatusResponse* response) {
+  absl::MutexLock lock(&mu_);
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  response->set_bytes(session->bytes);
+  response->set_max_regions(options_.max_regions_per_session);
+  response->set_max_bytes(options_.max_bytes_per_session);
+  if (!name.empty() && session->regions.count(name) == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "name: no region '", absl::CEscape(name), "' in this session"));
+  }
+  for (const auto& [region_name, region] : session->regions) {
+    if (!name.empty() && region_name != name) continue;
+    v1::SharedMemoryRegionStatus* status = response->add_regions();
+    status->set_name(region_name);
+    status->set_kind(region->kind());
+    status->set_offset(region->offset());
+    status->set_byte_size(region->byte_size());
+    status->set_device_id(region->device_id());
+    status->set_in_use(region->in_use());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
+    const std::string& session_id, const std::string& name,
+    absl::string_view field) {
+  absl::MutexLock lock(&mu_);
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  auto it = session->regions.find(name);
+  if (it == session->regions.end()) {
+    for (const auto& [id, other] : sessions_) {
+      if (other.regions.count(name) > 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            field, ".region: region '", name, "' belongs to another session"));
+      }
+    }
+    return absl::NotFoundError(absl::StrCat(field, ".region: no region '",
+                                            absl::CEscape(name),
+                                            "' in this session"));
+  }
+  // Pinned under the lock, so Unregister's in-use check cannot miss it.
+  it->second->uses_.fetch_add(1);
+  return it->second;
+}
+
+RegionScope::RegionScope(ShmRegistry* registry, std::string session_id,
+                         bool local)
+    : registry_(registry), session_id_(std::move(session_id)), local_(local) {}
+
+RegionScope::~RegionScope() {
+  for (Use& use : uses_) use.region->uses_.fetch_sub(1);
+}
+
+absl::StatusOr<RegionSpan> RegionScope::Acquire(const v1::SharedMemoryRef& ref,
+                                                uint64_t bytes, bool output,
+                                                absl::string_view field) {
+  if (registry_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": shared memory is not enabled"));
+  }
+  absl::Status access = registry_->CheckAccess(local_);
+  if (!access.ok()) {
+    return absl::Status(access.code(),
+                        absl::StrCat(field, ": ", access.message()));
+  }
+  if (ref.byte_size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".byte_size: expected ", bytes,
+                     " (the tensor's size), got ", ref.byte_size()));
+  }
+  MHC_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                       registry_->Find(session_id_, ref.region(), field));
+  uses_.push_back(Use{region, 0, 0, 0, 0, output, std::string(field)});
+  Use& use = uses_.back();
+  if (ref.offset() > region->byte_size() ||
+      bytes > region->byte_size() - ref.offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": offset ", ref.offset(), " + byte_size ", bytes,
+                     " is outside region '", region->name(), "' (",
+                     region->byte_size(), " bytes)"));
+  }
+  if (region->Broken()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": region '", region->name(),
+        "' lost its memory (its object was truncated while in use); "
+        "unregister and register it again"));
+  }
+  const bool device = region->kind() == v1::SHARED_MEMORY_KIND_CUDA;
+  if (!device) {
+    struct stat st = {};
+    if (fstat(region->fd_, &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) <
+            region->offset() + region->byte_size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": the object of region '", region->name(),
+                       "' is now smaller than its registered range (it was "
+                       "truncated); register it again"));
+    }
+    use.object_a = region->dev_;
+    use.object_b = region->ino_;
+    use.start = region->offset() + ref.offset();
+  } else {
+    use.object_a = UINT64_MAX;
+    use.object_b = static_cast<uint64_t>(region->device_id());
+    use.start = reinterpret_cast<uintptr_t>(region->data_) + ref.offset();
+  }
+  use.end = use.start + bytes;
+  for (size_t i = 0; i + 1 < uses_.size(); ++i) {
+    const Use& other = uses_[i];
+    if (!(output || other.output) || other.object_a != use.object_a ||
+        other.object_b != use.object_b) {
+      continue;
+    }
+    if (use.start < other.end && other.start < use.end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": overlaps ", other.field,
+                       " in the same shared memory; an output must not share "
+                       "bytes with any other tensor of the request"));
+    }
+  }
+  RegionSpan span;
+  span.data = region->data_ + ref.offset();
+  span.bytes = bytes;
+  span.device = device;
+  span.device_id = region->device_id();
+  return span;
+}
+
+absl::Status RegionScope::CheckIntact() const {
+  for (const Use& use : uses_) {
+    if (use.region->Broken()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          use.field, ": the object of region '", use.region->name(),
+          "' was truncated while the request used it; its results are not "
+          "valid"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::server

@@ -1,0 +1,206 @@
+// Sessions and the shared-memory regions they own (see shm.proto).
+//
+// A session exists while its OpenSession stream is open. Regions live in
+// their session's namespace; a region is a mapping (POSIX shm: mmap of the
+// registered range only, with the descriptor kept for size re-checks; CUDA
+// IPC: the opened device pointer) held by a shared_ptr, so a request that
+// pinned it keeps it mapped even after the session ends. Unregistering a
+// pinned region is refused instead of waiting: a request can run for long,
+// and the client that owns both the request and the region can simply retry.
+//
+// Every failure path releases what it acquired (descriptor, mapping, watch
+// slot, IPC handle) through the Region destructor, and messages name
+// regions, never keys.
+#ifndef MHC_SERVER_SHM_REGISTRY_H_
+#define MHC_SERVER_SHM_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "mhc/v1/shm.pb.h"
+#include "mhc/v1/tensor.pb.h"
+
+namespace mhc::server {
+
+struct ShmOptions {
+  bool enabled = false;    // --allow_shm
+  bool allow_tcp = false;  // --shm_allow_tcp
+  std::string key_prefix = "mhcd_";
+  int max_regions_per_session = 64;
+  uint64_t max_bytes_per_session = uint64_t{64} << 30;
+  int max_sessions = 64;  // each open session holds a server thread
+};
+
+// Opens other processes' CUDA allocations. Only a daemon serving a CUDA
+// device has one; without it RegisterCudaSharedMemory is refused.
+class DeviceMemoryOpener {
+ public:
+  virtual ~DeviceMemoryOpener() = default;
+  virtual int DeviceCount() const = 0;
+  // Opens a 64-byte cudaIpcMemHandle_t on `device`; fails unless the
+  // allocation holds at least `byte_size` bytes.
+  virtual absl::StatusOr<void*> Open(absl::string_view handle, int device,
+                                     uint64_t byte_size) = 0;
+  virtual void Close(int device, void* ptr) = 0;
+};
+
+// One registered region. Immutable after registration except for the use
+// count.
+class Region {
+ public:
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  const std::string& name() const { return name_; }
+  v1::SharedMemoryKind kind() const { return kind_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t byte_size() const { return byte_size_; }
+  int device_id() const { return device_id_; }
+  int in_use() const { return uses_.load(); }
+  // A fault was absorbed in the mapping: the object was truncated under it.
+  bool Broken() const;
+
+ private:
+  friend class ShmRegistry;
+  friend class RegionScope;
+  Region() = default;
+
+  std::string name_;
+  v1::SharedMemoryKind kind_ = v1::SHARED_MEMORY_KIND_UNSPECIFIED;
+  uint64_t offset_ = 0;
+  uint64_t byte_size_ = 0;
+  int device_id_ = -1;
+  char* data_ = nullptr;  // first registered byte (host or device)
+  // SYSTEM: the descriptor, the page-aligned mapping and its identity.
+  int fd_ = -1;
+  void* map_base_ = nullptr;
+  size_t map_bytes_ = 0;
+  int watch_slot_ = -1;
+  uint64_t dev_ = 0;
+  uint64_t ino_ = 0;
+  // CUDA.
+  DeviceMemoryOpener* opener_ = nullptr;
+  std::atomic<int> uses_{0};
+};
+
+// A pinned byte range of a region, valid while its RegionScope lives.
+struct RegionSpan {
+  void* data = nullptr;
+  uint64_t bytes = 0;
+  bool device = false;  // CUDA device memory
+  int device_id = -1;
+};
+
+class ShmRegistry;
+
+// The regions one request uses: resolves the caller's session once, pins
+// every region it hands out until destroyed, and refuses output ranges that
+// overlap any other tensor of the request in the same memory.
+class RegionScope {
+ public:
+  // `session_id`: the request's "mhc-session-id" (empty when absent);
+  // `local`: the request came over a unix socket.
+  RegionScope(ShmRegistry* registry, std::string session_id, bool local);
+  ~RegionScope();
+  RegionScope(const RegionScope&) = delete;
+  RegionScope& operator=(const RegionScope&) = delete;
+
+  // `bytes`: the tensor's size, which ref.byte_size must equal.
+  absl::StatusOr<RegionSpan> Acquire(const v1::SharedMemoryRef& ref,
+                                     uint64_t bytes, bool output,
+                                     absl::string_view field);
+  // After the request ran: FAILED_PRECONDITION when a region's object was
+  // truncated while the request used it (its results are not valid).
+  absl::Status CheckIntact() const;
+
+ private:
+  struct Use {
+    std::shared_ptr<Region> region;
+    uint64_t object_a, object_b, start, end;
+    bool output;
+    std::string field;
+  };
+  ShmRegistry* const registry_;
+  const std::string session_id_;
+  const bool local_;
+  std::vector<Use> uses_;
+};
+
+class ShmRegistry {
+ public:
+  ShmRegistry(ShmOptions options, std::unique_ptr<DeviceMemoryOpener> cuda);
+  ~ShmRegistry();
+
+  const ShmOptions& options() const { return options_; }
+
+  // Shared memory enabled, and the transport allowed.
+  absl::Status CheckAccess(bool local) const;
+
+  // A new session; `cancel` ends its stream (used when draining). Returns
+  // its id.
+  absl::StatusOr<std::string> OpenSession(std::function<void()> cancel);
+  // Ends a session: its regions are unregistered (mappings in use by
+  // requests live until those finish).
+  void CloseSession(const std::string& id);
+  // Ends every session's stream and refuses new sessions (drain, shutdown).
+  void CancelAllSessions();
+
+  absl::Status RegisterSystem(const std::string& session_id,
+                              const v1::RegisterSystemSharedMemoryRequest& r);
+  absl::Status RegisterCuda(const std::string& session_id,
+                            const v1::RegisterCudaSharedMemoryRequest& r);
+  // One region, or all of the session's when `name` is empty.
+  absl::StatusOr<std::vector<std::string>> Unregister(
+      const std::string& session_id, const std::string& name);
+  absl::Status Status(const std::string& session_id, const std::string& name,
+                      v1::SharedMemoryStatusResponse* response);
+
+  // The caller's region `name`, pinned by the caller.
+  absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& session_id,
+                                               const std::string& name,
+                                               absl::string_view field);
+
+  int session_count() const;
+  // Regions and registered bytes of `kind` across all sessions.
+  std::pair<int, uint64_t> Totals(v1::SharedMemoryKind kind) const;
+
+ private:
+  struct Session {
+    std::function<void()> cancel;
+    std::map<std::string, std::shared_ptr<Region>> regions;
+    uint64_t bytes = 0;
+  };
+
+  absl::StatusOr<Session*> FindSession(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Name, quota and duplicate checks before anything is opened.
+  absl::Status CheckNewRegion(const std::string& session_id,
+                              const std::string& name, uint64_t byte_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Add(const std::string& session_id,
+                   std::shared_ptr<Region> region);
+
+  const ShmOptions options_;
+  const std::unique_ptr<DeviceMemoryOpener> cuda_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The metadata key that carries the session id.
+inline constexpr char kSessionMetadataKey[] = "mhc-session-id";
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_SHM_REGISTRY_H_
