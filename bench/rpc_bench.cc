@@ -73,8 +73,9 @@ int main(int argc, char** argv) {
   const std::string socket = absl::StrCat("/tmp/mhc_rpc_bench_", getpid());
   config.listen.push_back(absl::StrCat("unix:", socket));
   config.service.shm.enabled = true;
-  auto server =
-      mhc::server::MhcServer::Start(config, mhc::MakeCpuBackend(threads));
+  std::vector<mhc::server::DeviceBackend> devices;
+  devices.push_back({"cpu", mhc::MakeCpuBackend(threads)});
+  auto server = mhc::server::MhcServer::Start(config, std::move(devices));
   if (!server.ok()) return Fail(server.status());
   auto client = Client::Connect(config.listen[0]);
   if (!client.ok()) return Fail(client.status());

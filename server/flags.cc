@@ -11,9 +11,14 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "mhc/status.h"
+#ifdef MHC_HAVE_CUDA
+#include "mhc/cuda.h"
+#endif
 
 #ifndef MHC_VERSION
 #define MHC_VERSION "0.0.0"
@@ -30,6 +35,10 @@ ABSL_FLAG(std::string, backend, "auto",
           "oracle, slow), cuda, or auto (cuda when built with CUDA and a GPU "
           "is present, else cpu).");
 ABSL_FLAG(int, threads, 0, "Threads of the cpu backend; 0 uses all cores.");
+ABSL_FLAG(std::string, devices, "",
+          "CUDA devices to serve, comma-separated indices (e.g. 0,1), each "
+          "with its own executor and stream; empty serves every visible GPU. "
+          "Used by --backend=cuda and by auto when it picks cuda.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "Largest gRPC message accepted or sent, in bytes (at most "
           "2147483647).");
@@ -204,21 +213,83 @@ absl::Duration DrainTimeoutFromFlags() {
   return absl::GetFlag(FLAGS_drain_timeout);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
-  const std::string name = absl::GetFlag(FLAGS_backend);
-  const int threads = absl::GetFlag(FLAGS_threads);
-  if (name == "cpu" || name == "auto") {
-    // No CUDA backend exists yet, so auto always resolves to cpu.
-    return MakeCpuBackend(threads);
-  }
-  if (name == "reference") return MakeReferenceBackend();
-  if (name == "cuda") {
+namespace {
+
+// The CUDA devices --devices names (empty: all visible), one backend each.
+absl::StatusOr<std::vector<DeviceBackend>> CudaBackendsFromFlags() {
+#ifdef MHC_HAVE_CUDA
+  const int visible = CudaDeviceCount();
+  if (visible == 0) {
     return absl::FailedPreconditionError(
-        "--backend=cuda: this build of mhcd has no CUDA backend; use "
-        "--backend=cpu (or auto)");
+        "--backend=cuda: no CUDA device is visible (driver missing, no GPU, "
+        "or CUDA_VISIBLE_DEVICES hides them)");
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--backend: expected cpu, reference, cuda or auto, got '", name, "'"));
+  std::vector<int> indices;
+  const std::string list = absl::GetFlag(FLAGS_devices);
+  if (list.empty()) {
+    for (int i = 0; i < visible; ++i) indices.push_back(i);
+  }
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    int index = -1;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &index) ||
+        index < 0 || index >= visible) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: expected indices in 0..", visible - 1,
+                       " separated by commas, got '", list, "'"));
+    }
+    for (int seen : indices) {
+      if (seen == index) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--devices: device ", index, " listed twice"));
+      }
+    }
+    indices.push_back(index);
+  }
+  std::vector<DeviceBackend> devices;
+  for (int index : indices) {
+    MHC_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                         MakeCudaBackend(index));
+    devices.push_back(
+        {absl::StrCat("cuda:", index), std::move(backend), index});
+  }
+  return devices;
+#else
+  return absl::FailedPreconditionError(
+      "--backend=cuda: this build of mhcd has no CUDA backend (built without "
+      "nvcc); use --backend=cpu (or auto)");
+#endif
+}
+
+bool CudaAvailable() {
+#ifdef MHC_HAVE_CUDA
+  return CudaDeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_backend);
+  if (name == "cuda" || (name == "auto" && CudaAvailable())) {
+    return CudaBackendsFromFlags();
+  }
+  if (!absl::GetFlag(FLAGS_devices).empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices: only for CUDA devices, but the backend is ",
+                     name == "auto" ? "cpu (auto found no GPU)" : name));
+  }
+  std::vector<DeviceBackend> devices;
+  if (name == "cpu" || name == "auto") {
+    devices.push_back({"cpu", MakeCpuBackend(absl::GetFlag(FLAGS_threads))});
+  } else if (name == "reference") {
+    devices.push_back({"cpu", MakeReferenceBackend()});
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend: expected cpu, reference, cuda or auto, got '", name, "'"));
+  }
+  return devices;
 }
 
 std::vector<std::string> FlagNotices() {

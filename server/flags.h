@@ -19,9 +19,9 @@ void ConfigureFlagUsage();
 // The config the flags describe; errors name the flag.
 absl::StatusOr<ServerConfig> ConfigFromFlags();
 absl::Duration DrainTimeoutFromFlags();
-// The backend --backend names (auto: CUDA when built and a GPU is present,
-// else cpu), with --threads.
-absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+// The devices to serve: --backend (auto: CUDA when built and a GPU is
+// present, else cpu) with --threads for cpu and --devices for cuda.
+absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags();
 // Lines for stderr about accepted flags that do not act yet.
 std::vector<std::string> FlagNotices();
 

@@ -175,8 +175,21 @@ LayerGrads Layer::Grads() const {
   return g;
 }
 
-LayerStore::LayerStore(Executor* executor, RequestLimits limits)
-    : executor_(executor), limits_(limits) {}
+LayerStore::LayerStore(std::vector<Executor*> executors, RequestLimits limits)
+    : executors_(std::move(executors)), limits_(limits) {}
+
+absl::StatusOr<Executor*> LayerStore::DeviceFor(
+    absl::string_view device) const {
+  if (device.empty()) return executors_.front();
+  std::vector<std::string> names;
+  for (Executor* executor : executors_) {
+    if (executor->device() == device) return executor;
+    names.push_back(executor->device());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device: expected '' or one of ", absl::StrJoin(names, ", "),
+      " (the devices of this daemon), got '", absl::CEscape(device), "'"));
+}
 
 std::vector<float> LayerStore::InitialValues(const Layer& layer,
                                              uint64_t seed) const {
@@ -243,12 +256,7 @@ absl::StatusOr<std::vector<float>> LayerStore::ValuesFromRequest(
 absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
     const v1::CreateLayerRequest& request) {
   MHC_RETURN_IF_ERROR(ValidateLayerName(request.name(), "name"));
-  if (!request.device().empty() && request.device() != executor_->device()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device: expected '' or '", executor_->device(),
-                     "' (the devices of this daemon), got '",
-                     absl::CEscape(request.device()), "'"));
-  }
+  MHC_ASSIGN_OR_RETURN(Executor * executor, DeviceFor(request.device()));
   MHC_ASSIGN_OR_RETURN(LayerSpec spec,
                        ResolveSpec(request.preset(), request.spec()));
   {
@@ -261,7 +269,7 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
   auto layer = std::make_shared<Layer>(
       request.name(),
       request.preset().empty() ? "deepseek_v4" : request.preset(), spec,
-      executor_);
+      executor);
   std::vector<float> values;
   if (request.init_case() == v1::CreateLayerRequest::kParameters) {
     MHC_ASSIGN_OR_RETURN(values,
@@ -269,7 +277,7 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
   } else {
     values = InitialValues(*layer, request.seed());
   }
-  MHC_RETURN_IF_ERROR(executor_->WithDevice([&](Backend& backend) {
+  MHC_RETURN_IF_ERROR(executor->WithDevice([&](Backend& backend) {
     MHC_RETURN_IF_ERROR(layer->Allocate(backend));
     return backend.CopyToDevice(layer->values(), values.data(),
                                 values.size() * sizeof(float));
@@ -371,7 +379,7 @@ absl::StatusOr<int64_t> LayerStore::Read(
     targets.emplace_back(p, bytes);
   }
   int64_t tokens = 0;
-  MHC_RETURN_IF_ERROR(executor_->WithDevice([&](Backend& backend) {
+  MHC_RETURN_IF_ERROR(layer.executor()->WithDevice([&](Backend& backend) {
     const float* base = gradients ? layer.grads() : layer.values();
     for (auto& [p, bytes] : targets) {
       MHC_RETURN_IF_ERROR(
@@ -405,7 +413,7 @@ absl::Status LayerStore::Write(Layer& layer,
     updates.emplace_back(p, bytes);
   }
   if (updates.empty()) return absl::OkStatus();
-  return executor_->WithDevice([&](Backend& backend) {
+  return layer.executor()->WithDevice([&](Backend& backend) {
     MHC_RETURN_IF_ERROR(layer.CheckCurrent());
     for (const auto& [p, bytes] : updates) {
       if (bytes.empty()) continue;
@@ -418,7 +426,7 @@ absl::Status LayerStore::Write(Layer& layer,
 }
 
 absl::Status LayerStore::ZeroGradients(Layer& layer) const {
-  return executor_->WithDevice([&](Backend& backend) {
+  return layer.executor()->WithDevice([&](Backend& backend) {
     MHC_RETURN_IF_ERROR(layer.CheckCurrent());
     MHC_RETURN_IF_ERROR(backend.Memset(
         layer.grads(), 0,
@@ -435,12 +443,13 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::ConvertLayout(
   if (old->spec().layout == layout) return old;
   LayerSpec spec = old->spec();
   spec.layout = layout;
+  Executor* executor = old->executor();
   auto fresh =
-      std::make_shared<Layer>(old->name(), old->preset(), spec, executor_);
+      std::make_shared<Layer>(old->name(), old->preset(), spec, executor);
   const size_t count = static_cast<size_t>(old->parameter_count());
   std::vector<float> host(count);
   std::vector<float> permuted(count);
-  absl::Status status = executor_->WithDevice([&](Backend& backend) {
+  absl::Status status = executor->WithDevice([&](Backend& backend) {
     MHC_RETURN_IF_ERROR(old->CheckCurrent());
     MHC_RETURN_IF_ERROR(fresh->Allocate(backend));
     for (bool grads : {false, true}) {

@@ -97,7 +97,9 @@ absl::Status ValidateLayerName(absl::string_view name, absl::string_view field);
 
 class LayerStore {
  public:
-  LayerStore(Executor* executor, RequestLimits limits);
+  // `executors`: the daemon's devices; layers go to the first unless
+  // CreateLayerRequest.device names another.
+  LayerStore(std::vector<Executor*> executors, RequestLimits limits);
 
   absl::StatusOr<std::shared_ptr<Layer>> Create(
       const v1::CreateLayerRequest& request);
@@ -128,7 +130,10 @@ class LayerStore {
   absl::StatusOr<std::vector<float>> ValuesFromRequest(
       const Layer& layer, const v1::Parameters& parameters) const;
 
-  Executor* const executor_;
+  // The executor of CreateLayerRequest.device ("" is the first device).
+  absl::StatusOr<Executor*> DeviceFor(absl::string_view device) const;
+
+  const std::vector<Executor*> executors_;
   const RequestLimits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Layer>, std::less<>> layers_

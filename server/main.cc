@@ -37,11 +37,11 @@ int main(int argc, char** argv) {
   for (const std::string& notice : mhc::server::FlagNotices()) {
     std::cerr << notice << std::endl;
   }
-  absl::StatusOr<std::unique_ptr<mhc::Backend>> backend =
-      mhc::server::BackendFromFlags();
-  if (!backend.ok()) return Fail(backend.status());
+  absl::StatusOr<std::vector<mhc::server::DeviceBackend>> devices =
+      mhc::server::BackendsFromFlags();
+  if (!devices.ok()) return Fail(devices.status());
   absl::StatusOr<std::unique_ptr<mhc::server::MhcServer>> server =
-      mhc::server::MhcServer::Start(*config, std::move(*backend));
+      mhc::server::MhcServer::Start(*config, std::move(*devices));
   if (!server.ok()) return Fail(server.status());
 
   for (const std::string& address : (*server)->addresses()) {

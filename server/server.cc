@@ -22,6 +22,7 @@
 #include "mhc/status.h"
 
 #ifdef MHC_HAVE_CUDA
+#include "mhc/cuda.h"
 #include "server/shm_cuda.h"
 #endif
 
@@ -99,7 +100,10 @@ absl::Status CheckUnixSocketFree(const std::string& address) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
-    const ServerConfig& config, std::unique_ptr<Backend> backend) {
+    const ServerConfig& config, std::vector<DeviceBackend> devices) {
+  if (devices.empty()) {
+    return absl::InvalidArgumentError("at least one device to serve");
+  }
   if (config.listen.empty()) {
     return absl::InvalidArgumentError("--listen: at least one address");
   }
@@ -111,9 +115,9 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   }
 
   std::unique_ptr<MhcServer> server(new MhcServer());
-  const bool host_accessible = backend->HostAccessible();
-  server->metrics_ = std::make_unique<Metrics>(BuildInfo{
-      MHC_VERSION, MHC_GIT_COMMIT, backend->Name(), MHC_CUDA_VERSION});
+  server->metrics_ = std::make_unique<Metrics>(
+      BuildInfo{MHC_VERSION, MHC_GIT_COMMIT, devices.front().backend->Name(),
+                MHC_CUDA_VERSION});
   if (!config.metrics_listen.empty()) {
     MHC_ASSIGN_OR_RETURN(server->metrics_address_,
                          server->metrics_->Serve(config.metrics_listen));
@@ -121,31 +125,50 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   server->audit_ = std::make_unique<DeterminismAudit>(
       config.determinism_audit_rate, config.batch_invariance_audit_rate,
       server->metrics_.get());
-  server->executor_ = std::make_unique<Executor>(std::move(backend), "cpu");
-  server->executor_->SetMetrics(server->metrics_.get());
-  server->executor_->SetAudit(server->audit_.get());
-  // The roofline denominator. A device backend supplies its own (a
-  // device-to-device copy) and an event-based DeviceTimer through the
-  // executor's setters; until it does, its kernels are timed on the host
-  // around a synchronisation and no roofline is recorded.
-  if (host_accessible) {
-    server->executor_->SetCopyBandwidth(MeasureHostCopyBandwidth());
+  std::vector<Executor*> executors;
+  double host_copy_bandwidth = 0;
+  for (DeviceBackend& device : devices) {
+    auto executor =
+        std::make_unique<Executor>(std::move(device.backend), device.device);
+    executor->SetMetrics(server->metrics_.get());
+    executor->SetAudit(server->audit_.get());
+    // The roofline denominator: a host memcpy for host backends (measured
+    // once), a device-to-device copy for GPUs.
+    if (executor->HostAccessible()) {
+      if (host_copy_bandwidth == 0) {
+        host_copy_bandwidth = MeasureHostCopyBandwidth();
+      }
+      executor->SetCopyBandwidth(host_copy_bandwidth);
+    } else {
+#ifdef MHC_HAVE_CUDA
+      MHC_ASSIGN_OR_RETURN(double bandwidth,
+                           MeasureCudaCopyBandwidth(device.cuda_index));
+      executor->SetCopyBandwidth(bandwidth);
+#endif
+    }
+    executors.push_back(executor.get());
+    server->executors_.push_back(std::move(executor));
   }
-  server->store_ = std::make_unique<LayerStore>(server->executor_.get(),
-                                                config.service.limits);
+  server->store_ =
+      std::make_unique<LayerStore>(executors, config.service.limits);
   server->admission_ = std::make_unique<Admission>(config.service.max_inflight);
   // CUDA IPC regions need a CUDA device served by this daemon; host
   // backends get none, so RegisterCudaSharedMemory is refused there.
   std::unique_ptr<DeviceMemoryOpener> cuda_ipc;
 #ifdef MHC_HAVE_CUDA
-  if (!server->executor_->HostAccessible()) cuda_ipc = MakeCudaIpcOpener();
+  if (std::any_of(executors.begin(), executors.end(),
+                  [](Executor* e) { return !e->HostAccessible(); })) {
+    cuda_ipc = MakeCudaIpcOpener();
+  }
 #endif
   server->shm_ =
       std::make_unique<ShmRegistry>(config.service.shm, std::move(cuda_ipc));
   server->service_ = std::make_unique<MhcService>(
-      config.service, server->executor_.get(), server->store_.get(),
-      server->admission_.get(), server->metrics_.get(), server->shm_.get());
-  server->metrics_->SetLayerMemory(server->executor_->device(), 0, 0, 0);
+      config.service, executors, server->store_.get(), server->admission_.get(),
+      server->metrics_.get(), server->shm_.get());
+  for (Executor* executor : executors) {
+    server->metrics_->SetLayerMemory(executor->device(), 0, 0, 0);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -33,17 +33,26 @@ struct ServerConfig {
   ServiceOptions service;
 };
 
+// A backend and the name the API gives its device.
+struct DeviceBackend {
+  std::string device;  // "cpu", "cuda:0", ...
+  std::unique_ptr<Backend> backend;
+  int cuda_index = -1;  // CUDA device ordinal, -1 for host backends
+};
+
 class MhcServer {
  public:
+  // `devices`: at least one; layers go to the first unless a request names
+  // another. Each device gets its own executor.
   static absl::StatusOr<std::unique_ptr<MhcServer>> Start(
-      const ServerConfig& config, std::unique_ptr<Backend> backend);
+      const ServerConfig& config, std::vector<DeviceBackend> devices);
   ~MhcServer();
 
   // The listeners as bound: real ports in place of 0.
   const std::vector<std::string>& addresses() const { return addresses_; }
   // "host:port" of the metrics endpoint, empty when disabled.
   const std::string& metrics_address() const { return metrics_address_; }
-  std::string backend_name() const { return executor_->BackendName(); }
+  std::string backend_name() const { return executors_.front()->BackendName(); }
 
   // Health goes NOT_SERVING, new requests get UNAVAILABLE, and the server
   // stops accepting; in-flight requests get until `timeout` to finish.
@@ -59,7 +68,7 @@ class MhcServer {
   // layers before the executor whose memory they hold.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<DeterminismAudit> audit_;
-  std::unique_ptr<Executor> executor_;
+  std::vector<std::unique_ptr<Executor>> executors_;
   std::unique_ptr<LayerStore> store_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ShmRegistry> shm_;

@@ -1,7 +1,10 @@
 #include "server/service.h"
 
 #include <exception>
+#include <map>
 #include <new>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,11 +19,11 @@
 
 namespace mhc::server {
 
-MhcService::MhcService(const ServiceOptions& options, Executor* executor,
-                       LayerStore* store, Admission* admission,
-                       Metrics* metrics, ShmRegistry* shm)
+MhcService::MhcService(const ServiceOptions& options,
+                       std::vector<Executor*> executors, LayerStore* store,
+                       Admission* admission, Metrics* metrics, ShmRegistry* shm)
     : options_(options),
-      executor_(executor),
+      executors_(std::move(executors)),
       store_(store),
       admission_(admission),
       metrics_(metrics),
@@ -59,16 +62,19 @@ grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
 }
 
 void MhcService::UpdateLayerMetrics() {
-  double parameter_bytes = 0;
-  size_t layers = 0;
+  std::map<const Executor*, std::pair<double, double>> per_device;
+  for (Executor* executor : executors_) per_device[executor] = {0, 0};
   for (const auto& layer : store_->List()) {
+    auto& [layers, parameter_bytes] = per_device[layer->executor()];
     ++layers;
     parameter_bytes +=
         static_cast<double>(layer->parameter_count()) * sizeof(float);
   }
-  // Every parameter has a gradient accumulator of its size.
-  metrics_->SetLayerMemory(executor_->device(), static_cast<double>(layers),
-                           parameter_bytes, parameter_bytes);
+  for (const auto& [executor, counts] : per_device) {
+    // Every parameter has a gradient accumulator of its size.
+    metrics_->SetLayerMemory(executor->device(), counts.first, counts.second,
+                             counts.second);
+  }
 }
 
 grpc::Status MhcService::RunOp(absl::string_view rpc, OpKind kind,
@@ -86,11 +92,13 @@ grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
                                        v1::GetServerInfoResponse* response) {
   return Handle("GetServerInfo", false, [&] {
     response->set_version(MHC_VERSION);
-    response->set_backend(executor_->BackendName());
-    v1::Device* device = response->add_devices();
-    device->set_name(executor_->device());
-    device->set_backend(executor_->BackendName());
-    device->set_description(executor_->Description());
+    response->set_backend(executors_.front()->BackendName());
+    for (const Executor* executor : executors_) {
+      v1::Device* device = response->add_devices();
+      device->set_name(executor->device());
+      device->set_backend(executor->BackendName());
+      device->set_description(executor->Description());
+    }
     for (const std::string& preset : PresetNames()) {
       response->add_presets(preset);
     }
@@ -116,8 +124,9 @@ grpc::Status MhcService::GetDeterminismReport(
     grpc::ServerContext*, const v1::GetDeterminismReportRequest*,
     v1::GetDeterminismReportResponse* response) {
   return Handle("GetDeterminismReport", false, [&] {
-    if (executor_->audit() != nullptr) {
-      executor_->audit()->FillReport(response);
+    // One audit serves every device.
+    if (executors_.front()->audit() != nullptr) {
+      executors_.front()->audit()->FillReport(response);
     }
     return absl::OkStatus();
   });

@@ -31,7 +31,8 @@ struct ServiceOptions {
 
 class MhcService final : public v1::Mhc::Service {
  public:
-  MhcService(const ServiceOptions& options, Executor* executor,
+  // `executors`: one per device, the default device first.
+  MhcService(const ServiceOptions& options, std::vector<Executor*> executors,
              LayerStore* store, Admission* admission, Metrics* metrics,
              ShmRegistry* shm);
 
@@ -106,7 +107,7 @@ class MhcService final : public v1::Mhc::Service {
   void PublishSharedMemory();
 
   const ServiceOptions options_;
-  Executor* const executor_;
+  const std::vector<Executor*> executors_;
   LayerStore* const store_;
   Admission* const admission_;
   Metrics* const metrics_;

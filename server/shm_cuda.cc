@@ -1,6 +1,7 @@
 #include "server/shm_cuda.h"
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,6 +13,24 @@
 
 namespace mhc::server {
 namespace {
+
+// cuMemGetAddressRange through the runtime's driver entry point, so mhcd
+// does not link libcuda and still starts on machines without a driver.
+PFN_cuMemGetAddressRange_v3020 AddressRangeFunction() {
+  static const PFN_cuMemGetAddressRange_v3020 function = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &pointer,
+                                         12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return PFN_cuMemGetAddressRange_v3020{nullptr};
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(pointer);
+  }();
+  return function;
+}
 
 class CudaIpcOpener final : public DeviceMemoryOpener {
  public:
@@ -51,8 +70,11 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     }
     CUdeviceptr base = 0;
     size_t size = 0;
-    CUresult r =
-        cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+    const PFN_cuMemGetAddressRange_v3020 address_range = AddressRangeFunction();
+    const CUresult r =
+        address_range == nullptr
+            ? CUDA_ERROR_NOT_SUPPORTED
+            : address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
     const uint64_t available =
         r == CUDA_SUCCESS ? size - (reinterpret_cast<CUdeviceptr>(ptr) - base)
                           : 0;

@@ -1,8 +1,11 @@
 // Fused pre forward (projection + sum of squares + scale + Sinkhorn +
-// aggregate in one kernel per tile of kTileTokens tokens) and the fused pre
-// backward; the head ops (head.cu) run the same kernels with the kHead kind.
+// aggregate in one kernel) and the fused pre backward; the head ops (head.cu)
+// run the same kernels with the kHead kind. Layers with at most 32 logits use
+// the tensor-core cluster tiles (proj_mma.cuh: the K split depends on K
+// only, partials are added in rank order), wider or static layers the
+// kTileTokens FFMA tiles (ProjectTile, order fixed by K and the block shape).
 // Determinism / batch invariance: a token's h and mean square come from
-// ProjectTile (order fixed by K and the block shape), its mixing values from
+// one of those two paths (chosen by the spec alone), its mixing values from
 // one thread, its y / dx from elementwise code with fixed-order sums, and
 // dh_pre from the fixed-shape BlockSum; nothing depends on M. Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
@@ -12,6 +15,7 @@
 #include "launch.h"
 #include "mix.cuh"
 #include "proj.cuh"
+#include "proj_mma.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -90,6 +94,104 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
+// The cluster version: projection over the K splits of a kMmaTokens tile,
+// the per-token mixing math by the rank owning the token, H_pre shared with
+// every rank through distributed shared memory, then each rank aggregates
+// its slice of the channels for the whole tile (re-reading x).
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
+    fused_forward_mma_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
+                             ForwardDev a, bool ieee, bool vec_x,
+                             bool vec_phi) {
+  extern __shared__ __align__(16) char mma_smem[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int n = StreamCount<NT>(s);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
+  const float* fin = ProjectClusterTile<T>(s, x, a.phi, a.gamma, tokens, m0,
+                                           ieee, vec_x, vec_phi, mma_smem);
+  float* hp_s = reinterpret_cast<float*>(mma_smem + MmaHpOffset<T>());
+  const int t = threadIdx.x;
+  if (t < kMmaTokens && t % splits == rank) {
+    const int64_t m = m0 + t;
+    float hp[NT], hq[NT], logits[NT * NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) hp[i] = 0.0f;
+    if (m < tokens) {
+      const float ms = fin[t * kPartRow + kMmaCols] / static_cast<float>(s.K);
+      ScaleForwardToken<NT>(s, fin + t * kPartRow, ms, a.alpha, a.beta, hp, hq,
+                            logits);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+        if (a.h_pre != nullptr) a.h_pre[m * n + i] = hp[i];
+      }
+      if (!s.head) {
+        float p[NT * NT];
+        SinkhornForwardToken<NT>(s, logits, p);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          if (i >= n) break;
+          a.h_post[m * n + i] = hq[i];
+        }
+#pragma unroll
+        for (int e = 0; e < NT * NT; ++e) {
+          if (e >= n * n) break;
+          a.h_res[m * n * n + e] = p[e];
+        }
+      }
+    }
+    for (int q = 0; q < splits; ++q) {
+      float* dst = cluster.map_shared_rank(hp_s, q) + t * kHpStride;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) dst[i] = i < n ? hp[i] : 0.0f;
+    }
+  }
+  cluster.sync();
+  int64_t cchunk = (s.C + splits - 1) / splits;
+  cchunk = (cchunk + V - 1) / V * V;
+  const int64_t c0 = rank * cchunk;
+  const int64_t c1 = min(s.C, c0 + cchunk);
+  if (c0 >= c1) return;
+  const int64_t vecs = (c1 - c0 + V - 1) / V;
+  const int64_t rows = min(static_cast<int64_t>(kMmaTokens), tokens - m0);
+  // Four vectors per thread per step keep more loads in flight.
+  constexpr int kUnroll = 4;
+  for (int64_t base = threadIdx.x; base < rows * vecs;
+       base += kMmaThreads * kUnroll) {
+    float xv[kUnroll][NT][V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t idx = base + u * kMmaThreads;
+      if (idx >= rows * vecs) break;
+      const int64_t m = m0 + idx / vecs;
+      LoadStreams<T, NT, V>(s, n, x + m * s.K, c0 + (idx % vecs) * V, xv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t idx = base + u * kMmaThreads;
+      if (idx >= rows * vecs) break;
+      const int tt = static_cast<int>(idx / vecs);
+      const int64_t c = c0 + (idx % vecs) * V;
+      float acc[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+      const float* hrow = hp_s + tt * kHpStride;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          acc[v] = fmaf(hrow[i], xv[u][i][v], acc[v]);
+        }
+      }
+      StoreVec<T, V>(y + (m0 + tt) * s.C + c, acc);
+    }
+  }
+}
+
 struct Stage1Dev {
   const float* phi;
   const float* gamma;
@@ -97,11 +199,13 @@ struct Stage1Dev {
   const float* beta;
   const float* dh_post;
   const float* dh_res;
-  float* dh;       // [M, N]
-  float* dms;      // [M]
-  float* h_pre;    // [M, n]
-  float* r;        // [M, n, n] or null
-  float* contrib;  // [M, N + num_alpha]
+  float* dh;           // [M, N]
+  float* dms;          // [M]
+  float* h_pre;        // [M, n]
+  float* r;            // [M, n, n] or null
+  float* contrib;      // [M, N + num_alpha]
+  const float* h_in;   // [M, N] precomputed projection, or null
+  const float* ms_in;  // [M] with h_in
 };
 
 // Recomputes the forward per token and runs the per-token reverse mode:
@@ -114,7 +218,20 @@ __global__ void __launch_bounds__(kTileThreads)
   __shared__ ProjShared sh;
   const int n = StreamCount<NT>(s);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
+  if (s.dynamic && a.h_in != nullptr) {
+    // Made visible by the __syncthreads inside BlockSum below.
+    for (int w = threadIdx.x; w < kTileTokens * s.N; w += blockDim.x) {
+      const int t = w / s.N;
+      const int g = w % s.N;
+      if (m0 + t < tokens)
+        sh.h[t * kMaxLogits + g] = a.h_in[(m0 + t) * s.N + g];
+    }
+    if (threadIdx.x < kTileTokens && m0 + threadIdx.x < tokens) {
+      sh.ms[threadIdx.x] = a.ms_in[m0 + threadIdx.x];
+    }
+  } else if (s.dynamic) {
+    ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
+  }
   constexpr int kW = kTileTokens * NT;
   static_assert(kW <= kProjWidth, "reduction scratch too small");
   float acc[kW];
@@ -188,7 +305,7 @@ __global__ void __launch_bounds__(kTileThreads)
 
 // Workspace slices of the fused backward, in order.
 struct BackwardSlices {
-  size_t dh, dms, h_pre, r, contrib, col_partial, dphi, total;
+  size_t dh, dms, h_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd, total;
 };
 
 BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
@@ -209,6 +326,9 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
   b.contrib = take(tokens * width);
   b.col_partial = take(NumChunks(tokens) * width);
   b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
+  const bool mma = UseMmaProjection(spec);
+  b.h_fwd = take(mma ? tokens * rows : 0);
+  b.ms_fwd = take(mma ? tokens : 0);
   b.total = offset;
   return b;
 }
@@ -228,6 +348,27 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a,
                    (gamma == nullptr || Aligned16(gamma));
   ForwardDev d{a.weights.phi, gamma,    a.weights.alpha, a.weights.beta,
                a.h_pre,       a.h_post, a.h_res};
+  if (UseMmaProjection(*a.spec)) {
+    const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
+    const bool vec_phi = s.K % 4 == 0 && Aligned16(a.weights.phi) &&
+                         (gamma == nullptr || Aligned16(gamma));
+    const SplitPlan plan = PlanSplits(s.K);
+    const int64_t tiles = (a.tokens + kMmaTokens - 1) / kMmaTokens;
+    cudaError_t err = cudaSuccess;
+    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+      using T = typename decltype(tt)::type;
+      err = LaunchTileClusters(
+          fused_forward_mma_kernel<T, decltype(nt)::value, decltype(vt)::value>,
+          plan.splits, tiles, MmaSmemBytes<T>(), stream, s, a.tokens,
+          static_cast<const T*>(a.x), static_cast<T*>(a.y), d, ieee,
+          MmaVecX<T>(s.K, a.x), vec_phi);
+    });
+    MHC_CUDA_RETURN_IF_ERROR(err, s.head ? "head forward" : "pre forward",
+                             ShapeString(*a.spec, a.tokens, a.act_dtype));
+    MHC_CUDA_CHECK_LAUNCH(s.head ? "head forward" : "pre forward",
+                          ShapeString(*a.spec, a.tokens, a.act_dtype));
+    return absl::OkStatus();
+  }
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
   DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
     using T = typename decltype(tt)::type;
@@ -262,7 +403,15 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
               a.dh_post,       a.dh_res,
               at(b.dh),        at(b.dms),
               at(b.h_pre),     residual ? at(b.r) : nullptr,
-              at(b.contrib)};
+              at(b.contrib),   nullptr,
+              nullptr};
+  if (UseMmaProjection(*a.spec)) {
+    MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype, a.x,
+                                            a.weights.phi, gamma, at(b.h_fwd),
+                                            at(b.ms_fwd), stream));
+    d.h_in = at(b.h_fwd);
+    d.ms_in = at(b.ms_fwd);
+  }
   const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy) &&
                    (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
                    (gamma == nullptr || Aligned16(gamma));

@@ -92,6 +92,13 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
 
 // Shared pieces (projection.cu) used by the fused launchers.
 
+// h [M, N] and mean_square [M] through the tensor-core tiles; only for
+// layers where UseMmaProjection (proj_mma.cuh) holds.
+absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
+                                 DType dtype, const void* x, const float* phi,
+                                 const float* gamma, float* h,
+                                 float* mean_square, cudaStream_t stream);
+
 // Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g
 // dh[m][g] phi'[g][k] + dms[m] 2 v_k / K, rounded once; and, when
 // dphi_partial is given, the per-chunk partial sums of dh v over fixed token

@@ -1,7 +1,9 @@
 // Projection h = phi' v with the sum of squares, and its backward (dx and
 // the phi / gamma gradients); also the dx kernel the fused backward ops
 // reuse. Determinism / batch invariance: the forward reduces each token over
-// k in an order fixed by K and the block shape (ProjectTile); the backward
+// k in an order fixed by K and the block shape (tensor-core tiles with a
+// K-only split reduced in rank order through the cluster, proj_mma.cuh, or
+// ProjectTile for layers with more than 32 logits); the backward
 // computes dx per element with sums over g in order; phi / gamma gradients
 // are partial sums over fixed chunks of kTokenChunk tokens (token order) in
 // workspace, added over chunks in order by a second kernel. No atomics.
@@ -9,6 +11,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "proj.cuh"
+#include "proj_mma.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -31,6 +34,34 @@ __global__ void __launch_bounds__(kTileThreads)
   if (threadIdx.x < kTileTokens && m0 + threadIdx.x < tokens) {
     mean_square[m0 + threadIdx.x] = sh.ms[threadIdx.x];
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
+    projection_mma_kernel(DevSpec s, int64_t tokens, const T* x,
+                          const float* phi, const float* gamma, float* h,
+                          float* mean_square, bool ieee, bool vec_x,
+                          bool vec_phi) {
+  extern __shared__ __align__(16) char mma_smem[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
+  const float* fin = ProjectClusterTile<T>(s, x, phi, gamma, tokens, m0, ieee,
+                                           vec_x, vec_phi, mma_smem);
+  for (int idx = threadIdx.x; idx < kMmaTokens * kPartRow; idx += kMmaThreads) {
+    const int t = idx / kPartRow;
+    const int col = idx % kPartRow;
+    const int64_t m = m0 + t;
+    if (t % splits != rank || m >= tokens) continue;
+    if (col < s.N) {
+      h[m * s.N + col] = fin[idx];
+    } else if (col == kMmaCols) {
+      mean_square[m] = fin[idx] / static_cast<float>(s.K);
+    }
+  }
+  cluster.sync();
 }
 
 struct DxDev {
@@ -212,8 +243,39 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
                     spec.K());
 }
 
+absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
+                                 DType dtype, const void* x, const float* phi,
+                                 const float* gamma, float* h,
+                                 float* mean_square, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  if (!s.has_gamma) gamma = nullptr;
+  const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
+  const bool vec_phi =
+      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+  const SplitPlan plan = PlanSplits(s.K);
+  const int64_t tiles = (tokens + kMmaTokens - 1) / kMmaTokens;
+  cudaError_t err = cudaSuccess;
+  DispatchDType(dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    err = LaunchTileClusters(projection_mma_kernel<T>, plan.splits, tiles,
+                             MmaSmemBytes<T>(), stream, s, tokens,
+                             static_cast<const T*>(x), phi, gamma, h,
+                             mean_square, ieee, MmaVecX<T>(s.K, x), vec_phi);
+  });
+  MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (mma)",
+                           ShapeString(spec, tokens, dtype));
+  MHC_CUDA_CHECK_LAUNCH("projection forward (mma)",
+                        ShapeString(spec, tokens, dtype));
+  return absl::OkStatus();
+}
+
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      cudaStream_t stream) {
+  if (UseMmaProjection(*p.spec)) {
+    return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
+                               p.weights.phi, p.weights.gamma, p.h,
+                               p.mean_square, stream);
+  }
   const DevSpec s = MakeDevSpec(*p.spec);
   const float* gamma = s.has_gamma ? p.weights.gamma : nullptr;
   const bool vk2 = s.K % 2 == 0 && Aligned16(p.x) && Aligned16(p.weights.phi) &&

@@ -1,7 +1,8 @@
-// A small event-timed benchmark of the CUDA backend's memory-bound ops at
-// one production shape (M = 16384, C = 4096, n = 4, bf16): median of
-// repetitions with L2 flushed in between, one JSON line per op, checked
-// against the fp64 reference on a sample of tokens first.
+// A small event-timed benchmark of the CUDA backend's memory-bound ops: every
+// op at one production shape (M = 16384, C = 4096, n = 4, bf16) and the
+// projection, Sinkhorn and fused pre ops at M = 32768, C = 7168 and M = 2048,
+// C = 12288. Median of repetitions with L2 flushed in between, one JSON line
+// per op (with the fraction of the measured copy bandwidth), then a table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,33 +20,35 @@
 namespace mhc {
 namespace {
 
-constexpr int64_t kTokens = 16384;
-constexpr int64_t kHidden = 4096;
 constexpr int kStreams = 4;
 constexpr int kReps = 30;
+
+struct Row {
+  std::string op;
+  int64_t M, C;
+  double us, gbps, pct;
+};
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-int Run() {
-  if (CudaDeviceCount() == 0) {
-    std::printf("{\"skipped\": \"no CUDA device\"}\n");
-    return 0;
-  }
-  auto made = cuda::CudaBackend::Create(0);
-  if (!made.ok()) {
-    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
-    return 1;
-  }
-  cuda::CudaBackend& be = **made;
+// Times every op (all) or the projection / Sinkhorn / fused pre ops at one
+// shape; copy_gbps <= 0 measures the copy bandwidth first.
+void RunShape(cuda::CudaBackend& be, int64_t M, int64_t C, bool all,
+              double& copy_gbps, std::vector<Row>& table) {
   cudaStream_t stream = be.stream();
-  LayerSpec spec = PresetSpec("deepseek_v4", kStreams, kHidden).value();
-  const int64_t M = kTokens, C = kHidden, K = spec.K(), n = kStreams;
+  LayerSpec spec = PresetSpec("deepseek_v4", kStreams, C).value();
+  const int64_t K = spec.K(), n = kStreams;
+  std::vector<void*> owned;
   const int64_t N = spec.NumLogits();
   const DType dt = DType::kBF16;
-  auto alloc = [&](size_t bytes) { return be.Allocate(bytes).value(); };
+  auto alloc = [&](size_t bytes) {
+    void* p = be.Allocate(bytes).value();
+    owned.push_back(p);
+    return p;
+  };
   auto upload = [&](const std::vector<float>& v) {
     void* p = alloc(v.size() * 4);
     (void)be.CopyToDevice(p, v.data(), v.size() * 4);
@@ -92,23 +95,29 @@ int Run() {
       if (r >= 3) us.push_back(ms * 1000.0);
     }
     const double med = Median(us);
+    const double gbps = bytes / (med * 1e3);
+    const double pct = copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 100.0;
     std::printf(
         "{\"op\": \"%s\", \"M\": %lld, \"C\": %lld, \"n\": %d, \"dtype\": "
-        "\"bf16\", \"us\": %.2f, \"bytes\": %.0f, \"GBps\": %.1f}\n",
+        "\"bf16\", \"mode\": \"deterministic\", \"us\": %.2f, \"bytes\": "
+        "%.0f, \"GBps\": %.1f, \"pct_copy\": %.1f}\n",
         op, static_cast<long long>(M), static_cast<long long>(C), kStreams, med,
-        bytes, bytes / (med * 1e3));
+        bytes, gbps, pct);
+    std::fflush(stdout);
+    table.push_back(Row{op, M, C, med, gbps, pct});
+    if (std::string(op) == "copy_d2d") copy_gbps = gbps;
   };
 
-  // Copy bandwidth: bytes read + written by a large device-to-device copy.
-  const size_t copy_bytes = size_t{1} << 30;
-  void* a = alloc(copy_bytes);
-  void* b = alloc(copy_bytes);
-  time("copy_d2d", 2.0 * copy_bytes, [&] {
-    cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream);
-    return absl::OkStatus();
-  });
-  be.Free(a);
-  be.Free(b);
+  if (copy_gbps <= 0) {
+    // Copy bandwidth: bytes read + written by a large device-to-device copy.
+    const size_t copy_bytes = size_t{1} << 30;
+    void* a = alloc(copy_bytes);
+    void* b = alloc(copy_bytes);
+    time("copy_d2d", 2.0 * copy_bytes, [&] {
+      cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream);
+      return absl::OkStatus();
+    });
+  }
 
   AggregateForwardParams ag;
   ag.spec = &spec;
@@ -117,8 +126,10 @@ int Run() {
   ag.x = x;
   ag.h_pre = h_pre;
   ag.y = y;
-  time("aggregate_forward", M * (2.0 * K + 2.0 * C + 4.0 * n),
-       [&] { return be.AggregateForward(ag, Workspace{}); });
+  if (all) {
+    time("aggregate_forward", M * (2.0 * K + 2.0 * C + 4.0 * n),
+         [&] { return be.AggregateForward(ag, Workspace{}); });
+  }
 
   PostForwardParams po;
   po.spec = &spec;
@@ -129,8 +140,10 @@ int Run() {
   po.h_post = h_post;
   po.h_res = h_res;
   po.x_next = x_next;
-  time("post_forward", M * (2.0 * C + 4.0 * K + 4.0 * (n + n * n)),
-       [&] { return be.PostForward(po, Workspace{}); });
+  if (all) {
+    time("post_forward", M * (2.0 * C + 4.0 * K + 4.0 * (n + n * n)),
+         [&] { return be.PostForward(po, Workspace{}); });
+  }
 
   PreForwardParams pf;
   pf.spec = &spec;
@@ -190,8 +203,10 @@ int Run() {
   ab.dy = f;
   ab.dx = dx;
   ab.dh_pre = dh_pre;
-  time("aggregate_backward", M * (2.0 * C + 4.0 * K + 8.0 * n),
-       [&] { return be.AggregateBackward(ab, Workspace{}); });
+  if (all) {
+    time("aggregate_backward", M * (2.0 * C + 4.0 * K + 8.0 * n),
+         [&] { return be.AggregateBackward(ab, Workspace{}); });
+  }
   float* dh_post = upload(testing::RandomFloats(M * n, 11));
   float* dh_res = upload(testing::RandomFloats(M * n * n, 12));
   PostBackwardParams pb;
@@ -207,8 +222,30 @@ int Run() {
   pb.dx = dx;
   pb.dh_post = dh_post;
   pb.dh_res = dh_res;
-  time("post_backward", M * (6.0 * K + 4.0 * C + 8.0 * (n + n * n)),
-       [&] { return be.PostBackward(pb, Workspace{}); });
+  if (all) {
+    time("post_backward", M * (6.0 * K + 4.0 * C + 8.0 * (n + n * n)),
+         [&] { return be.PostBackward(pb, Workspace{}); });
+  }
+  {
+    float* dh = upload(testing::RandomFloats(M * N, 13));
+    float* dms = upload(testing::RandomFloats(M, 14));
+    const size_t pbytes =
+        be.WorkspaceBytes(OpKind::kProjectionBackward, spec, M, dt);
+    Workspace pws{alloc(pbytes), pbytes};
+    float* gp = upload(std::vector<float>(N * K, 0.0f));
+    ProjectionBackwardParams jb;
+    jb.spec = &spec;
+    jb.tokens = M;
+    jb.act_dtype = dt;
+    jb.x = x;
+    jb.weights = pf.weights;
+    jb.dh = dh;
+    jb.dmean_square = dms;
+    jb.dx = dx;
+    jb.grads.phi = gp;
+    time("projection_backward", M * (4.0 * K + 4.0 * (N + 1)),
+         [&] { return be.ProjectionBackward(jb, pws); });
+  }
   const size_t ws_bytes = be.WorkspaceBytes(OpKind::kPreBackward, spec, M, dt);
   Workspace ws{alloc(ws_bytes), ws_bytes};
   float* gphi = upload(std::vector<float>(N * K, 0.0f));
@@ -229,6 +266,33 @@ int Run() {
   qb.grads.beta = gsmall + 3;
   time("pre_backward", M * (6.0 * K + 2.0 * C),
        [&] { return be.PreBackward(qb, ws); });
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (void* p : owned) be.Free(p);
+}
+
+int Run() {
+  if (CudaDeviceCount() == 0) {
+    std::printf("{\"skipped\": \"no CUDA device\"}\n");
+    return 0;
+  }
+  auto made = cuda::CudaBackend::Create(0);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  double copy_gbps = 0.0;
+  std::vector<Row> table;
+  RunShape(**made, 16384, 4096, true, copy_gbps, table);
+  RunShape(**made, 32768, 7168, false, copy_gbps, table);
+  RunShape(**made, 2048, 12288, false, copy_gbps, table);
+  std::printf("\n%-22s %7s %6s %10s %9s %7s\n", "op", "M", "C", "us", "GB/s",
+              "%copy");
+  for (const Row& r : table) {
+    std::printf("%-22s %7lld %6lld %10.2f %9.1f %7.1f\n", r.op.c_str(),
+                static_cast<long long>(r.M), static_cast<long long>(r.C), r.us,
+                r.gbps, r.pct);
+  }
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // Every single CUDA op, forward and backward, against the float64 reference
 // through the Backend interface, for every preset x dtype over the sampled
 // shapes and variants of cuda_cases.h. Skips without a GPU.
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -328,6 +330,84 @@ INSTANTIATE_TEST_SUITE_P(PresetsAndDtypes, CudaOpsTest,
                                   std::string(
                                       DTypeName(std::get<1>(info.param)));
                          });
+
+// The tensor-core projection tiles at tiling edge cases: the widest K split
+// (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
+// 2 / 4 and heads, tf32 and ieee; then batch invariance: the rows of a slice
+// of the batch (a different M and row alignment) are bitwise unchanged.
+TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int n;
+    int64_t C, M;
+    DType dt;
+    MatmulPrecision prec;
+    bool gamma, head;
+  };
+  const Case cases[] = {
+      {4, 12288, 2048, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      {4, 12288, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {4, 5129, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false},
+      {4, 4096, 129, DType::kF32, MatmulPrecision::kTf32, true, false},
+      {2, 4096, 257, DType::kF16, MatmulPrecision::kIeee, true, false},
+      {1, 777, 200, DType::kBF16, MatmulPrecision::kIeee, false, false},
+      {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = PresetSpec("deepseek_v4", c.n, c.C).value();
+    spec.matmul_precision = c.prec;
+    spec.has_gamma = c.gamma;
+    if (c.head) spec.kind = LayerKind::kHead;
+    const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
+    SCOPED_TRACE(CaseName(spec, M, c.dt));
+    Harness h;
+    Pair x = h.Act(c.dt, M * K, FreshSeed());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+    Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
+    Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+    Pair hh = h.Output(M * N * 4);
+    Pair ms = h.Output(M * 4);
+    ProjectionForwardParams p[2];
+    for (int b = 0; b < 2; ++b) {
+      p[b].spec = &spec;
+      p[b].tokens = M;
+      p[b].act_dtype = c.dt;
+      p[b].x = x.ptr(b);
+      p[b].weights.phi = phi.f(b);
+      p[b].weights.gamma = gamma.f(b);
+      p[b].h = hh.f(b);
+      p[b].mean_square = ms.f(b);
+    }
+    for (int b = 0; b < 2; ++b) {
+      Workspace ws = h.Scratch(b, OpKind::kProjectionForward, spec, M, c.dt);
+      ASSERT_TRUE(h.backend(b).ProjectionForward(p[b], ws).ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const double tol = c.prec == MatmulPrecision::kIeee ? 1e-5 : 2e-3;
+    ExpectClose(h, hh, DType::kF32, M * N, tol, false, "h");
+    ExpectClose(h, ms, DType::kF32, M, 1e-5, false, "mean square");
+
+    const int64_t first = 37, count = M - 60;
+    Pair hs = h.Output(count * N * 4);
+    Pair mss = h.Output(count * 4);
+    ProjectionForwardParams q = p[1];
+    q.tokens = count;
+    q.x = static_cast<const char*>(x.dev) + first * K * DTypeSize(c.dt);
+    q.h = hs.f(1);
+    q.mean_square = mss.f(1);
+    ASSERT_TRUE(h.cuda().ProjectionForward(q, Workspace{}).ok());
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const std::vector<uint8_t> full = h.Fetch(hh), part = h.Fetch(hs);
+    const std::vector<uint8_t> full_ms = h.Fetch(ms), part_ms = h.Fetch(mss);
+    EXPECT_EQ(
+        std::memcmp(full.data() + first * N * 4, part.data(), count * N * 4), 0)
+        << "h changed with the batch";
+    EXPECT_EQ(
+        std::memcmp(full_ms.data() + first * 4, part_ms.data(), count * 4), 0)
+        << "mean square changed with the batch";
+  }
+}
 
 }  // namespace
 }  // namespace mhc::testing

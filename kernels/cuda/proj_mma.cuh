@@ -1,0 +1,417 @@
+// Tensor-core projection h = phi' v (N <= 32 logits) with the sum of squares,
+// for a tile of kMmaTokens tokens. The K axis is split into a fixed number of
+// chunks (PlanSplits: a function of K only), one CTA per chunk, and the CTAs
+// of one tile form a thread-block cluster: each writes its partial sums to
+// its own shared memory and the owner of a token adds the partials of ranks
+// 0, 1, ... in order through distributed shared memory. No atomics, no
+// workspace, and a token's h depends only on K (never on M, the SM count or
+// the token's slot in the tile: mma rows are independent dot products).
+//
+// Numerics: 16-bit x converts to tf32 exactly. phi' is split into a tf32
+// high part and a tf32 low part; MATMUL_PRECISION_IEEE issues both MMAs
+// (error ~2^-21 relative), tf32 only the high one. fp32 x under IEEE is split
+// too (hi*hi + lo*hi + hi*lo), under tf32 it is rounded to tf32.
+#ifndef MHC_KERNELS_CUDA_PROJ_MMA_CUH_
+#define MHC_KERNELS_CUDA_PROJ_MMA_CUH_
+
+#include <cooperative_groups.h>
+
+#include <utility>
+
+#include "common.cuh"
+#include "mhc/types.h"
+
+namespace mhc::cuda {
+
+inline constexpr int kMmaTokens = 128;   // 8 warps x 16 tokens
+inline constexpr int kMmaThreads = 256;  // fixed: the reduction trees use it
+inline constexpr int kMmaBk = 64;        // k per pipeline stage
+inline constexpr int kMmaCols = 32;      // logits per tile
+inline constexpr int kMmaRow = kMmaBk + 16;    // padded smem row (no conflicts)
+inline constexpr int kPartRow = kMmaCols + 1;  // + sum of squares
+inline constexpr int kMaxSplits = 8;           // portable cluster size
+inline constexpr int64_t kSplitTarget = 4096;  // k per split before the cap
+inline constexpr int kHpStride = kMaxStreams;
+
+struct SplitPlan {
+  int splits;
+  int64_t chunk;  // multiple of kMmaBk
+};
+
+// Depends on K alone, so every token of a layer sees the same split.
+__host__ __device__ inline SplitPlan PlanSplits(int64_t K) {
+  int64_t s = (K + kSplitTarget - 1) / kSplitTarget;
+  if (s < 1) s = 1;
+  if (s > kMaxSplits) s = kMaxSplits;
+  int64_t chunk = (K + s - 1) / s;
+  chunk = (chunk + kMmaBk - 1) / kMmaBk * kMmaBk;
+  SplitPlan p;
+  p.chunk = chunk;
+  p.splits = static_cast<int>((K + chunk - 1) / chunk);
+  return p;
+}
+
+// Pipeline depth. Three stages at two CTAs per SM (16-bit x) measured faster
+// than six stages at one CTA per SM: the second CTA hides the per-stage
+// barrier and mma latency.
+template <typename T>
+__host__ __device__ constexpr int MmaStages() {
+  return 3;
+}
+template <typename T>
+__host__ __device__ constexpr size_t MmaXBytes() {
+  return size_t{MmaStages<T>()} * kMmaTokens * kMmaRow * sizeof(T);
+}
+inline constexpr size_t kMmaPhiBytes = size_t{2} * kMmaCols * kMmaRow * 4;
+template <typename T>
+__host__ __device__ constexpr size_t MmaHpOffset() {
+  return MmaXBytes<T>() + 2 * kMmaPhiBytes;
+}
+template <typename T>
+__host__ __device__ constexpr size_t MmaSmemBytes() {
+  return MmaHpOffset<T>() + size_t{kMmaTokens} * kHpStride * 4;
+}
+static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__half>(),
+              "partials alias the x stages");
+static_assert(size_t{kMmaTokens} * kPartRow * 4 <= 2 * kMmaPhiBytes,
+              "totals alias the phi stages");
+
+// True when the tile kernels may use 16-byte copies of x rows / phi rows.
+template <typename T>
+inline bool MmaVecX(int64_t K, const void* x) {
+  return K % (16 / static_cast<int64_t>(sizeof(T))) == 0 && Aligned16(x);
+}
+
+__device__ __forceinline__ float RoundTf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
+__device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[4],
+                                        float b0, float b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(__float_as_uint(b0)),
+        "r"(__float_as_uint(b1)));
+}
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src,
+                                          bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int bytes = valid ? 16 : 0;  // 0: zero fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+               "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four consecutive x values of one staged row as floats.
+__device__ __forceinline__ void LoadX4(const __nv_bfloat16* p, float (&v)[4]) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  v[0] = __uint_as_float(u.x << 16);
+  v[1] = __uint_as_float(u.x & 0xffff0000u);
+  v[2] = __uint_as_float(u.y << 16);
+  v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ void LoadX4(const __half* p, float (&v)[4]) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = b.x;
+  v[3] = b.y;
+}
+__device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
+  const float4 u = *reinterpret_cast<const float4*>(p);
+  v[0] = u.x;
+  v[1] = u.y;
+  v[2] = u.z;
+  v[3] = u.w;
+}
+
+// Runs the tile's projection over this CTA's K chunk and the cluster
+// reduction. On return, for every token t of the tile with t % splits ==
+// rank, fin[t * kPartRow + g] holds h_g (g < N) and fin[t * kPartRow +
+// kMmaCols] the sum of squares; the caller must cluster.sync() before exit
+// (other ranks read this CTA's partials until then).
+template <typename T>
+__device__ __forceinline__ float* ProjectClusterTile(
+    const DevSpec& s, const T* __restrict__ x, const float* __restrict__ phi,
+    const float* __restrict__ gamma, int64_t tokens, int64_t m0, bool ieee,
+    bool vec_x, bool vec_phi, char* smem) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const SplitPlan plan = PlanSplits(s.K);
+  const int64_t kbeg = rank * plan.chunk;
+  const int64_t kend = min(s.K, kbeg + plan.chunk);
+  const int nkb = static_cast<int>((kend - kbeg + kMmaBk - 1) / kMmaBk);
+  const int nj = (s.N + 7) / 8;
+  constexpr bool kSplitX = std::is_same<T, float>::value;
+  constexpr int kMmaStages = MmaStages<T>();
+
+  T* xs = reinterpret_cast<T*>(smem);
+  float* phi_hi = reinterpret_cast<float*>(smem + MmaXBytes<T>());
+  float* phi_lo = phi_hi + 2 * kMmaCols * kMmaRow;
+
+  auto load_x = [&](int kb) {
+    if (kb >= nkb) return;
+    const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
+    T* dst = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow;
+    if (vec_x) {
+      constexpr int kPer = 16 / sizeof(T);
+      constexpr int kPerRow = kMmaBk / kPer;
+#pragma unroll
+      for (int c = tid; c < kMmaTokens * kPerRow; c += kMmaThreads) {
+        const int row = c / kPerRow;
+        const int col = (c % kPerRow) * kPer;
+        const int64_t m = m0 + row;
+        const int64_t k = k0 + col;
+        const bool ok = m < tokens && k < kend;
+        CpAsync16(dst + row * kMmaRow + col, ok ? x + m * s.K + k : x, ok);
+      }
+    } else {
+      for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {
+        const int row = c / kMmaBk;
+        const int col = c % kMmaBk;
+        const int64_t m = m0 + row;
+        const int64_t k = k0 + col;
+        dst[row * kMmaRow + col] =
+            m < tokens && k < kend ? x[m * s.K + k] : FromFloat<T>(0.0f);
+      }
+    }
+  };
+
+  // phi' for the next stage travels through registers: 8 k of one row per
+  // thread, scaled by gamma and split into tf32 hi / lo once per CTA.
+  const int prow = tid >> 3;
+  const int pk = (tid & 7) * 8;
+  float pv[8];
+  auto fetch_phi = [&](int kb) {
+    const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk + pk;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pv[e] = 0.0f;
+    if (kb >= nkb || prow >= s.N) return;
+    const float* src = phi + prow * s.K + k0;
+    if (vec_phi && k0 + 8 <= kend) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(src));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
+      pv[0] = a.x, pv[1] = a.y, pv[2] = a.z, pv[3] = a.w;
+      pv[4] = b.x, pv[5] = b.y, pv[6] = b.z, pv[7] = b.w;
+      if (gamma != nullptr) {
+        const float4 c = __ldg(reinterpret_cast<const float4*>(gamma + k0));
+        const float4 d = __ldg(reinterpret_cast<const float4*>(gamma + k0) + 1);
+        pv[0] *= c.x, pv[1] *= c.y, pv[2] *= c.z, pv[3] *= c.w;
+        pv[4] *= d.x, pv[5] *= d.y, pv[6] *= d.z, pv[7] *= d.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (k0 + e < kend) {
+          pv[e] = src[e] * (gamma != nullptr ? gamma[k0 + e] : 1.0f);
+        }
+      }
+    }
+  };
+  auto store_phi = [&](int buf) {
+    float* hi = phi_hi + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
+    float* lo = phi_lo + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
+#pragma unroll
+    for (int e = 0; e < 8; e += 4) {
+      float h4[4], l4[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        h4[q] = RoundTf32(pv[e + q]);
+        l4[q] = RoundTf32(pv[e + q] - h4[q]);
+      }
+      *reinterpret_cast<float4*>(hi + e) =
+          make_float4(h4[0], h4[1], h4[2], h4[3]);
+      *reinterpret_cast<float4*>(lo + e) =
+          make_float4(l4[0], l4[1], l4[2], l4[3]);
+    }
+  };
+
+  float acc[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+  }
+  float ss0 = 0.0f, ss1 = 0.0f;
+
+  // The mma's k slots t and t + 4 take physical k 4t + 2u and 4t + 2u + 1
+  // (u = 0, 1) for both operands: the same products, one 8-byte load each.
+  // Each stage starts the mma accumulators at zero and adds them to acc with
+  // a rounded fp32 add: the tensor cores' accumulation truncates against the
+  // running sum, which over long K costs more than the 1e-5 IEEE budget.
+  auto compute = [&](int kb) {
+    float st[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) st[j][q] = 0.0f;
+    }
+    const T* xa = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow +
+                  (warp * 16 + g) * kMmaRow + 4 * t4;
+    const T* xb = xa + 8 * kMmaRow;
+    const int buf = kb & 1;
+    const float* ph = phi_hi + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
+    const float* pl = phi_lo + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
+#pragma unroll
+    for (int kk = 0; kk < kMmaBk; kk += 16) {
+      float a[4], b[4];
+      LoadX4(xa + kk, a);
+      LoadX4(xb + kk, b);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        ss0 = fmaf(a[q], a[q], ss0);
+        ss1 = fmaf(b[q], b[q], ss1);
+      }
+      uint32_t ah[2][4], al[2][4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float v[4] = {a[2 * u], b[2 * u], a[2 * u + 1], b[2 * u + 1]};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (kSplitX) {
+            const float h = RoundTf32(v[q]);
+            ah[u][q] = __float_as_uint(h);
+            al[u][q] = __float_as_uint(RoundTf32(v[q] - h));
+          } else {
+            ah[u][q] = __float_as_uint(v[q]);
+            al[u][q] = 0u;
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= nj) break;
+        const float4 bh =
+            *reinterpret_cast<const float4*>(ph + j * 8 * kMmaRow + kk);
+        Mma1688(st[j], ah[0], bh.x, bh.y);
+        Mma1688(st[j], ah[1], bh.z, bh.w);
+        if (ieee) {
+          const float4 bl =
+              *reinterpret_cast<const float4*>(pl + j * 8 * kMmaRow + kk);
+          Mma1688(st[j], ah[0], bl.x, bl.y);
+          Mma1688(st[j], ah[1], bl.z, bl.w);
+          if (kSplitX) {
+            Mma1688(st[j], al[0], bh.x, bh.y);
+            Mma1688(st[j], al[1], bh.z, bh.w);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[j][q] += st[j][q];
+    }
+  };
+
+  fetch_phi(0);
+  store_phi(0);
+#pragma unroll
+  for (int st = 0; st < kMmaStages - 1; ++st) {
+    load_x(st);
+    CpAsyncCommit();
+  }
+  for (int kb = 0; kb < nkb; ++kb) {
+    fetch_phi(kb + 1);
+    CpAsyncWait<kMmaStages - 2>();
+    __syncthreads();
+    load_x(kb + kMmaStages - 1);
+    CpAsyncCommit();
+    compute(kb);
+    store_phi((kb + 1) & 1);
+  }
+  CpAsyncWait<0>();
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+  __syncthreads();
+
+  float* part = reinterpret_cast<float*>(smem);
+  const int r0 = (warp * 16 + g) * kPartRow;
+  const int r1 = r0 + 8 * kPartRow;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j >= nj) break;
+    const int col = j * 8 + 2 * t4;
+    part[r0 + col] = acc[j][0];
+    part[r0 + col + 1] = acc[j][1];
+    part[r1 + col] = acc[j][2];
+    part[r1 + col + 1] = acc[j][3];
+  }
+  if (t4 == 0) {
+    part[r0 + kMmaCols] = ss0;
+    part[r1 + kMmaCols] = ss1;
+  }
+  cluster.sync();
+  float* fin = phi_hi;
+  for (int idx = tid; idx < kMmaTokens * kPartRow; idx += kMmaThreads) {
+    const int t = idx / kPartRow;
+    const int col = idx % kPartRow;
+    if (t % splits != rank || (col >= s.N && col != kMmaCols)) continue;
+    float sum = 0.0f;
+    for (int q = 0; q < splits; ++q)
+      sum += cluster.map_shared_rank(part, q)[idx];
+    fin[idx] = sum;
+  }
+  __syncthreads();
+  return fin;
+}
+
+// The tensor-core path takes layers with at most kMmaCols logits (n <= 4 for
+// mHC layers, n <= 16 for heads); wider layers use ProjectTile.
+inline bool UseMmaProjection(const LayerSpec& spec) {
+  return spec.dynamic && spec.NumLogits() <= kMmaCols;
+}
+
+// Launches tiles * splits CTAs of kMmaThreads in clusters of `splits`.
+template <typename... Exp, typename... Act>
+cudaError_t LaunchTileClusters(void (*kernel)(Exp...), int splits,
+                               int64_t tiles, size_t smem, cudaStream_t stream,
+                               Act&&... args) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kernel,
+                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles * splits));
+  cfg.blockDim = dim3(kMmaThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_PROJ_MMA_CUH_

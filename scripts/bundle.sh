@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Packs built binaries, with the non-system shared libraries they load, into
+# one relocatable folder: for running the daemon, mhcctl, the GPU tests and
+# benchmarks on a GPU machine that has the NVIDIA driver but none of the
+# build's libraries (gRPC, Abseil, protobuf, prometheus-cpp, GoogleTest).
+# Run the binaries there with LD_LIBRARY_PATH=OUT/lib.
+#
+#   scripts/bundle.sh BUILD_DIR OUT_DIR
+set -euo pipefail
+
+build="${1:?usage: scripts/bundle.sh BUILD_DIR OUT_DIR}"
+out="${2:?usage: scripts/bundle.sh BUILD_DIR OUT_DIR}"
+rm -rf "${out}"
+mkdir -p "${out}/bin" "${out}/lib"
+
+binaries=(
+  server/mhcd
+  client/cpp/mhcctl
+  tests/cuda/cuda_ops_test
+  tests/cuda/cuda_fused_test
+  tests/cuda/cuda_microbench
+  tests/server/server_shm_registry_test
+  bench/mhc_rpc_bench
+)
+for binary in "${binaries[@]}"; do
+  if [[ -x "${build}/${binary}" ]]; then
+    cp "${build}/${binary}" "${out}/bin/"
+  fi
+done
+
+# Every library ldd resolves, except the C runtime and the driver, which the
+# target machine provides (its own, newer, versions).
+system='/(ld-linux[^/]*|lib(c|m|dl|rt|pthread|stdc\+\+|gcc_s|cuda))\.so'
+for binary in "${out}"/bin/*; do
+  ldd "${binary}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+done | sort -u | grep -Ev "${system}" | while read -r library; do
+  cp -L "${library}" "${out}/lib/"
+done
+# Symbols only make the folder larger; backtraces keep function names.
+strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
+echo "bundle: $(ls "${out}/bin" | wc -l) binaries, $(ls "${out}/lib" | wc -l) libraries, $(du -sh "${out}" | cut -f1)"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs the GPU checks from a bundle made by scripts/bundle.sh on a machine with
+# an NVIDIA GPU: the CUDA kernel tests, compute-sanitizer memcheck and
+# racecheck on a subset, the CUDA IPC test across two processes, and the
+# daemon on the GPU driven by mhcctl (inline and shared memory). Logs go to
+# LOG_DIR (default: the current directory); the exit code counts failures.
+#
+#   scripts/gpu_check.sh BUNDLE_DIR [LOG_DIR]
+set -uo pipefail
+
+bundle="$(cd "${1:?usage: scripts/gpu_check.sh BUNDLE_DIR [LOG_DIR]}" && pwd)"
+logs="${2:-.}"
+mkdir -p "${logs}"
+export LD_LIBRARY_PATH="${bundle}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+bin="${bundle}/bin"
+failures=0
+
+step() {  # step NAME COMMAND...: runs it, keeps its log, counts a failure
+  local name="$1"
+  shift
+  local start=${SECONDS}
+  if "$@" >"${logs}/${name}.log" 2>&1; then
+    echo "PASS ${name} ($((SECONDS - start)) s)"
+  else
+    echo "FAIL ${name} ($((SECONDS - start)) s): tail of ${name}.log"
+    tail -n 15 "${logs}/${name}.log"
+    failures=$((failures + 1))
+  fi
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
+step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
+step cuda_ipc "${bin}/server_shm_registry_test" \
+  --gtest_filter='ShmRegistryTest.CudaIpc*'
+step memcheck compute-sanitizer --tool memcheck --leak-check full \
+  --error-exitcode 1 "${bin}/cuda_fused_test" \
+  --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
+  "${bin}/cuda_ops_test" --gtest_filter='*/deepseek_v4_bf16'
+
+# The daemon on the GPU, driven like a user would.
+work="$(mktemp -d)"
+"${bin}/mhcd" --backend=cuda --listen="unix:${work}/mhcd.sock" \
+  --metrics_listen=127.0.0.1:0 --allow_shm >"${logs}/mhcd.log" 2>&1 &
+daemon=$!
+for _ in $(seq 1 100); do
+  grep -q '^mhcd: ready' "${logs}/mhcd.log" && break
+  sleep 0.2
+done
+ctl=("${bin}/mhcctl" --address="unix:${work}/mhcd.sock")
+step mhcctl_info "${ctl[@]}" info
+step run_bf16 "${ctl[@]}" run --tokens=4096 --hidden=4096
+step run_fp32_te "${ctl[@]}" run --tokens=1000 --hidden=1536 --dtype=fp32 \
+  --preset=transformer_engine
+step run_megatron_odd "${ctl[@]}" run --tokens=137 --hidden=5129 \
+  --preset=megatron --dtype=fp16
+step run_shm "${ctl[@]}" run --tokens=2048 --hidden=4096 --shm
+metrics="$(sed -n 's|^mhcd: metrics on \(http://[^ ]*\)|\1|p' "${logs}/mhcd.log")"
+if [[ -n "${metrics}" ]] && command -v curl >/dev/null; then
+  curl -s "${metrics}" >"${logs}/metrics.txt"
+elif [[ -n "${metrics}" ]]; then
+  python3 -c "import sys,urllib.request;sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" \
+    "${metrics}" >"${logs}/metrics.txt"
+fi
+kill -TERM "${daemon}"
+wait "${daemon}"
+echo "mhcd exit code $? ($(tail -n 1 "${logs}/mhcd.log"))"
+rm -rf "${work}"
+echo "gpu_check: ${failures} failed"
+exit "${failures}"
