@@ -10,7 +10,7 @@ PACKAGES=(
   libprotobuf-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang-format python3 python3-numpy python3-grpcio python3-protobuf
-  python3-pytest curl
+  python3-pytest python3-torch curl
   prometheus python3-yaml python3-matplotlib
 )
 

@@ -86,26 +86,9 @@ Layer::Layer(std::string name, std::string preset, const LayerSpec& spec,
     : name_(std::move(name)),
       preset_(std::move(preset)),
       spec_(spec),
-      executor_(executor) {
-  const int64_t n_logits = spec.NumLogits();
-  auto add = [&](const char* param, std::vector<int64_t> shape) {
-    Param p;
-    p.name = param;
-    p.shape = std::move(shape);
-    p.elements = 1;
-    for (int64_t d : p.shape) p.elements *= d;
-    p.offset = total_elements_;
-    total_elements_ += p.elements;
-    params_.push_back(std::move(p));
-  };
-  if (spec.dynamic) {
-    add("phi", {n_logits, spec.K()});
-    add("alpha", {spec.NumAlpha()});
-  }
-  add("beta", {n_logits});
-  if (spec.has_gamma) add("gamma", {spec.K()});
-  if (spec.has_post_bias) add("bias", {spec.hidden});
-}
+      executor_(executor),
+      params_(ParameterLayout(spec)),
+      total_elements_(ParameterCount(spec)) {}
 
 Layer::~Layer() {
   if (values_ == nullptr && grads_ == nullptr) return;
@@ -147,33 +130,9 @@ absl::Status Layer::CheckCurrent() const {
       "' was replaced (ConvertLayout) while this request waited; retry"));
 }
 
-LayerWeights Layer::Weights() const {
-  LayerWeights w;
-  auto at = [&](const char* name) -> const float* {
-    const Param* p = FindParam(name);
-    return p == nullptr ? nullptr : values_ + p->offset;
-  };
-  w.phi = at("phi");
-  w.alpha = at("alpha");
-  w.beta = at("beta");
-  w.gamma = at("gamma");
-  w.bias = at("bias");
-  return w;
-}
+LayerWeights Layer::Weights() const { return WeightsInBlock(spec_, values_); }
 
-LayerGrads Layer::Grads() const {
-  LayerGrads g;
-  auto at = [&](const char* name) -> float* {
-    const Param* p = FindParam(name);
-    return p == nullptr ? nullptr : grads_ + p->offset;
-  };
-  g.phi = at("phi");
-  g.alpha = at("alpha");
-  g.beta = at("beta");
-  g.gamma = at("gamma");
-  g.bias = at("bias");
-  return g;
-}
+LayerGrads Layer::Grads() const { return GradsInBlock(spec_, grads_); }
 
 LayerStore::LayerStore(std::vector<Executor*> executors, RequestLimits limits)
     : executors_(std::move(executors)), limits_(limits) {}

@@ -34,12 +34,7 @@ namespace mhc::server {
 class Layer {
  public:
   // One parameter (and its gradient) inside the layer's two fp32 blocks.
-  struct Param {
-    std::string name;  // "phi", "alpha", "beta", "gamma", "bias"
-    std::vector<int64_t> shape;
-    int64_t elements = 0;
-    int64_t offset = 0;  // in floats from the start of the block
-  };
+  using Param = ParameterSlot;
 
   Layer(std::string name, std::string preset, const LayerSpec& spec,
         Executor* executor);
@@ -83,8 +78,8 @@ class Layer {
   const std::string preset_;
   const LayerSpec spec_;
   Executor* const executor_;
-  std::vector<Param> params_;
-  int64_t total_elements_ = 0;
+  const std::vector<Param> params_;
+  const int64_t total_elements_;
   float* values_ = nullptr;
   float* grads_ = nullptr;
   std::atomic<uint64_t> version_{1};

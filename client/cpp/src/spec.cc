@@ -96,13 +96,9 @@ std::vector<int64_t> StreamDims(const LayerSpec& spec) {
 std::map<std::string, std::vector<int64_t>> ParameterShapes(
     const LayerSpec& spec) {
   std::map<std::string, std::vector<int64_t>> shapes;
-  if (spec.dynamic) {
-    shapes["phi"] = {spec.NumLogits(), spec.K()};
-    shapes["alpha"] = {spec.NumAlpha()};
+  for (const ParameterSlot& slot : ParameterLayout(spec)) {
+    shapes[slot.name] = slot.shape;
   }
-  shapes["beta"] = {spec.NumLogits()};
-  if (spec.has_gamma) shapes["gamma"] = {spec.K()};
-  if (spec.has_post_bias) shapes["bias"] = {spec.hidden};
   return shapes;
 }
 

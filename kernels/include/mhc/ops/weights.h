@@ -3,6 +3,13 @@
 #ifndef MHC_OPS_WEIGHTS_H_
 #define MHC_OPS_WEIGHTS_H_
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mhc/types.h"
+
 namespace mhc {
 
 // N = spec.NumLogits(), K = spec.K(), C = spec.hidden. Unused slots are null.
@@ -23,6 +30,25 @@ struct LayerGrads {
   float* gamma = nullptr;  // [K]
   float* bias = nullptr;   // [C]
 };
+
+// One parameter inside a block of fp32 values that holds all of a layer's
+// parameters (or all its gradients) back to back.
+struct ParameterSlot {
+  std::string name;            // "phi", "alpha", "beta", "gamma", "bias"
+  std::vector<int64_t> shape;  // as in LayerWeights
+  int64_t elements = 0;
+  int64_t offset = 0;  // in floats from the start of the block
+};
+
+// The parameters a spec has, in block order: phi and alpha (dynamic layers),
+// beta, gamma (has_gamma), bias (has_post_bias). The one definition of which
+// parameters exist and their shapes, for the daemon and the clients alike.
+std::vector<ParameterSlot> ParameterLayout(const LayerSpec& spec);
+// Total floats of a block laid out by ParameterLayout.
+int64_t ParameterCount(const LayerSpec& spec);
+// Pointers into such a block (null for absent parameters).
+LayerWeights WeightsInBlock(const LayerSpec& spec, const float* block);
+LayerGrads GradsInBlock(const LayerSpec& spec, float* block);
 
 // Scratch memory handed to an op; size from Backend::WorkspaceBytes.
 struct Workspace {

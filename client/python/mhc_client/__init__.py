@@ -1,0 +1,42 @@
+"""mhc_client: Python client of mhcd, the mHC kernel server.
+
+    from mhc_client import Client
+    with Client("unix:/run/mhcd.sock") as client:
+        client.create_layer("l0", hidden=256, seed=1)
+        y, h_pre, h_post, h_res = client.pre("l0", x)
+
+See README.md ("Python client") for the API, shared memory and the torch
+layer (``mhc_client.torch``).
+"""
+
+# The generated modules (mhc_client/_pb) may live in a build directory that
+# is on sys.path next to the sources; let this package span both, with such
+# directories first so that freshly built modules win over a stale copy
+# generated next to the sources.
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)  # type: ignore[name-defined]
+__path__ = __path__[1:] + __path__[:1]
+
+from . import errors, tensors  # noqa: E402
+from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402
+                     Client, Device, Gradients, HeadResult, PostBackwardResult,
+                     PreResult, ProjectionResult, ScaleBackwardResult,
+                     ScaleResult, ServerInfo, normalize_address)
+from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: E402
+                     Internal, InvalidArgument, MhcError, NotFound,
+                     PermissionDenied, ResourceExhausted, Unavailable)
+from .ops import Ref  # noqa: E402
+from .spec import PRESETS, LayerInfo, LayerSpec  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AggregateBackwardResult", "AlreadyExists", "Batch", "BenchmarkResult",
+    "Client", "DeadlineExceeded", "Device", "FailedPrecondition", "Gradients",
+    "HeadResult", "Internal", "InvalidArgument", "LayerInfo", "LayerSpec",
+    "MhcError", "NotFound", "PRESETS", "PermissionDenied",
+    "PostBackwardResult", "PreResult", "ProjectionResult", "Ref",
+    "ResourceExhausted", "ScaleBackwardResult", "ScaleResult", "ServerInfo",
+    "Unavailable", "errors", "normalize_address", "tensors",
+]

@@ -1,0 +1,714 @@
+"""`Client`: a typed, numpy-first wrapper over the mhc.v1.Mhc service.
+
+Every RPC raises a subclass of :class:`mhc_client.errors.MhcError` on failure.
+Calls carry a deadline (``timeout``, per client or per call). Calls that
+cannot change daemon state (reads, forward operators, backward operators
+that add no parameter gradients) are retried on UNAVAILABLE with a short
+backoff, since a transient connection failure then cannot double-apply
+anything; everything else is tried exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple,
+                    Optional, Sequence, Tuple)
+
+import grpc
+import numpy as np
+
+from . import errors, tensors
+from ._proto import (health_pb2, health_pb2_grpc, layer_pb2, service_pb2,
+                     service_pb2_grpc, shm_pb2, tensor_pb2)
+from .ops import ACTIVATION_FIELDS, OPS, Ref, op_def
+from .spec import LayerInfo, LayerSpec, enum_value
+
+SESSION_METADATA_KEY = "mhc-session-id"
+_READ_ONLY_RPCS = frozenset({
+    "GetServerInfo", "GetDeterminismReport", "GetLayer", "ListLayers",
+    "GetParameters", "GetGradients", "SharedMemoryStatus", "Check"})
+
+
+def normalize_address(address: str) -> str:
+    """``host:port``, ``[v6]:port``, ``unix:/path`` or any gRPC target."""
+    if not address:
+        raise errors.InvalidArgument("address: empty")
+    if address.startswith("unix:"):
+        if len(address) == len("unix:"):
+            raise errors.InvalidArgument("address: unix: needs a path")
+        return address
+    if "://" in address or address.split(":", 1)[0] in ("dns", "ipv4", "ipv6"):
+        return address
+    host, _, port = address.rpartition(":")
+    if not host or not port:
+        raise errors.InvalidArgument(
+            f"address: expected host:port or unix:/path, got '{address}'")
+    return address
+
+
+# ---------------------------------------------------------------- results
+
+
+class PreResult(NamedTuple):
+    y: np.ndarray
+    h_pre: np.ndarray
+    h_post: np.ndarray
+    h_res: np.ndarray
+
+
+class PostBackwardResult(NamedTuple):
+    df: np.ndarray
+    dx: Optional[np.ndarray]  # None with skip_dx
+    dh_post: np.ndarray
+    dh_res: np.ndarray
+
+
+class HeadResult(NamedTuple):
+    y: np.ndarray
+    mix: np.ndarray
+
+
+class ProjectionResult(NamedTuple):
+    h: np.ndarray
+    mean_square: np.ndarray
+
+
+class ScaleResult(NamedTuple):
+    h_pre: np.ndarray
+    h_post: Optional[np.ndarray]
+    logits: Optional[np.ndarray]
+
+
+class ScaleBackwardResult(NamedTuple):
+    dh: Optional[np.ndarray]
+    dmean_square: Optional[np.ndarray]
+
+
+class AggregateBackwardResult(NamedTuple):
+    dx: np.ndarray
+    dh_pre: np.ndarray
+
+
+@dataclasses.dataclass
+class Device:
+    name: str
+    backend: str
+    description: str
+
+
+@dataclasses.dataclass
+class ServerInfo:
+    version: str
+    backend: str
+    devices: List[Device]
+    presets: List[str]
+    dtypes: List[str]
+    layouts: List[str]
+    limits: Dict[str, int]
+    draining: bool
+
+    @property
+    def has_cuda(self) -> bool:
+        return any(d.name.startswith("cuda") for d in self.devices)
+
+
+class Gradients(Dict[str, np.ndarray]):
+    """Gradient arrays by parameter name, plus the tokens they sum over."""
+
+    tokens: int = 0
+
+
+@dataclasses.dataclass
+class BenchmarkResult:
+    """Round-trip latency of one operator as this client sees it."""
+
+    op: str
+    tokens: int
+    dtype: str
+    iterations: int
+    latencies_ms: List[float]
+    bytes_sent: int
+    bytes_received: int
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_ms)
+
+    @property
+    def p90_ms(self) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.latencies_ms)
+
+
+class Batch:
+    """An ordered list of operators for :meth:`Client.execute`.
+
+    ``add(id, kind, layer=..., x=array, h_res=Ref("pre1.h_res"))``: tensor
+    arguments are numpy arrays, region views, ``Ref`` names of earlier
+    outputs, or TensorRef messages; scalars (skip_dx, ...) go as keywords.
+    """
+
+    def __init__(self, dtype: tensors.DTypeLike = None) -> None:
+        self.dtype = dtype
+        self._ops: List[Tuple[str, str, Dict[str, Any]]] = []
+
+    def add(self, op_id: str, kind: str, **fields: Any) -> "Batch":
+        op_def(kind)
+        if kind.startswith("expand_combine"):
+            raise errors.InvalidArgument(
+                "Execute runs ExpandCombine as 'post' / 'post_backward'")
+        self._ops.append((op_id, kind, fields))
+        return self
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    @property
+    def ops(self) -> List[Tuple[str, str, Dict[str, Any]]]:
+        return list(self._ops)
+
+
+# ----------------------------------------------------------------- client
+
+
+class Client:
+    """A connection to one mhcd.
+
+    Args:
+        address: ``host:port`` or ``unix:/path/mhcd.sock``.
+        timeout: default deadline of each call, in seconds.
+        retries: attempts for calls that are safe to retry (see module doc).
+        max_message_bytes: gRPC message limit both ways (the daemon's default).
+        bf16: how bf16 outputs come back: ``"auto"`` (ml_dtypes.bfloat16 when
+            installed, else uint16 bit patterns), ``"uint16"``, ``"ml_dtypes"``.
+    """
+
+    def __init__(self, address: str, *, timeout: float = 60.0,
+                 retries: int = 3, max_message_bytes: int = 1 << 30,
+                 bf16: str = "auto") -> None:
+        self.address = address
+        self.target = normalize_address(address)
+        self.timeout = timeout
+        self.retries = max(1, retries)
+        self.bf16 = bf16
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        self._channel = grpc.insecure_channel(self.target, options=options)
+        self._stub = service_pb2_grpc.MhcStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._session: Optional[Any] = None  # shm.Session while open
+        self._closed = False
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def is_local(self) -> bool:
+        """True for unix-socket targets: the daemon is on this node."""
+        return self.target.startswith("unix:")
+
+    @property
+    def session(self) -> Optional[Any]:
+        """The open shared-memory session (:class:`mhc_client.shm.Session`)."""
+        return self._session
+
+    def close(self) -> None:
+        """Ends the session (releasing its regions) and the channel."""
+        if self._closed:
+            return
+        if self._session is not None:
+            self._session.close()
+        self._channel.close()
+        self._closed = True
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def wait_for_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel connects; raises Unavailable otherwise."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise errors.Unavailable(
+                f"could not connect to {self.target} within {timeout:g}s"
+            ) from None
+
+    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
+        if self._session is not None and self._session.id:
+            return [(SESSION_METADATA_KEY, self._session.id)]
+        return None
+
+    def _call(self, rpc: str, request: Any, *, timeout: Optional[float] = None,
+              retry: bool = False, stub: Any = None) -> Any:
+        method: Callable[..., Any] = getattr(stub or self._stub, rpc)
+        attempts = self.retries if retry else 1
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                return method(request,
+                              timeout=self.timeout if timeout is None else timeout,
+                              metadata=self._metadata())
+            except grpc.RpcError as error:
+                code = error.code() if hasattr(error, "code") else None
+                if code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
+                    time.sleep(delay)
+                    delay *= 4
+                    continue
+                raise errors.from_rpc_error(error, rpc) from None
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------- server
+
+    def health(self, service: str = "", timeout: Optional[float] = None) -> str:
+        """grpc.health.v1 status: "SERVING", "NOT_SERVING", ..."""
+        response = self._call("Check",
+                               health_pb2.HealthCheckRequest(service=service),
+                               timeout=timeout, retry=True, stub=self._health)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def server_info(self) -> ServerInfo:
+        r = self._call("GetServerInfo", service_pb2.GetServerInfoRequest(),
+                       retry=True)
+        limits = {f.name: getattr(r.limits, f.name)
+                  for f in r.limits.DESCRIPTOR.fields}
+        return ServerInfo(
+            version=r.version, backend=r.backend,
+            devices=[Device(d.name, d.backend, d.description) for d in r.devices],
+            presets=list(r.presets),
+            dtypes=[tensors.dtype_name(d) for d in r.dtypes if d],
+            layouts=[layer_pb2.Layout.Name(v)[len("LAYOUT_"):].lower()
+                     for v in r.layouts if v],
+            limits=limits, draining=r.draining)
+
+    def determinism_report(self) -> service_pb2.GetDeterminismReportResponse:
+        """The daemon's determinism audit (the proto message, as is)."""
+        return self._call("GetDeterminismReport",
+                          service_pb2.GetDeterminismReportRequest(), retry=True)
+
+    # ------------------------------------------------------------- layers
+
+    def create_layer(self, name: str, hidden: Optional[int] = None, *,
+                     n: Optional[int] = None, preset: str = "",
+                     spec: Optional[LayerSpec] = None,
+                     seed: Optional[int] = None,
+                     parameters: Optional[Mapping[str, Any]] = None,
+                     device: str = "", **overrides: Any) -> LayerInfo:
+        """Creates a layer from a preset plus overrides.
+
+        Either pass a full ``spec`` or ``hidden`` (C), ``n`` and any
+        :class:`LayerSpec` field as a keyword (``sinkhorn_iterations=10``).
+        Parameters come from ``seed`` (SPEC initialisation) or are given as
+        float32 arrays by name (phi, alpha, beta, gamma, bias).
+        """
+        if spec is None:
+            spec = LayerSpec(hidden=hidden or 0, n=n or 4)
+        else:
+            spec = dataclasses.replace(spec)
+            if hidden is not None:
+                spec.hidden = hidden
+            if n is not None:
+                spec.n = n
+        for key, value in overrides.items():
+            if not hasattr(spec, key):
+                raise errors.InvalidArgument(f"create_layer: unknown field '{key}'")
+            setattr(spec, key, value)
+        request = layer_pb2.CreateLayerRequest(name=name, preset=preset,
+                                               spec=spec.to_proto(),
+                                               device=device)
+        if parameters is not None and seed is not None:
+            raise errors.InvalidArgument("create_layer: give seed or parameters")
+        if parameters is not None:
+            request.parameters.CopyFrom(_parameters_proto(parameters))
+        elif seed is not None:
+            request.seed = seed
+        return LayerInfo.from_proto(self._call("CreateLayer", request))
+
+    def get_layer(self, name: str) -> LayerInfo:
+        return LayerInfo.from_proto(self._call(
+            "GetLayer", layer_pb2.GetLayerRequest(name=name), retry=True))
+
+    def list_layers(self) -> List[LayerInfo]:
+        response = self._call("ListLayers", layer_pb2.ListLayersRequest(),
+                              retry=True)
+        return [LayerInfo.from_proto(info) for info in response.layers]
+
+    def delete_layer(self, name: str) -> None:
+        self._call("DeleteLayer", layer_pb2.DeleteLayerRequest(name=name))
+
+    def get_parameters(self, layer: str,
+                       names: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+        """The layer's fp32 parameters by name (all of them by default)."""
+        response = self._call(
+            "GetParameters",
+            layer_pb2.GetParametersRequest(layer=layer, names=list(names)),
+            retry=True)
+        return {k: tensors.from_tensor_ref(v) for k, v in response.tensors.items()}
+
+    def set_parameters(self, layer: str,
+                       parameters: Mapping[str, Any]) -> LayerInfo:
+        """Replaces any subset of the parameters (all applied or none)."""
+        request = layer_pb2.SetParametersRequest(
+            layer=layer, parameters=_parameters_proto(parameters))
+        return LayerInfo.from_proto(self._call("SetParameters", request))
+
+    def get_gradients(self, layer: str, names: Sequence[str] = ()) -> Gradients:
+        """Accumulated parameter gradients; ``.tokens`` says over how many."""
+        response = self._call(
+            "GetGradients",
+            layer_pb2.GetGradientsRequest(layer=layer, names=list(names)),
+            retry=True)
+        out = Gradients({k: tensors.from_tensor_ref(v)
+                         for k, v in response.gradients.tensors.items()})
+        out.tokens = response.gradient_tokens
+        return out
+
+    def zero_gradients(self, layer: str) -> None:
+        self._call("ZeroGradients", layer_pb2.ZeroGradientsRequest(layer=layer))
+
+    def convert_layout(self, layer: str, layout: str) -> LayerInfo:
+        """Switches the layer to ``"stream_major"`` / ``"stream_minor"``."""
+        request = layer_pb2.ConvertLayoutRequest(
+            layer=layer, layout=enum_value("layout", layout))
+        return LayerInfo.from_proto(self._call("ConvertLayout", request))
+
+    # ------------------------------------------------------------ compute
+
+    def _tensor_ref(self, field: str, value: Any,
+                    act_dtype: tensors.DTypeLike) -> tensor_pb2.TensorRef:
+        if isinstance(value, tensor_pb2.TensorRef):
+            return value
+        if isinstance(value, Ref):
+            return value.to_proto()
+        dtype = act_dtype if field in ACTIVATION_FIELDS else tensors.F32
+        if self._session is not None and isinstance(value, np.ndarray):
+            ref = self._session.tensor_ref(value, dtype)
+            if ref is not None:
+                return ref
+        return tensors.to_tensor_ref(value, dtype)
+
+    def build_request(self, kind: str, layer: str,
+                      dtype: tensors.DTypeLike = None,
+                      out: Optional[Mapping[str, Any]] = None,
+                      **fields: Any) -> Any:
+        """The request message of op `kind` (see :meth:`compute`)."""
+        spec = op_def(kind)
+        request = spec.request(layer=layer)
+        act_dtype = dtype
+        if act_dtype is None:
+            for name in ("x", "f", "e", "dx", "dy", "dx_next"):
+                value = fields.get(name)
+                if isinstance(value, np.ndarray):
+                    act_dtype = tensors.encode(value)[0]
+                    break
+        for name, value in fields.items():
+            if value is None:
+                continue
+            if name in spec.tensor_inputs:
+                getattr(request, name).CopyFrom(
+                    self._tensor_ref(name, value, act_dtype))
+            elif name == "lead_shape":
+                request.lead_shape.extend(int(d) for d in value)
+            elif name in spec.request.DESCRIPTOR.fields_by_name:
+                setattr(request, name, value)
+            else:
+                raise errors.InvalidArgument(f"{kind}: unknown argument '{name}'")
+        for name, target in (out or {}).items():
+            if isinstance(target, tensor_pb2.SharedMemoryRef):
+                shm_ref = target
+            elif self._session is not None and isinstance(target, np.ndarray):
+                shm_ref = self._session.shm_ref(target)
+            else:
+                shm_ref = None
+            if shm_ref is None:
+                raise errors.InvalidArgument(
+                    f"{kind}: out['{name}'] must be a view of a registered "
+                    "shared-memory region (or a SharedMemoryRef)")
+            request.output_regions[name].CopyFrom(shm_ref)
+        return request
+
+    def decode(self, ref: tensor_pb2.TensorRef) -> np.ndarray:
+        """A response tensor: inline bytes, or a view of our own region."""
+        if ref.WhichOneof("data") == "shm":
+            if self._session is None:
+                raise errors.FailedPrecondition(
+                    "output in shared memory but no session is open")
+            return self._session.view_of(ref)
+        return tensors.from_tensor_ref(ref, self.bf16)
+
+    def compute(self, kind: str, layer: str, *, dtype: tensors.DTypeLike = None,
+                out: Optional[Mapping[str, Any]] = None,
+                timeout: Optional[float] = None,
+                **fields: Any) -> Dict[str, np.ndarray]:
+        """Runs one operator; returns its outputs by name.
+
+        Args:
+            kind: an op name (``pre``, ``post_backward``, ``sinkhorn``, ...).
+            dtype: activation dtype on the wire; by default the dtype of the
+                activation arrays (float32/float16, bfloat16 or uint16 bits).
+                Float arrays given with ``dtype="bf16"`` are rounded.
+            out: outputs to write in place into shared memory, by name.
+            fields: the request's tensors (numpy arrays, region views) and
+                flags (skip_dx, skip_parameter_gradients, lead_shape).
+        """
+        spec = op_def(kind)
+        request = self.build_request(kind, layer, dtype, out, **fields)
+        retry = not spec.mutates or bool(
+            getattr(request, "skip_parameter_gradients", False))
+        response = self._call(spec.rpc, request, timeout=timeout, retry=retry)
+        return {f.name: self.decode(value)
+                for f, value in response.ListFields()
+                if isinstance(value, tensor_pb2.TensorRef)}
+
+    # Typed wrappers of the fused layer ops -------------------------------
+
+    def pre(self, layer: str, x: Any, **kw: Any) -> PreResult:
+        r = self.compute("pre", layer, x=x, **kw)
+        return PreResult(r["y"], r["h_pre"], r["h_post"], r["h_res"])
+
+    def pre_backward(self, layer: str, x: Any, dy: Any, dh_post: Any,
+                     dh_res: Any, dx_next: Any = None,
+                     skip_parameter_gradients: bool = False,
+                     **kw: Any) -> np.ndarray:
+        return self.compute("pre_backward", layer, x=x, dy=dy, dh_post=dh_post,
+                            dh_res=dh_res, dx_next=dx_next,
+                            skip_parameter_gradients=skip_parameter_gradients,
+                            **kw)["dx"]
+
+    def post(self, layer: str, f: Any, x: Any, h_post: Any, h_res: Any,
+             **kw: Any) -> np.ndarray:
+        return self.compute("post", layer, f=f, x=x, h_post=h_post,
+                            h_res=h_res, **kw)["x_next"]
+
+    def post_backward(self, layer: str, dx_next: Any, f: Any, x: Any,
+                      h_post: Any, h_res: Any, skip_dx: bool = False,
+                      skip_parameter_gradients: bool = False,
+                      **kw: Any) -> PostBackwardResult:
+        r = self.compute("post_backward", layer, dx_next=dx_next, f=f, x=x,
+                         h_post=h_post, h_res=h_res, skip_dx=skip_dx,
+                         skip_parameter_gradients=skip_parameter_gradients,
+                         **kw)
+        return PostBackwardResult(r["df"], r.get("dx"), r["dh_post"],
+                                  r["dh_res"])
+
+    def expand(self, layer: str, e: Any, **kw: Any) -> np.ndarray:
+        return self.compute("expand", layer, e=e, **kw)["x"]
+
+    def expand_backward(self, layer: str, dx: Any, **kw: Any) -> np.ndarray:
+        return self.compute("expand_backward", layer, dx=dx, **kw)["de"]
+
+    def head(self, layer: str, x: Any, **kw: Any) -> HeadResult:
+        r = self.compute("head", layer, x=x, **kw)
+        return HeadResult(r["y"], r["mix"])
+
+    def head_backward(self, layer: str, x: Any, dy: Any,
+                      skip_parameter_gradients: bool = False,
+                      **kw: Any) -> np.ndarray:
+        return self.compute("head_backward", layer, x=x, dy=dy,
+                            skip_parameter_gradients=skip_parameter_gradients,
+                            **kw)["dx"]
+
+    # Typed wrappers of the single kernels --------------------------------
+
+    def projection(self, layer: str, x: Any, **kw: Any) -> ProjectionResult:
+        r = self.compute("projection", layer, x=x, **kw)
+        return ProjectionResult(r["h"], r["mean_square"])
+
+    def projection_backward(self, layer: str, x: Any, dh: Any,
+                            dmean_square: Any,
+                            skip_parameter_gradients: bool = False,
+                            **kw: Any) -> np.ndarray:
+        return self.compute("projection_backward", layer, x=x, dh=dh,
+                            dmean_square=dmean_square,
+                            skip_parameter_gradients=skip_parameter_gradients,
+                            **kw)["dx"]
+
+    def scale(self, layer: str, h: Any = None, mean_square: Any = None,
+              lead_shape: Optional[Sequence[int]] = None,
+              **kw: Any) -> ScaleResult:
+        r = self.compute("scale", layer, h=h, mean_square=mean_square,
+                         lead_shape=lead_shape, **kw)
+        return ScaleResult(r["h_pre"], r.get("h_post"), r.get("logits"))
+
+    def scale_backward(self, layer: str, dh_pre: Any, dh_post: Any = None,
+                       dlogits: Any = None, h: Any = None,
+                       mean_square: Any = None,
+                       skip_parameter_gradients: bool = False,
+                       **kw: Any) -> ScaleBackwardResult:
+        r = self.compute("scale_backward", layer, h=h, mean_square=mean_square,
+                         dh_pre=dh_pre, dh_post=dh_post, dlogits=dlogits,
+                         skip_parameter_gradients=skip_parameter_gradients,
+                         **kw)
+        return ScaleBackwardResult(r.get("dh"), r.get("dmean_square"))
+
+    def sinkhorn(self, layer: str, logits: Any, **kw: Any) -> np.ndarray:
+        return self.compute("sinkhorn", layer, logits=logits, **kw)["h_res"]
+
+    def sinkhorn_backward(self, layer: str, logits: Any, dh_res: Any,
+                          **kw: Any) -> np.ndarray:
+        return self.compute("sinkhorn_backward", layer, logits=logits,
+                            dh_res=dh_res, **kw)["dlogits"]
+
+    def aggregate(self, layer: str, x: Any, h_pre: Any, **kw: Any) -> np.ndarray:
+        return self.compute("aggregate", layer, x=x, h_pre=h_pre, **kw)["y"]
+
+    def aggregate_backward(self, layer: str, x: Any, h_pre: Any, dy: Any,
+                           **kw: Any) -> AggregateBackwardResult:
+        r = self.compute("aggregate_backward", layer, x=x, h_pre=h_pre, dy=dy,
+                         **kw)
+        return AggregateBackwardResult(r["dx"], r["dh_pre"])
+
+    def expand_combine(self, layer: str, f: Any, x: Any, h_post: Any,
+                       h_res: Any, **kw: Any) -> np.ndarray:
+        return self.compute("expand_combine", layer, f=f, x=x, h_post=h_post,
+                            h_res=h_res, **kw)["x_next"]
+
+    def expand_combine_backward(self, layer: str, dx_next: Any, f: Any, x: Any,
+                                h_post: Any, h_res: Any, **kw: Any
+                                ) -> PostBackwardResult:
+        r = self.compute("expand_combine_backward", layer, dx_next=dx_next,
+                         f=f, x=x, h_post=h_post, h_res=h_res, **kw)
+        return PostBackwardResult(r["df"], r.get("dx"), r["dh_post"],
+                                  r["dh_res"])
+
+    # ------------------------------------------------------------ batches
+
+    def _execute_request(self, batch: Batch,
+                         fetch: Sequence[str]) -> service_pb2.ExecuteRequest:
+        request = service_pb2.ExecuteRequest(fetch=list(fetch))
+        for op_id, kind, fields in batch.ops:
+            fields = dict(fields)
+            layer = fields.pop("layer", "")
+            out = fields.pop("out", None)
+            op = request.ops.add(id=op_id)
+            getattr(op, kind).CopyFrom(
+                self.build_request(kind, layer, batch.dtype, out, **fields))
+        return request
+
+    def execute(self, batch: Batch, fetch: Sequence[str] = (),
+                timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """Runs the batch's ops in order on one device, in one call.
+
+        Returns the fetched outputs (all outputs when `fetch` is empty) by
+        ``"<op id>.<output>"``. Never retried: a batch may add gradients.
+        """
+        response = self._call("Execute", self._execute_request(batch, fetch),
+                              timeout=timeout)
+        return {name: self.decode(ref) for name, ref in response.outputs.items()}
+
+    def execute_stream(self, batches: Iterable[Batch],
+                       fetch: Sequence[str] = (),
+                       timeout: Optional[float] = None
+                       ) -> List[Dict[str, np.ndarray]]:
+        """Sends every batch on one ExecuteStream; answers come in order."""
+        requests = [self._execute_request(b, fetch) for b in batches]
+        try:
+            responses = list(self._stub.ExecuteStream(
+                iter(requests),
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata()))
+        except grpc.RpcError as error:
+            raise errors.from_rpc_error(error, "ExecuteStream") from None
+        return [{name: self.decode(ref) for name, ref in r.outputs.items()}
+                for r in responses]
+
+    # ------------------------------------------------------- shared memory
+
+    def open_session(self) -> Any:
+        """Opens the shared-memory session (see :mod:`mhc_client.shm`)."""
+        from .shm import Session  # late: shm imports this module
+        if self._session is not None and not self._session.closed:
+            return self._session
+        self._session = Session(self)
+        return self._session
+
+    def _forget_session(self, session: Any) -> None:
+        if self._session is session:
+            self._session = None
+
+    def register_system_shared_memory(self, name: str, key: str, offset: int,
+                                      byte_size: int) -> None:
+        self._call("RegisterSystemSharedMemory",
+                   shm_pb2.RegisterSystemSharedMemoryRequest(
+                       name=name, key=key, offset=offset, byte_size=byte_size))
+
+    def register_cuda_shared_memory(self, name: str, raw_handle: bytes,
+                                    device_id: int, byte_size: int) -> None:
+        self._call("RegisterCudaSharedMemory",
+                   shm_pb2.RegisterCudaSharedMemoryRequest(
+                       name=name, raw_handle=raw_handle, device_id=device_id,
+                       byte_size=byte_size))
+
+    def unregister_shared_memory(self, name: str = "") -> List[str]:
+        """Unregisters one region, or all of the session's (name empty)."""
+        response = self._call("UnregisterSharedMemory",
+                              shm_pb2.UnregisterSharedMemoryRequest(name=name))
+        return list(response.unregistered)
+
+    def shared_memory_status(self, name: str = ""
+                             ) -> shm_pb2.SharedMemoryStatusResponse:
+        return self._call("SharedMemoryStatus",
+                          shm_pb2.SharedMemoryStatusRequest(name=name),
+                          retry=True)
+
+    # ---------------------------------------------------------- benchmark
+
+    def benchmark(self, layer: str, op: str = "pre", tokens: int = 128,
+                  dtype: str = "bf16", iterations: int = 20, warmup: int = 3,
+                  seed: int = 0) -> BenchmarkResult:
+        """Times `op` (pre, post, pre_backward, post_backward) round trips.
+
+        The daemon has no Benchmark RPC; this measures what a client sees
+        (serialisation, transport and kernel) on random data shaped for the
+        layer. Backward runs skip parameter gradients, so the layer's
+        accumulators are left untouched.
+        """
+        info = self.get_layer(layer)
+        n, c = info.spec.n, info.spec.hidden
+        rng = np.random.default_rng(seed)
+        x_shape = (tokens, n, c) if info.spec.layout != "stream_minor" else (tokens, c, n)
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        f = rng.standard_normal((tokens, c)).astype(np.float32)
+        h_post = rng.random((tokens, n)).astype(np.float32)
+        h_res = np.full((tokens, n, n), 1.0 / n, np.float32)
+        args: Dict[str, Any] = {
+            "pre": dict(x=x),
+            "post": dict(f=f, x=x, h_post=h_post, h_res=h_res),
+            "pre_backward": dict(x=x, dy=f, dh_post=h_post, dh_res=h_res,
+                                 skip_parameter_gradients=True),
+            "post_backward": dict(dx_next=x, f=f, x=x, h_post=h_post,
+                                  h_res=h_res, skip_parameter_gradients=True),
+        }.get(op)  # type: ignore[assignment]
+        if args is None:
+            raise errors.InvalidArgument(
+                "benchmark: op must be pre, post, pre_backward or post_backward")
+        request = self.build_request(op, layer, dtype, None, **args)
+        spec = OPS[op]
+        latencies: List[float] = []
+        received = 0
+        for i in range(warmup + iterations):
+            start = time.perf_counter()
+            response = self._call(spec.rpc, request)
+            elapsed = (time.perf_counter() - start) * 1e3
+            if i >= warmup:
+                latencies.append(elapsed)
+                received = response.ByteSize()
+        return BenchmarkResult(op=op, tokens=tokens, dtype=dtype,
+                               iterations=iterations, latencies_ms=latencies,
+                               bytes_sent=request.ByteSize(),
+                               bytes_received=received)
+
+
+def _parameters_proto(parameters: Mapping[str, Any]) -> tensor_pb2.Parameters:
+    proto = tensor_pb2.Parameters()
+    for name, value in parameters.items():
+        proto.tensors[name].CopyFrom(
+            tensors.to_tensor_ref(np.asarray(value, dtype=np.float32)))
+    return proto

@@ -1,0 +1,488 @@
+"""Zero-copy tensors for clients on the daemon's node (see shm.proto).
+
+A :class:`Session` is the OpenSession stream, held open by this client; its
+id goes out with every call of the client while it is open. Regions belong
+to the session: :meth:`Session.create_region` makes a POSIX shared-memory
+object, maps it here and registers it with the daemon; numpy views onto it
+(:meth:`Region.ndarray`) can be passed to any compute call as inputs or as
+``out=`` destinations, and the client sends them as region references
+instead of bytes.
+
+Cleanup: closing the session (or the client, or leaving its ``with``
+block) unregisters every region in the daemon, unmaps it here and unlinks
+the POSIX object; the same happens when the Session or Region is garbage
+collected, and the daemon drops a session's regions by itself when the
+stream ends (e.g. this process dies).
+
+CUDA tensors (torch) are shared with :func:`cuda_ipc_handle` /
+:meth:`Session.register_cuda_tensor`: the handle names the allocation that
+holds the tensor's storage, so the region covers the allocation up to the
+end of the storage and the tensor's offset inside it is carried by the
+TensorRef.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import queue
+import threading
+import weakref
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import grpc
+import numpy as np
+
+from . import errors, tensors
+from ._proto import shm_pb2, tensor_pb2
+
+try:  # CPython's own binding of shm_open/shm_unlink (multiprocessing uses it).
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+DEFAULT_KEY_PREFIX = "mhcd_"
+ALIGNMENT = 64
+_counter = itertools.count()
+
+
+def unique_key(prefix: str = DEFAULT_KEY_PREFIX, tag: str = "r") -> str:
+    """A POSIX shm name unique to this process: ``<prefix><pid>_<n>_<tag>``."""
+    return f"{prefix}{os.getpid()}_{next(_counter)}_{tag}"
+
+
+def _shm_open(key: str, create: bool, size: int = 0) -> Tuple[int, int]:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    if _posixshmem is not None:
+        fd = _posixshmem.shm_open("/" + key, flags, mode=0o600)
+    else:  # pragma: no cover
+        fd = os.open(os.path.join("/dev/shm", key), flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        return fd, os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _shm_unlink(key: str) -> None:
+    try:
+        if _posixshmem is not None:
+            _posixshmem.shm_unlink("/" + key)
+        else:  # pragma: no cover
+            os.unlink(os.path.join("/dev/shm", key))
+    except FileNotFoundError:
+        pass
+
+
+class SharedMemoryObject:
+    """A POSIX shared-memory object mapped read-write into this process.
+
+    ``create`` makes a new object (the key must not exist) and unlinks it on
+    :meth:`close`; ``open`` maps an existing one and never unlinks it.
+    """
+
+    def __init__(self, key: str, size: int = 0, create: bool = True) -> None:
+        if create and size < 1:
+            raise errors.InvalidArgument("shared memory: size must be >= 1")
+        self.key = key
+        self.owned = create
+        try:
+            fd, actual = _shm_open(key, create, size)
+        except FileExistsError:
+            raise errors.AlreadyExists(f"shared memory object exists: {key}") from None
+        except FileNotFoundError:
+            raise errors.NotFound(f"no shared memory object: {key}") from None
+        try:
+            self.size = actual
+            self._mmap = mmap.mmap(fd, actual)
+        finally:
+            os.close(fd)
+        self._base = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.address = int(self._base.ctypes.data)
+        self._finalizer = weakref.finalize(
+            self, SharedMemoryObject._release, self._mmap, key, create)
+
+    @staticmethod
+    def _release(mapping: mmap.mmap, key: str, unlink: bool) -> None:
+        if unlink:
+            _shm_unlink(key)
+        try:
+            mapping.close()
+        except BufferError:
+            # numpy views are still alive; the mapping goes with the last one.
+            pass
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The whole object as a uint8 array (a view)."""
+        return self._base
+
+    def close(self) -> None:
+        """Unlinks (if created here) and unmaps once no view is left."""
+        self._base = np.empty(0, np.uint8)
+        self._finalizer()
+
+
+class Region:
+    """A registered byte range of a shared-memory object, with numpy views.
+
+    A region made by :meth:`Session.create_region` also hands out aligned
+    slices with :meth:`alloc` (a bump allocator; :meth:`reset` starts over).
+    """
+
+    def __init__(self, session: "Session", name: str, obj: SharedMemoryObject,
+                 offset: int, byte_size: int) -> None:
+        self.session = session
+        self.name = name
+        self.object = obj
+        self.offset = offset
+        self.byte_size = byte_size
+        self.address = obj.address + offset
+        self._next = 0
+        self.closed = False
+
+    def ndarray(self, dtype: Any, shape: Sequence[int], offset: int = 0
+                ) -> np.ndarray:
+        """A numpy view of `shape` at byte `offset` of the region.
+
+        ``dtype`` is a numpy dtype, or "bf16" for uint16 bit patterns.
+        """
+        np_dtype = np.dtype(np.uint16) if dtype in ("bf16", "bfloat16") else np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        end = offset + count * np_dtype.itemsize
+        if offset < 0 or end > self.byte_size:
+            raise errors.InvalidArgument(
+                f"region '{self.name}': [{offset}, {end}) outside its "
+                f"{self.byte_size} bytes")
+        start = self.offset + offset
+        return np.frombuffer(self.object.buffer, dtype=np_dtype, count=count,
+                             offset=start).reshape(tuple(shape))
+
+    def alloc(self, dtype: Any, shape: Sequence[int]) -> np.ndarray:
+        """The next free ALIGNMENT-aligned view of `shape` in the region."""
+        np_dtype = np.dtype(np.uint16) if dtype in ("bf16", "bfloat16") else np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        view = self.ndarray(np_dtype, shape, self._next)
+        self._next += -(-max(count * np_dtype.itemsize, 1) // ALIGNMENT) * ALIGNMENT
+        return view
+
+    def put(self, array: Any, dtype: tensors.DTypeLike = None) -> np.ndarray:
+        """Copies `array` (converted to its wire dtype) into a new slice."""
+        _, wire = tensors.encode(array, dtype)
+        view = self.alloc(wire.dtype, wire.shape)
+        view[...] = wire
+        return view
+
+    def reset(self) -> None:
+        self._next = 0
+
+    def contains(self, address: int, nbytes: int) -> bool:
+        return self.address <= address and address + nbytes <= self.address + self.byte_size
+
+    def shm_ref(self, offset: int, nbytes: int) -> tensor_pb2.SharedMemoryRef:
+        return tensor_pb2.SharedMemoryRef(region=self.name, offset=offset,
+                                          byte_size=nbytes)
+
+    def close(self) -> None:
+        """Unregisters the region and releases its object. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.session._drop_region(self)
+
+
+class CudaRegion(NamedTuple):
+    """A registered CUDA allocation (see :func:`cuda_ipc_handle`)."""
+
+    name: str
+    device: int
+    base: int        # device address of the allocation's start
+    byte_size: int
+
+
+class CudaIpcHandle(NamedTuple):
+    """Where a CUDA tensor lives, as another process can open it."""
+
+    handle: bytes        # 64-byte cudaIpcMemHandle_t of the allocation
+    device: int          # CUDA ordinal
+    base: int            # device address of the allocation's start
+    offset: int          # byte offset of the tensor's first element in it
+    region_bytes: int    # allocation bytes up to the end of the storage
+
+
+def cuda_ipc_handle(tensor: Any) -> CudaIpcHandle:
+    """The IPC handle of a torch CUDA tensor's allocation and its offset.
+
+    torch's caching allocator carves storages out of larger allocations;
+    the handle names the allocation, so the storage's own offset in it and
+    the tensor's storage offset are added up here.
+    """
+    import torch
+
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_cuda):
+        raise errors.InvalidArgument("cuda_ipc_handle: expected a CUDA tensor")
+    storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
+               else tensor.storage()._untyped())
+    shared = storage._share_cuda_()
+    device, handle, storage_bytes, storage_offset = shared[:4]
+    handle = _raw_ipc_handle(bytes(handle))
+    offset = int(storage_offset) + tensor.storage_offset() * tensor.element_size()
+    base = storage.data_ptr() - int(storage_offset)
+    return CudaIpcHandle(handle=handle, device=int(device), base=base,
+                         offset=offset,
+                         region_bytes=int(storage_offset) + int(storage_bytes))
+
+
+def _raw_ipc_handle(handle: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t inside torch's shareable handle.
+
+    torch 1.x returns the raw handle; torch 2.x prefixes a format version
+    byte and a kind byte ("c" for a cudaMalloc block). Blocks of expandable
+    segments ("e") have no cudaIpcMemHandle_t.
+    """
+    if len(handle) == 64:
+        return handle
+    kind_at = len(handle) - 65
+    if kind_at >= 0 and handle[kind_at:kind_at + 1] == b"c":
+        return handle[kind_at + 1:]
+    raise errors.FailedPrecondition(
+        "CUDA IPC: this allocation has no cudaIpcMemHandle_t (expandable "
+        "segments?); run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
+        "or use transport='inline'")
+
+
+class Session:
+    """An open shared-memory session of a :class:`~mhc_client.Client`.
+
+    Opening it starts the OpenSession stream and waits for the daemon's
+    first event (the session id and quotas). Use as a context manager or
+    call :meth:`close`; the client closes it too.
+    """
+
+    def __init__(self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX,
+                 timeout: Optional[float] = None) -> None:
+        self._client = client
+        self.key_prefix = key_prefix
+        self.closed = False
+        self._regions: Dict[str, Region] = {}
+        self._cuda: Dict[Tuple[int, bytes], CudaRegion] = {}
+        self._lock = threading.Lock()
+        self._stop: "queue.Queue[None]" = queue.Queue()
+        self._stream = client._stub.OpenSession(self._requests())
+        try:
+            first = next(self._stream)
+        except grpc.RpcError as error:
+            self._stop.put(None)
+            raise errors.from_rpc_error(error, "OpenSession") from None
+        except StopIteration:
+            raise errors.Unavailable("OpenSession: the stream ended at once") from None
+        self.id: str = first.session_id
+        self.max_regions: int = first.max_regions
+        self.max_bytes: int = first.max_bytes
+        self._finalizer = weakref.finalize(self, Session._end_stream,
+                                           self._stop, self._stream)
+
+    def _requests(self) -> Any:
+        # Nothing is sent; the stream is half-closed when close() says so.
+        self._stop.get()
+        return
+        yield  # pragma: no cover - makes this a generator
+
+    @staticmethod
+    def _end_stream(stop: "queue.Queue[None]", stream: Any) -> None:
+        stop.put(None)
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ regions
+
+    def create_region(self, name: str, byte_size: int,
+                      key: Optional[str] = None) -> Region:
+        """Creates a POSIX object of `byte_size` bytes and registers it."""
+        self._check_open()
+        obj = SharedMemoryObject(key or unique_key(self.key_prefix, name),
+                                 byte_size, create=True)
+        try:
+            self._client.register_system_shared_memory(name, obj.key, 0, byte_size)
+        except BaseException:
+            obj.close()
+            raise
+        region = Region(self, name, obj, 0, byte_size)
+        with self._lock:
+            self._regions[name] = region
+        return region
+
+    def register_object(self, name: str, obj: SharedMemoryObject,
+                        offset: int = 0, byte_size: Optional[int] = None
+                        ) -> Region:
+        """Registers part of an existing object (its owner keeps it)."""
+        self._check_open()
+        size = obj.size - offset if byte_size is None else byte_size
+        self._client.register_system_shared_memory(name, obj.key, offset, size)
+        region = Region(self, name, obj, offset, size)
+        region._owns_object = False  # type: ignore[attr-defined]
+        with self._lock:
+            self._regions[name] = region
+        return region
+
+    def region(self, name: str) -> Region:
+        return self._regions[name]
+
+    @property
+    def regions(self) -> List[Region]:
+        return list(self._regions.values())
+
+    def status(self) -> shm_pb2.SharedMemoryStatusResponse:
+        return self._client.shared_memory_status()
+
+    def _drop_region(self, region: Region) -> None:
+        with self._lock:
+            self._regions.pop(region.name, None)
+        try:
+            if not self.closed:
+                self._client.unregister_shared_memory(region.name)
+        finally:
+            if getattr(region, "_owns_object", True):
+                region.object.close()
+
+    # --------------------------------------------------- tensor references
+
+    def _find(self, address: int, nbytes: int) -> Optional[Tuple[Region, int]]:
+        for region in self._regions.values():
+            if region.contains(address, nbytes):
+                return region, address - region.address
+        return None
+
+    def shm_ref(self, array: np.ndarray) -> Optional[tensor_pb2.SharedMemoryRef]:
+        """The region reference of a contiguous view of one of our regions."""
+        if not array.flags.c_contiguous:
+            return None
+        found = self._find(int(array.ctypes.data), array.nbytes)
+        if found is None:
+            return None
+        region, offset = found
+        return region.shm_ref(offset, array.nbytes)
+
+    def tensor_ref(self, array: np.ndarray, dtype: tensors.DTypeLike
+                   ) -> Optional[tensor_pb2.TensorRef]:
+        """A TensorRef naming `array`'s bytes in place, or None.
+
+        Only when the array already has the wire dtype (no conversion is
+        possible in place) and lies inside a registered region.
+        """
+        code = tensors.dtype_code(dtype) if dtype is not None else None
+        wire_code, _ = tensors.encode(array[:0] if array.ndim else array, None)
+        if code is not None and code != wire_code:
+            return None
+        ref = self.shm_ref(array)
+        if ref is None:
+            return None
+        return tensor_pb2.TensorRef(dtype=wire_code, shape=list(array.shape),
+                                    shm=ref)
+
+    def view_of(self, ref: tensor_pb2.TensorRef) -> np.ndarray:
+        """The numpy view of an output the daemon wrote into our region."""
+        region = self._regions.get(ref.shm.region)
+        if region is None:
+            raise errors.NotFound(f"output in unknown region '{ref.shm.region}'")
+        np_dtype = {tensors.F32: np.float32, tensors.F16: np.float16,
+                    tensors.BF16: np.uint16}[ref.dtype]
+        view = region.ndarray(np_dtype, list(ref.shape), ref.shm.offset)
+        if ref.dtype == tensors.BF16 and tensors.BFLOAT16 is not None \
+                and self._client.bf16 != "uint16":
+            view = view.view(tensors.BFLOAT16)
+        return view
+
+    # --------------------------------------------------------------- CUDA
+
+    def register_cuda_tensor(self, tensor: Any) -> Tuple[CudaRegion, int]:
+        """Registers (once per allocation) the memory holding `tensor`.
+
+        Returns the region and the tensor's byte offset in it. Allocations
+        are cached by handle: torch's caching allocator reuses them, so a
+        training loop registers each allocation once. A cached region that
+        is too short for a grown storage is registered again under a new
+        name.
+        """
+        self._check_open()
+        ipc = cuda_ipc_handle(tensor)
+        key = (ipc.device, ipc.handle)
+        cached = self._cuda.get(key)
+        if cached is not None and cached.base == ipc.base and \
+                ipc.region_bytes <= cached.byte_size:
+            return cached, ipc.offset
+        name = f"cuda{ipc.device}_{next(_counter)}"
+        self._client.register_cuda_shared_memory(name, ipc.handle, ipc.device,
+                                                 ipc.region_bytes)
+        region = CudaRegion(name, ipc.device, ipc.base, ipc.region_bytes)
+        if cached is not None:
+            self._client.unregister_shared_memory(cached.name)
+        self._cuda[key] = region
+        return region, ipc.offset
+
+    def cuda_tensor_ref(self, tensor: Any) -> tensor_pb2.TensorRef:
+        """A TensorRef naming a contiguous torch CUDA tensor in place."""
+        if not tensor.is_contiguous():
+            raise errors.InvalidArgument("cuda_tensor_ref: tensor not contiguous")
+        region, offset = self.register_cuda_tensor(tensor)
+        code = _torch_dtype_code(tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        return tensor_pb2.TensorRef(
+            dtype=code, shape=list(tensor.shape),
+            shm=tensor_pb2.SharedMemoryRef(region=region.name, offset=offset,
+                                           byte_size=nbytes))
+
+    def cuda_output_ref(self, tensor: Any) -> tensor_pb2.SharedMemoryRef:
+        """An ``out=`` destination for a contiguous torch CUDA tensor."""
+        ref = self.cuda_tensor_ref(tensor)
+        return ref.shm
+
+    def forget_cuda(self) -> None:
+        """Unregisters every CUDA allocation (e.g. after empty_cache())."""
+        for region in list(self._cuda.values()):
+            if not self.closed:
+                self._client.unregister_shared_memory(region.name)
+        self._cuda.clear()
+
+    # -------------------------------------------------------------- close
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise errors.FailedPrecondition("the shared-memory session is closed")
+
+    def close(self) -> None:
+        """Ends the session: the daemon unregisters its regions; objects
+        created here are unmapped and unlinked. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._finalizer()  # half-closes the stream and drains it
+        for region in list(self._regions.values()):
+            region.closed = True
+            if getattr(region, "_owns_object", True):
+                region.object.close()
+        self._regions.clear()
+        self._cuda.clear()
+        self._client._forget_session(self)
+
+
+def _torch_dtype_code(tensor: Any) -> int:
+    import torch
+
+    codes = {torch.float32: tensors.F32, torch.float16: tensors.F16,
+             torch.bfloat16: tensors.BF16}
+    if tensor.dtype not in codes:
+        raise errors.InvalidArgument(f"unsupported tensor dtype {tensor.dtype}")
+    return codes[tensor.dtype]
