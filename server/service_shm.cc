@@ -85,10 +85,12 @@ grpc::Status MhcService::RegisterSystemSharedMemory(
 grpc::Status MhcService::RegisterCudaSharedMemory(
     grpc::ServerContext* context,
     const v1::RegisterCudaSharedMemoryRequest* request,
-    v1::RegisterCudaSharedMemoryResponse*) {
+    v1::RegisterCudaSharedMemoryResponse* response) {
   return Handle("RegisterCudaSharedMemory", true, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_RETURN_IF_ERROR(shm_->RegisterCuda(SessionId(*context), *request));
+    MHC_ASSIGN_OR_RETURN(uint64_t bytes,
+                         shm_->RegisterCuda(SessionId(*context), *request));
+    response->set_byte_size(bytes);
     PublishSharedMemory();
     return absl::OkStatus();
   });

@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "mhc/status.h"
 
 namespace mhc::server {
 namespace {
@@ -40,17 +43,63 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     return count;
   }
 
-  absl::StatusOr<void*> Open(absl::string_view handle, int device,
-                             uint64_t byte_size) override {
+  absl::StatusOr<Opened> Open(absl::string_view handle, int device,
+                              uint64_t byte_size) override {
     cudaIpcMemHandle_t ipc;
     static_assert(sizeof(ipc) == 64, "cudaIpcMemHandle_t is 64 bytes");
     if (handle.size() != sizeof(ipc)) {
       return absl::InvalidArgumentError("raw_handle: expected 64 bytes");
     }
     std::memcpy(&ipc, handle.data(), sizeof(ipc));
-    // The current device is per thread and gRPC threads are shared: set it
-    // for this call and restore it, under one lock so opens do not mix.
     absl::MutexLock lock(&mu_);
+    // One process may open a handle only once, but a client registers the
+    // same allocation again (a longer range, another tensor in it): share
+    // the mapping and count its regions.
+    const std::string key = absl::StrCat(device, ":", handle);
+    auto it = open_.find(key);
+    if (it == open_.end()) {
+      MHC_ASSIGN_OR_RETURN(Mapping mapping, OpenLocked(ipc, device));
+      it = open_.emplace(key, mapping).first;
+    }
+    Mapping& mapping = it->second;
+    if (byte_size > mapping.available || mapping.available == 0) {
+      if (mapping.regions == 0) {
+        CloseLocked(device, mapping.ptr);
+        open_.erase(it);
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("byte_size: ", byte_size,
+                       " exceeds the allocation behind the handle (",
+                       mapping.available, " bytes)"));
+    }
+    ++mapping.regions;
+    return Opened{mapping.ptr, byte_size == 0 ? mapping.available : byte_size};
+  }
+
+  void Close(int device, void* ptr) override {
+    absl::MutexLock lock(&mu_);
+    for (auto it = open_.begin(); it != open_.end(); ++it) {
+      if (it->second.ptr != ptr || it->second.device != device) continue;
+      if (--it->second.regions == 0) {
+        CloseLocked(device, ptr);
+        open_.erase(it);
+      }
+      return;
+    }
+  }
+
+ private:
+  struct Mapping {
+    void* ptr = nullptr;
+    int device = 0;
+    uint64_t available = 0;  // bytes from ptr to the allocation's end
+    int regions = 0;
+  };
+
+  // The current device is per thread and gRPC threads are shared: set for
+  // the call and restored, under mu_ so opens do not mix.
+  absl::StatusOr<Mapping> OpenLocked(const cudaIpcMemHandle_t& ipc, int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int previous = 0;
     cudaGetDevice(&previous);
     if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
@@ -58,9 +107,10 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
           absl::StrCat("device_id: cannot use CUDA device ", device, ": ",
                        cudaGetErrorString(e)));
     }
-    void* ptr = nullptr;
+    Mapping mapping;
+    mapping.device = device;
     cudaError_t e =
-        cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess);
+        cudaIpcOpenMemHandle(&mapping.ptr, ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it for later calls
       cudaSetDevice(previous);
@@ -71,28 +121,16 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     CUdeviceptr base = 0;
     size_t size = 0;
     const PFN_cuMemGetAddressRange_v3020 address_range = AddressRangeFunction();
-    const CUresult r =
-        address_range == nullptr
-            ? CUDA_ERROR_NOT_SUPPORTED
-            : address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
-    const uint64_t available =
-        r == CUDA_SUCCESS ? size - (reinterpret_cast<CUdeviceptr>(ptr) - base)
-                          : 0;
-    if (r != CUDA_SUCCESS || byte_size > available) {
-      cudaIpcCloseMemHandle(ptr);
-      cudaSetDevice(previous);
-      return absl::InvalidArgumentError(
-          absl::StrCat("byte_size: ", byte_size,
-                       " exceeds the allocation behind the "
-                       "handle (",
-                       available, " bytes)"));
+    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(mapping.ptr);
+    if (address_range != nullptr &&
+        address_range(&base, &size, at) == CUDA_SUCCESS) {
+      mapping.available = size - (at - base);
     }
     cudaSetDevice(previous);
-    return ptr;
+    return mapping;
   }
 
-  void Close(int device, void* ptr) override {
-    absl::MutexLock lock(&mu_);
+  void CloseLocked(int device, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device);
@@ -100,8 +138,8 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     cudaSetDevice(previous);
   }
 
- private:
   absl::Mutex mu_;
+  std::map<std::string, Mapping> open_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

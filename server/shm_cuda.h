@@ -11,7 +11,8 @@ namespace mhc::server {
 
 // Opens handles with cudaIpcOpenMemHandle on the requested device, checks
 // the requested size against the allocation (cuMemGetAddressRange) and
-// closes them with cudaIpcCloseMemHandle.
+// closes them with cudaIpcCloseMemHandle. Regions over the same handle share
+// one mapping, closed with the last of them.
 std::unique_ptr<DeviceMemoryOpener> MakeCudaIpcOpener();
 
 }  // namespace mhc::server

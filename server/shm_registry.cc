@@ -313,7 +313,7 @@ absl::Status ShmRegistry::RegisterSystem(
   return Add(session_id, std::move(region));
 }
 
-absl::Status ShmRegistry::RegisterCuda(
+absl::StatusOr<uint64_t> ShmRegistry::RegisterCuda(
     const std::string& session_id,
     const v1::RegisterCudaSharedMemoryRequest& r) {
   MHC_RETURN_IF_ERROR(CheckName(r.name()));
@@ -322,7 +322,7 @@ absl::Status ShmRegistry::RegisterCuda(
         "raw_handle: expected exactly ", kCudaHandleBytes,
         " bytes (a cudaIpcMemHandle_t), got ", r.raw_handle().size()));
   }
-  MHC_RETURN_IF_ERROR(CheckRange(0, r.byte_size()));
+  if (r.byte_size() != 0) MHC_RETURN_IF_ERROR(CheckRange(0, r.byte_size()));
   if (r.device_id() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("device_id: expected >= 0, got ", r.device_id()));
@@ -342,15 +342,18 @@ absl::Status ShmRegistry::RegisterCuda(
     MHC_RETURN_IF_ERROR(CheckNewRegion(session_id, r.name(), r.byte_size()));
   }
   MHC_ASSIGN_OR_RETURN(
-      void* ptr, cuda_->Open(r.raw_handle(), r.device_id(), r.byte_size()));
+      DeviceMemoryOpener::Opened opened,
+      cuda_->Open(r.raw_handle(), r.device_id(), r.byte_size()));
   std::shared_ptr<Region> region(new Region());
   region->opener_ = cuda_.get();
-  region->data_ = static_cast<char*>(ptr);
+  region->data_ = static_cast<char*>(opened.ptr);
   region->device_id_ = r.device_id();
   region->name_ = r.name();
   region->kind_ = v1::SHARED_MEMORY_KIND_CUDA;
-  region->byte_size_ = r.byte_size();
-  return Add(session_id, std::move(region));
+  region->byte_size_ = opened.byte_size;
+  // The quota is checked again with the size actually opened.
+  MHC_RETURN_IF_ERROR(Add(session_id, std::move(region)));
+  return opened.byte_size;
 }
 
 absl::StatusOr<std::vector<std::string>> ShmRegistry::Unregister(

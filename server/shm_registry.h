@@ -47,10 +47,14 @@ class DeviceMemoryOpener {
  public:
   virtual ~DeviceMemoryOpener() = default;
   virtual int DeviceCount() const = 0;
+  struct Opened {
+    void* ptr = nullptr;
+    uint64_t byte_size = 0;  // as requested, or the whole allocation for 0
+  };
   // Opens a 64-byte cudaIpcMemHandle_t on `device`; fails unless the
-  // allocation holds at least `byte_size` bytes.
-  virtual absl::StatusOr<void*> Open(absl::string_view handle, int device,
-                                     uint64_t byte_size) = 0;
+  // allocation holds at least `byte_size` bytes (0: all of it).
+  virtual absl::StatusOr<Opened> Open(absl::string_view handle, int device,
+                                      uint64_t byte_size) = 0;
   virtual void Close(int device, void* ptr) = 0;
 };
 
@@ -158,8 +162,10 @@ class ShmRegistry {
 
   absl::Status RegisterSystem(const std::string& session_id,
                               const v1::RegisterSystemSharedMemoryRequest& r);
-  absl::Status RegisterCuda(const std::string& session_id,
-                            const v1::RegisterCudaSharedMemoryRequest& r);
+  // Returns the bytes registered (the whole allocation for byte_size 0).
+  absl::StatusOr<uint64_t> RegisterCuda(
+      const std::string& session_id,
+      const v1::RegisterCudaSharedMemoryRequest& r);
   // One region, or all of the session's when `name` is empty.
   absl::StatusOr<std::vector<std::string>> Unregister(
       const std::string& session_id, const std::string& name);

@@ -49,6 +49,9 @@ void RunShape(cuda::CudaBackend& be, int64_t M, int64_t C, bool all,
     owned.push_back(p);
     return p;
   };
+  auto alloc_f = [&](int64_t count) {
+    return static_cast<float*>(alloc(count * 4));
+  };
   auto upload = [&](const std::vector<float>& v) {
     void* p = alloc(v.size() * 4);
     (void)be.CopyToDevice(p, v.data(), v.size() * 4);
@@ -189,6 +192,33 @@ void RunShape(cuda::CudaBackend& be, int64_t M, int64_t C, bool all,
   sb.dlogits = dlogits;
   time("sinkhorn_backward", M * 12.0 * n * n,
        [&] { return be.SinkhornBackward(sb, Workspace{}); });
+  {
+    // Scale backward with its dalpha / dbeta token reduction.
+    float* dh_pre = upload(testing::RandomFloats(M * n, 15));
+    float* dh_post = upload(testing::RandomFloats(M * n, 16));
+    float* dh = alloc_f(M * N);
+    float* dms = alloc_f(M);
+    float* galpha = upload(std::vector<float>(3, 0.0f));
+    float* gbeta = upload(std::vector<float>(N, 0.0f));
+    const size_t sbytes =
+        be.WorkspaceBytes(OpKind::kScaleBackward, spec, M, DType::kF32);
+    ScaleBackwardParams q;
+    q.spec = &spec;
+    q.tokens = M;
+    q.h = h;
+    q.mean_square = ms;
+    q.weights = pf.weights;
+    q.dh_pre = dh_pre;
+    q.dh_post = dh_post;
+    q.dlogits = dlogits;
+    q.dh = dh;
+    q.dmean_square = dms;
+    q.grads.alpha = galpha;
+    q.grads.beta = gbeta;
+    Workspace sws{alloc(sbytes), sbytes};
+    time("scale_backward", M * 4.0 * (2.0 * N + 1 + 3 * n + n * n + 1),
+         [&] { return be.ScaleBackward(q, sws); });
+  }
 
   // Backward of the memory-bound ops and the fused pre.
   void* dx = alloc(M * K * 2);

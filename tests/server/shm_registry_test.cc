@@ -177,17 +177,21 @@ int CudaChild(const std::string& hex_handle, size_t bytes) {
   auto opener = MakeCudaIpcOpener();
   const std::string handle = absl::HexStringToBytes(hex_handle);
   if (opener->Open(handle, 0, bytes + (size_t{1} << 30)).ok()) return 3;
-  auto ptr = opener->Open(handle, 0, bytes);
-  if (!ptr.ok()) return 4;
+  auto whole = opener->Open(handle, 0, 0);  // the whole allocation, shared
+  if (!whole.ok() || whole->byte_size < bytes) return 8;
+  auto opened = opener->Open(handle, 0, bytes);
+  if (!opened.ok() || opened->ptr != whole->ptr) return 4;
+  void* const ptr = opened->ptr;
   std::string host(bytes, '\0');
-  if (cudaMemcpy(host.data(), *ptr, bytes, cudaMemcpyDeviceToHost) !=
+  if (cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost) !=
       cudaSuccess) {
     return 5;
   }
   if (host != std::string(bytes, '\x11')) return 6;
-  if (cudaMemset(*ptr, 0x22, bytes) != cudaSuccess) return 7;
+  if (cudaMemset(ptr, 0x22, bytes) != cudaSuccess) return 7;
   cudaDeviceSynchronize();
-  opener->Close(0, *ptr);
+  opener->Close(0, ptr);
+  opener->Close(0, ptr);
   return 0;
 }
 

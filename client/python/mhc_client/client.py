@@ -640,11 +640,14 @@ class Client:
                        name=name, key=key, offset=offset, byte_size=byte_size))
 
     def register_cuda_shared_memory(self, name: str, raw_handle: bytes,
-                                    device_id: int, byte_size: int) -> None:
-        self._call("RegisterCudaSharedMemory",
-                   shm_pb2.RegisterCudaSharedMemoryRequest(
-                       name=name, raw_handle=raw_handle, device_id=device_id,
-                       byte_size=byte_size))
+                                    device_id: int, byte_size: int = 0) -> int:
+        """Registers a CUDA allocation; byte_size 0 means all of it. Returns
+        the bytes registered."""
+        response = self._call("RegisterCudaSharedMemory",
+                              shm_pb2.RegisterCudaSharedMemoryRequest(
+                                  name=name, raw_handle=raw_handle,
+                                  device_id=device_id, byte_size=byte_size))
+        return int(response.byte_size)
 
     def unregister_shared_memory(self, name: str = "") -> List[str]:
         """Unregisters one region, or all of the session's (name empty)."""

@@ -29,7 +29,8 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
 import numpy as np
@@ -269,6 +270,8 @@ class Session:
         self.closed = False
         self._regions: Dict[str, Region] = {}
         self._cuda: Dict[Tuple[int, bytes], CudaRegion] = {}
+        # Superseded CUDA regions, still registered (see register_cuda_tensor).
+        self._cuda_retired: List[CudaRegion] = []
         self._lock = threading.Lock()
         self._stop: "queue.Queue[None]" = queue.Queue()
         self._stream = client._stub.OpenSession(self._requests())
@@ -392,8 +395,16 @@ class Session:
         return tensor_pb2.TensorRef(dtype=wire_code, shape=list(array.shape),
                                     shm=ref)
 
-    def view_of(self, ref: tensor_pb2.TensorRef) -> np.ndarray:
-        """The numpy view of an output the daemon wrote into our region."""
+    def view_of(self, ref: tensor_pb2.TensorRef
+                ) -> Union[np.ndarray, tensor_pb2.TensorRef]:
+        """The numpy view of an output the daemon wrote into our region.
+
+        An output in a CUDA region has no host view: the daemon wrote into
+        the caller's device tensor, and its TensorRef comes back as is.
+        """
+        if any(ref.shm.region == r.name
+               for r in [*self._cuda.values(), *self._cuda_retired]):
+            return ref
         region = self._regions.get(ref.shm.region)
         if region is None:
             raise errors.NotFound(f"output in unknown region '{ref.shm.region}'")
@@ -410,11 +421,14 @@ class Session:
     def register_cuda_tensor(self, tensor: Any) -> Tuple[CudaRegion, int]:
         """Registers (once per allocation) the memory holding `tensor`.
 
-        Returns the region and the tensor's byte offset in it. Allocations
-        are cached by handle: torch's caching allocator reuses them, so a
-        training loop registers each allocation once. A cached region that
-        is too short for a grown storage is registered again under a new
-        name.
+        Returns the region and the tensor's byte offset in it. Each
+        allocation is registered once, whole (the daemon sizes it), and
+        cached by handle: torch's caching allocator reuses allocations, so a
+        training loop registers each of them once. When the allocator hands
+        out a new allocation under a handle seen before, it is registered
+        anew and the old region stays registered until forget_cuda() or the
+        session's end, because refs built earlier in the same request may
+        still name it.
         """
         self._check_open()
         ipc = cuda_ipc_handle(tensor)
@@ -424,11 +438,11 @@ class Session:
                 ipc.region_bytes <= cached.byte_size:
             return cached, ipc.offset
         name = f"cuda{ipc.device}_{next(_counter)}"
-        self._client.register_cuda_shared_memory(name, ipc.handle, ipc.device,
-                                                 ipc.region_bytes)
-        region = CudaRegion(name, ipc.device, ipc.base, ipc.region_bytes)
+        registered = self._client.register_cuda_shared_memory(
+            name, ipc.handle, ipc.device, 0)
+        region = CudaRegion(name, ipc.device, ipc.base, registered)
         if cached is not None:
-            self._client.unregister_shared_memory(cached.name)
+            self._cuda_retired.append(cached)
         self._cuda[key] = region
         return region, ipc.offset
 
@@ -451,10 +465,11 @@ class Session:
 
     def forget_cuda(self) -> None:
         """Unregisters every CUDA allocation (e.g. after empty_cache())."""
-        for region in list(self._cuda.values()):
+        for region in [*self._cuda.values(), *self._cuda_retired]:
             if not self.closed:
                 self._client.unregister_shared_memory(region.name)
         self._cuda.clear()
+        self._cuda_retired.clear()
 
     # -------------------------------------------------------------- close
 

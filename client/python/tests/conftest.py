@@ -1,4 +1,5 @@
-"""Fixtures: one CPU mhcd per test session, on a private unix socket.
+"""Fixtures: one mhcd per test session, on a private unix socket (backend
+from MHCD_BACKEND, default cpu).
 
 The daemon binary comes from MHCD_BINARY (set by ctest); the generated
 modules must be importable (PYTHONPATH, see README "Python client").
@@ -35,7 +36,7 @@ class Daemon:
         self.address = f"unix:{self.dir}/mhcd.sock"
         self.proc = subprocess.Popen(
             [binary, f"--listen={self.address}", "--metrics_listen=",
-             "--backend=cpu", *extra],
+             f"--backend={os.environ.get('MHCD_BACKEND', 'cpu')}", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: List[str] = []
         ready = threading.Event()

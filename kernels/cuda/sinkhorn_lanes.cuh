@@ -1,0 +1,208 @@
+// LINEAR Sinkhorn-Knopp and its exact reverse mode with L lanes per token:
+// lane l of a token owns rows l*R .. l*R+R-1 (R = N / L) of the N x N matrix
+// in registers. Row sums stay inside the lane; column sums add the lane's R
+// rows in order and then combine the L lanes with an xor butterfly, which
+// gives every lane the same bits (fp32 addition is commutative) in a fixed
+// order. Determinism / batch invariance: shuffles never leave the token's L
+// lanes, so a token's bits do not depend on its neighbours in the warp, on M
+// or on the launch shape.
+//
+// Reverse mode without per-token global memory: the forward keeps only the
+// denominators (sum + eps) of every step in the block's shared memory (a
+// column step's N column denominators spread over the L lanes, N / L each),
+// so the iteration loops stay rolled and the code small. The backward runs
+// the steps in reverse from the final matrix: step k's input is rebuilt as
+// output * denominator, its gradient is (g - sum(g * y)) / denominator. The
+// rebuilt states differ from the forward ones by a few fp32 ulps per step,
+// far inside the 1e-4 backward bound; the softmax at the start is recomputed
+// from the logits exactly.
+#ifndef MHC_KERNELS_CUDA_SINKHORN_LANES_CUH_
+#define MHC_KERNELS_CUDA_SINKHORN_LANES_CUH_
+
+#include "common.cuh"
+#include "mix.cuh"
+
+namespace mhc::cuda {
+
+// Iterations whose denominators the lane kernels keep; longer runs take the
+// one-thread-per-token path.
+inline constexpr int kLaneMaxIterations = 20;
+
+template <int N, int L>
+struct SinkhornLanes {
+  static_assert(N % L == 0 && 32 % L == 0, "lanes must tile the matrix");
+  static constexpr int kRows = N / L;  // rows per lane
+  static constexpr int kCols = N / L;  // column denominators kept per lane
+  static constexpr int kSlots = kCols + kRows;  // kept floats per step
+  using Block = float[kRows][N];
+
+  // Per-lane slots of the kept denominators: slot k of step t of the thread
+  // tid lives at ((t * kSlots + k) * threads + tid), conflict free.
+  struct Keep {
+    float* base;
+    int threads, tid, lane;
+    __device__ __forceinline__ float& at(int t, int k) const {
+      return base[(t * kSlots + k) * threads + tid];
+    }
+    // Slot k of lane q of the same token (same warp).
+    __device__ __forceinline__ float peer(int t, int k, int q) const {
+      return base[(t * kSlots + k) * threads + tid - lane + q];
+    }
+  };
+
+  // Sum over the token's L lanes (identical bits on all of them).
+  static __device__ __forceinline__ float LaneSum(float v) {
+#pragma unroll
+    for (int off = 1; off < L; off <<= 1) {
+      v += __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    return v;
+  }
+
+  // Row softmax (NaN never wins the max, so it poisons its row).
+  static __device__ __forceinline__ void Softmax(const Block& a, Block& p) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float best = a[r][0];
+#pragma unroll
+      for (int j = 1; j < N; ++j) {
+        if (a[r][j] > best) best = a[r][j];
+      }
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        p[r][j] = expf(a[r][j] - best);
+        sum += p[r][j];
+      }
+      const float inv = Reciprocal(sum);
+#pragma unroll
+      for (int j = 0; j < N; ++j) p[r][j] *= inv;
+    }
+  }
+
+  static __device__ __forceinline__ void ColumnDenominators(const Block& p,
+                                                            float eps,
+                                                            float (&d)[N]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float sum = p[0][j];
+#pragma unroll
+      for (int r = 1; r < kRows; ++r) sum += p[r][j];
+      d[j] = LaneSum(sum) + eps;
+    }
+  }
+
+  static __device__ __forceinline__ float RowDenominator(const float (&row)[N],
+                                                         float eps) {
+    float sum = row[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) sum += row[j];
+    return sum + eps;
+  }
+
+  // Forward; with kKeep the denominators of every step are kept for the
+  // reverse mode (dc: column steps, dr: row steps 1 .. T-1).
+  template <bool kKeep>
+  static __device__ __forceinline__ void Forward(int iterations, float eps,
+                                                 const Block& a, Block& p,
+                                                 const Keep& keep) {
+    Softmax(a, p);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) p[r][j] += eps;
+    }
+#pragma unroll 1
+    for (int t = 0; t < iterations; ++t) {
+      if (t > 0) {  // row step
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float d = RowDenominator(p[r], eps);
+          if (kKeep) keep.at(t, kCols + r) = d;
+          const float inv = Reciprocal(d);
+#pragma unroll
+          for (int j = 0; j < N; ++j) p[r][j] *= inv;
+        }
+      }
+      float d[N];
+      ColumnDenominators(p, eps, d);
+      if (kKeep) {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          float v = d[c];
+#pragma unroll
+          for (int q = 1; q < L; ++q) {
+            if (keep.lane == q) v = d[q * kCols + c];
+          }
+          keep.at(t, c) = v;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float inv = Reciprocal(d[j]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) p[r][j] *= inv;
+      }
+    }
+  }
+
+  // Reverse mode: y is the forward's final matrix (overwritten), g the
+  // incoming gradient (overwritten), a the logits; writes da.
+  static __device__ __forceinline__ void Backward(int iterations, float eps,
+                                                  const Block& a, Block& y,
+                                                  Block& g, const Keep& keep,
+                                                  Block& da) {
+    __syncwarp();  // the token's lanes read each other's column slots
+#pragma unroll 1
+    for (int t = iterations - 1; t >= 0; --t) {
+      float d[N];
+#pragma unroll
+      for (int q = 0; q < L; ++q) {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) d[q * kCols + c] = keep.peer(t, c, q);
+      }
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float dot = g[0][j] * y[0][j];
+#pragma unroll
+        for (int r = 1; r < kRows; ++r) dot = fmaf(g[r][j], y[r][j], dot);
+        dot = LaneSum(dot);
+        const float inv = Reciprocal(d[j]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          g[r][j] = (g[r][j] - dot) * inv;
+          y[r][j] *= d[j];
+        }
+      }
+      if (t > 0) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float dot = g[r][0] * y[r][0];
+#pragma unroll
+          for (int j = 1; j < N; ++j) dot = fmaf(g[r][j], y[r][j], dot);
+          const float dr = keep.at(t, kCols + r);
+          const float inv = Reciprocal(dr);
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            g[r][j] = (g[r][j] - dot) * inv;
+            y[r][j] *= dr;
+          }
+        }
+      }
+    }
+    // The + eps after the softmax has unit derivative; then the softmax.
+    Softmax(a, y);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float dot = g[r][0] * y[r][0];
+#pragma unroll
+      for (int j = 1; j < N; ++j) dot = fmaf(g[r][j], y[r][j], dot);
+#pragma unroll
+      for (int j = 0; j < N; ++j) da[r][j] = (g[r][j] - dot) * y[r][j];
+    }
+  }
+};
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_SINKHORN_LANES_CUH_
