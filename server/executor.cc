@@ -28,9 +28,9 @@ class HostTimer : public DeviceTimer {
   Clock::time_point start_;
 };
 
-// For asynchronous backends until they install an event-based timer:
-// waiting for the device on both ends makes the host clock measure the
-// kernel instead of its launch, at the price of a synchronisation.
+// For asynchronous backends without a timer of their own: waiting for the
+// device on both ends makes the host clock measure the kernel instead of its
+// launch, at the price of a synchronisation.
 class SynchronizingTimer : public DeviceTimer {
  public:
   explicit SynchronizingTimer(Backend* backend) : backend_(backend) {}
@@ -81,9 +81,10 @@ Executor::Executor(std::unique_ptr<Backend> backend, std::string device)
       description_(backend->DeviceDescription()),
       host_accessible_(backend->HostAccessible()),
       backend_(std::move(backend)) {
-  if (host_accessible_) {
+  timer_ = backend_->MakeDeviceTimer();
+  if (timer_ == nullptr && host_accessible_) {
     timer_ = std::make_unique<HostTimer>();
-  } else {
+  } else if (timer_ == nullptr) {
     timer_ = std::make_unique<SynchronizingTimer>(backend_.get());
   }
 }
@@ -95,11 +96,6 @@ void Executor::SetMetrics(Metrics* metrics) {
   // Present from the start so that dashboards show 0, not "no data".
   metrics_->AddQueueDepth(device_, 0);
   metrics_->SetWorkspaceBytes(device_, static_cast<double>(workspace_bytes_));
-}
-
-void Executor::SetDeviceTimer(std::unique_ptr<DeviceTimer> timer) {
-  absl::MutexLock lock(&mu_);
-  timer_ = std::move(timer);
 }
 
 void Executor::SetCopyBandwidth(double bytes_per_second) {

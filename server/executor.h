@@ -32,17 +32,6 @@ namespace mhc::server {
 
 class DeterminismAudit;
 
-// Measures the device time of the work issued between Start and Stop. The
-// default reads the host clock, which is exact for backends whose ops return
-// when the work is done (CPU); an asynchronous backend installs one built on
-// its stream's events (e.g. cudaEventRecord + cudaEventElapsedTime).
-class DeviceTimer {
- public:
-  virtual ~DeviceTimer() = default;
-  virtual void Start() = 0;
-  virtual absl::StatusOr<double> StopSeconds() = 0;
-};
-
 // Bytes read plus written per second by memcpy of a buffer larger than the
 // caches, best of a few runs: the roofline denominator of host backends.
 // Single threaded, so a multithreaded kernel can exceed it.
@@ -75,7 +64,6 @@ class Executor {
   // measurement at all); `audit` may be null (no determinism audit).
   void SetMetrics(Metrics* metrics);
   void SetAudit(DeterminismAudit* audit) { audit_ = audit; }
-  void SetDeviceTimer(std::unique_ptr<DeviceTimer> timer);
   // Roofline denominator in bytes per second; 0 leaves roofline unrecorded.
   void SetCopyBandwidth(double bytes_per_second);
   DeterminismAudit* audit() const { return audit_; }

@@ -34,6 +34,8 @@ class CudaBackend final : public Backend {
                           size_t bytes) override;
   absl::Status Memset(void* dst, int value, size_t bytes) override;
   absl::Status Synchronize() override;
+  // CUDA events on this backend's stream (event_timer.cu).
+  std::unique_ptr<DeviceTimer> MakeDeviceTimer() override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
                         DType act_dtype) const override;
 

@@ -59,6 +59,15 @@ inline constexpr int kNumOpKinds = 16;
 absl::string_view OpFamilyName(OpKind op);
 absl::string_view OpDirectionName(OpKind op);
 
+// Device time of the work a backend issues between Start and StopSeconds
+// (CUDA events on a GPU stream). Used by one caller at a time.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual void Start() = 0;
+  virtual absl::StatusOr<double> StopSeconds() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,6 +90,9 @@ class Backend {
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
   // Waits until all work issued so far is complete.
   virtual absl::Status Synchronize() = 0;
+  // A timer of this backend's device work, or null when the host clock
+  // around a call is exact (backends whose ops return when they are done).
+  virtual std::unique_ptr<DeviceTimer> MakeDeviceTimer() { return nullptr; }
 
   // Scratch bytes `op` needs for this spec, token count and dtype.
   virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,
