@@ -71,21 +71,7 @@ void ExpectGrads(Harness& h, Grads& gr, const LayerSpec& spec, double tol) {
   }
 }
 
-class CudaFusedTest
-    : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
- protected:
-  void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
-  std::string preset() const { return std::get<0>(GetParam()); }
-  DType dtype() const { return std::get<1>(GetParam()); }
-};
-
-#define RUN_BOTH(Op, params, opkind, spec, tokens)                            \
-  for (int b = 0; b < 2; ++b) {                                               \
-    Workspace ws = h.Scratch(b, opkind, spec, tokens, dtype());               \
-    absl::Status st = h.backend(b).Op(params[b], ws);                         \
-    ASSERT_TRUE(st.ok()) << #Op << " " << (b ? "cuda" : "ref") << ": " << st; \
-  }                                                                           \
-  ASSERT_TRUE(h.cuda().Synchronize().ok())
+using CudaFusedTest = CudaPresetDtypeTest;
 
 TEST_P(CudaFusedTest, PreAndHead) {
   const DType dt = dtype();
@@ -121,7 +107,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
           p[b].y = y.ptr(b);
           p[b].mix = hp.f(b);
         }
-        RUN_BOTH(HeadForward, p, OpKind::kHeadForward, spec, M);
+        MHC_RUN_BOTH(HeadForward, p, OpKind::kHeadForward, spec, M);
         ExpectClose(h, y, dt, M * C, ForwardTol(dt), false, "head y");
         ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "head mix");
         Grads gr = MakeGrads(h, spec);
@@ -137,7 +123,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
           q[b].dx = dx.ptr(b);
           q[b].grads = gr.g[b];
         }
-        RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
+        MHC_RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
         ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "head dx");
         ExpectGrads(h, gr, spec, BackwardTol(dt));
         continue;
@@ -156,7 +142,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
         p[b].h_post = hq.f(b);
         p[b].h_res = hr.f(b);
       }
-      RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
+      MHC_RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
       ExpectClose(h, y, dt, M * C, ForwardTol(dt), false, "pre y");
       ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "pre h_pre");
       ExpectClose(h, hq, DType::kF32, M * n, kMixTol, false, "pre h_post");
@@ -181,7 +167,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
           q[b].dx = dx.ptr(b);
           q[b].grads = gr.g[b];
         }
-        RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
+        MHC_RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
         ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false,
                     residual ? "pre dx (with dx_next)" : "pre dx");
         ExpectGrads(h, gr, spec, BackwardTol(dt));

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,25 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
   }
   EXPECT_LE(RelativeError(got, out.host, dtype, count), tol) << what;
 }
+
+// Tests parameterised by (preset, activation dtype); skipped without a GPU.
+class CudaPresetDtypeTest
+    : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
+ protected:
+  void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
+  std::string preset() const { return std::get<0>(GetParam()); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+};
+
+// Runs backend method `Op` with params[0] on the reference and params[1] on
+// CUDA (harness `h`, each with its own workspace), then waits for the GPU.
+#define MHC_RUN_BOTH(Op, params, opkind, spec, tokens)                        \
+  for (int b = 0; b < 2; ++b) {                                               \
+    Workspace ws = h.Scratch(b, opkind, spec, tokens, dtype());               \
+    absl::Status st = h.backend(b).Op(params[b], ws);                         \
+    ASSERT_TRUE(st.ok()) << #Op << " " << (b ? "cuda" : "ref") << ": " << st; \
+  }                                                                           \
+  ASSERT_TRUE(h.cuda().Synchronize().ok())
 
 }  // namespace mhc::testing
 

@@ -15,22 +15,7 @@
 namespace mhc::testing {
 namespace {
 
-class CudaOpsTest
-    : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
- protected:
-  void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
-
-  std::string preset() const { return std::get<0>(GetParam()); }
-  DType dtype() const { return std::get<1>(GetParam()); }
-};
-
-#define RUN_BOTH(Op, params, opkind, spec, tokens)                            \
-  for (int b = 0; b < 2; ++b) {                                               \
-    Workspace ws = h.Scratch(b, opkind, spec, tokens, dtype());               \
-    absl::Status st = h.backend(b).Op(params[b], ws);                         \
-    ASSERT_TRUE(st.ok()) << #Op << " " << (b ? "cuda" : "ref") << ": " << st; \
-  }                                                                           \
-  ASSERT_TRUE(h.cuda().Synchronize().ok())
+using CudaOpsTest = CudaPresetDtypeTest;
 
 TEST_P(CudaOpsTest, ElementwiseOps) {
   const DType dt = dtype();
@@ -64,7 +49,7 @@ TEST_P(CudaOpsTest, ElementwiseOps) {
         p[b].h_pre = hpre.f(b);
         p[b].y = y.ptr(b);
       }
-      RUN_BOTH(AggregateForward, p, OpKind::kAggregateForward, spec, M);
+      MHC_RUN_BOTH(AggregateForward, p, OpKind::kAggregateForward, spec, M);
       ExpectClose(h, y, dt, M * C, ForwardTol(dt), true, "aggregate y");
     }
     {  // aggregate backward
@@ -81,7 +66,7 @@ TEST_P(CudaOpsTest, ElementwiseOps) {
         p[b].dx = dx.ptr(b);
         p[b].dh_pre = dhp.f(b);
       }
-      RUN_BOTH(AggregateBackward, p, OpKind::kAggregateBackward, spec, M);
+      MHC_RUN_BOTH(AggregateBackward, p, OpKind::kAggregateBackward, spec, M);
       ExpectClose(h, dx, dt, M * K, ForwardTol(dt), true, "aggregate dx");
       ExpectClose(h, dhp, DType::kF32, M * n, kMixTol, false,
                   "aggregate dh_pre");
@@ -100,7 +85,7 @@ TEST_P(CudaOpsTest, ElementwiseOps) {
         p[b].weights.bias = bias.f(b);
         p[b].x_next = xn.ptr(b);
       }
-      RUN_BOTH(PostForward, p, OpKind::kPostForward, spec, M);
+      MHC_RUN_BOTH(PostForward, p, OpKind::kPostForward, spec, M);
       ExpectClose(h, xn, dt, M * K, ForwardTol(dt), true, "post x_next");
     }
     for (bool with_dx : {true, false}) {  // post backward
@@ -127,7 +112,7 @@ TEST_P(CudaOpsTest, ElementwiseOps) {
         p[b].dh_res = dhr.f(b);
         p[b].grads.bias = gb.f(b);
       }
-      RUN_BOTH(PostBackward, p, OpKind::kPostBackward, spec, M);
+      MHC_RUN_BOTH(PostBackward, p, OpKind::kPostBackward, spec, M);
       ExpectClose(h, df, dt, M * C, ForwardTol(dt), true, "post df");
       if (with_dx) {
         ExpectClose(h, dx, dt, M * K, ForwardTol(dt), true, "post dx");
@@ -153,8 +138,8 @@ TEST_P(CudaOpsTest, ElementwiseOps) {
         pb[b].dx = dxn.ptr(b);
         pb[b].de = de.ptr(b);
       }
-      RUN_BOTH(ExpandForward, pf, OpKind::kExpandForward, spec, M);
-      RUN_BOTH(ExpandBackward, pb, OpKind::kExpandBackward, spec, M);
+      MHC_RUN_BOTH(ExpandForward, pf, OpKind::kExpandForward, spec, M);
+      MHC_RUN_BOTH(ExpandBackward, pb, OpKind::kExpandBackward, spec, M);
       ExpectClose(h, xo, dt, M * K, 0.0, true, "expand x");
       ExpectClose(h, de, dt, M * C, ForwardTol(dt), true, "expand de");
     }
@@ -203,7 +188,7 @@ TEST_P(CudaOpsTest, MixingOps) {
           p[b].h = hh.f(b);
           p[b].mean_square = ms.f(b);
         }
-        RUN_BOTH(ProjectionForward, p, OpKind::kProjectionForward, spec, M);
+        MHC_RUN_BOTH(ProjectionForward, p, OpKind::kProjectionForward, spec, M);
         ExpectClose(h, hh, DType::kF32, M * N, kMixTol, false, "proj h");
         ExpectClose(h, ms, DType::kF32, M, kMixTol, false, "proj ms");
       }
@@ -228,7 +213,8 @@ TEST_P(CudaOpsTest, MixingOps) {
           p[b].grads.phi = gphi.f(b);
           p[b].grads.gamma = ggamma.f(b);
         }
-        RUN_BOTH(ProjectionBackward, p, OpKind::kProjectionBackward, spec, M);
+        MHC_RUN_BOTH(ProjectionBackward, p, OpKind::kProjectionBackward, spec,
+                     M);
         ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "proj dx");
         ExpectClose(h, gphi, DType::kF32, N * K, kMixTol, false, "proj dphi");
         ExpectClose(h, ggamma, DType::kF32, K, kMixTol, false, "proj dgamma");
@@ -255,7 +241,7 @@ TEST_P(CudaOpsTest, MixingOps) {
           p[b].h_post = mhc ? hq.f(b) : nullptr;
           p[b].logits = mhc ? lg.f(b) : nullptr;
         }
-        RUN_BOTH(ScaleForward, p, OpKind::kScaleForward, sspec, M);
+        MHC_RUN_BOTH(ScaleForward, p, OpKind::kScaleForward, sspec, M);
         ExpectClose(h, hp, DType::kF32, M * n, 1e-5, false, "scale h_pre");
         if (mhc) {
           ExpectClose(h, hq, DType::kF32, M * n, 1e-5, false, "scale h_post");
@@ -285,7 +271,7 @@ TEST_P(CudaOpsTest, MixingOps) {
           q[b].grads.alpha = galpha.f(b);
           q[b].grads.beta = gbeta.f(b);
         }
-        RUN_BOTH(ScaleBackward, q, OpKind::kScaleBackward, sspec, M);
+        MHC_RUN_BOTH(ScaleBackward, q, OpKind::kScaleBackward, sspec, M);
         if (dynamic) {
           ExpectClose(h, dh, DType::kF32, M * N, 1e-5, false, "scale dh");
           // dms sums N terms that can cancel: the backward bound.
@@ -313,8 +299,8 @@ TEST_P(CudaOpsTest, MixingOps) {
         sb[b].dh_res = dhres.f(b);
         sb[b].dlogits = dlg.f(b);
       }
-      RUN_BOTH(SinkhornForward, sf, OpKind::kSinkhornForward, spec, M);
-      RUN_BOTH(SinkhornBackward, sb, OpKind::kSinkhornBackward, spec, M);
+      MHC_RUN_BOTH(SinkhornForward, sf, OpKind::kSinkhornForward, spec, M);
+      MHC_RUN_BOTH(SinkhornBackward, sb, OpKind::kSinkhornBackward, spec, M);
       ExpectClose(h, hres, DType::kF32, M * n * n, 1e-5, false,
                   "sinkhorn h_res");
       ExpectClose(h, dlg, DType::kF32, M * n * n, 1e-4, false,
