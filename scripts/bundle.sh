@@ -21,6 +21,7 @@ binaries=(
   tests/cuda/cuda_microbench
   tests/server/server_shm_registry_test
   bench/mhc_rpc_bench
+  bench/mhc_gpu_bench
 )
 for binary in "${binaries[@]}"; do
   if [[ -x "${build}/${binary}" ]]; then

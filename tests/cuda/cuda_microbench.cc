@@ -5,13 +5,13 @@
 // per op (with the fraction of the measured copy bandwidth), then a table.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "common/test_util.h"
 #include "cuda/cuda_backend.h"
 #include "mhc/backend.h"
@@ -28,11 +28,6 @@ struct Row {
   int64_t M, C;
   double us, gbps, pct;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Times every op (all) or the projection / Sinkhorn / fused pre ops at one
 // shape; copy_gbps <= 0 measures the copy bandwidth first.
@@ -74,30 +69,19 @@ void RunShape(cuda::CudaBackend& be, int64_t M, int64_t C, bool all,
   float* h_pre = upload(testing::RandomFloats(M * n, 3, 0.0f, 1.0f));
   float* h_post = upload(testing::RandomFloats(M * n, 4, 0.0f, 2.0f));
   float* h_res = upload(testing::RandomFloats(M * n * n, 5, 0.0f, 1.0f));
-  const size_t flush_bytes = size_t{512} << 20;
-  void* flush = alloc(flush_bytes);
-
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  auto timer = bench::FlushedTimer::Create(be);
+  if (!timer.ok()) {
+    std::fprintf(stderr, "timer: %s\n", timer.status().ToString().c_str());
+    return;
+  }
   auto time = [&](const char* op, double bytes,
                   const std::function<absl::Status()>& body) {
-    std::vector<double> us;
-    for (int r = 0; r < kReps + 3; ++r) {
-      cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream);
-      cudaEventRecord(start, stream);
-      absl::Status st = body();
-      cudaEventRecord(stop, stream);
-      cudaEventSynchronize(stop);
-      if (!st.ok()) {
-        std::fprintf(stderr, "%s: %s\n", op, st.ToString().c_str());
-        return;
-      }
-      float ms = 0.0f;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (r >= 3) us.push_back(ms * 1000.0);
+    absl::StatusOr<double> timed = (*timer)->MedianUs(3, kReps, body);
+    if (!timed.ok()) {
+      std::fprintf(stderr, "%s: %s\n", op, timed.status().ToString().c_str());
+      return;
     }
-    const double med = Median(us);
+    const double med = *timed;
     const double gbps = bytes / (med * 1e3);
     const double pct = copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 100.0;
     std::printf(
@@ -296,8 +280,6 @@ void RunShape(cuda::CudaBackend& be, int64_t M, int64_t C, bool all,
   qb.grads.beta = gsmall + 3;
   time("pre_backward", M * (6.0 * K + 2.0 * C),
        [&] { return be.PreBackward(qb, ws); });
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   for (void* p : owned) be.Free(p);
 }
 

@@ -1,0 +1,755 @@
+// The GPU benchmark of PERFORMANCE.md: every op forward and backward and the
+// whole layer (pre + post) forward and forward+backward, at the 13 configs
+// (n = 4, bf16 activations, deepseek_v4, deterministic), through the Backend
+// interface of the CUDA backend. Medians of event-timed repetitions with L2
+// flushed before each; every op's outputs on the first tokens are checked
+// against the float64 reference backend on the same inputs in the same run.
+// One JSON line per measurement, then a table (us and % of copy bandwidth).
+//
+//   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "bench/gpu_timing.h"
+#include "mhc/backend.h"
+#include "mhc/cuda.h"
+#include "mhc/dtype.h"
+
+namespace mhc {
+namespace {
+
+using bench::FlushedTimer;
+
+constexpr int kStreams = 4;
+constexpr int kWarmup = 3;
+constexpr int64_t kCheckTokens = 8;
+constexpr DType kAct = DType::kBF16;
+
+struct Config {
+  int64_t B, T, C;
+};
+constexpr Config kConfigs[] = {
+    {1, 2048, 12288}, {1, 4096, 6656},  {1, 4096, 8192}, {1, 8192, 4096},
+    {1, 8192, 8192},  {1, 8192, 16384}, {2, 4096, 5120}, {3, 8192, 2048},
+    {4, 2048, 4096},  {4, 4096, 4096},  {4, 8192, 4096}, {4, 8192, 7168},
+    {8, 2048, 2560}};
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+// Every buffer an op reads or writes. Activations are bf16, the rest fp32.
+// Per-token tensors hold M rows; parameters and gradients are per layer.
+// clang-format off
+enum Tid : int {
+  kX, kF, kDy, kDxNext, kE, kY, kXNext, kDx, kDf, kDe,   // activations
+  kH, kMs, kHPre, kHPost, kHRes, kLogits, kDhPre, kDhPost, kDhRes, kDlogits,
+  kDh, kDms, kMix,                                        // per-token fp32
+  kPhi, kAlpha, kBeta, kHeadPhi, kHeadAlpha, kHeadBeta,   // parameters
+  kGPhi, kGAlpha, kGBeta, kGHeadPhi, kGHeadAlpha, kGHeadBeta,  // gradients
+  kNumTensors
+};
+// clang-format on
+const char* const kTensorNames[kNumTensors] = {
+    "x",       "f",       "dy",         "dx_next",      "e",          "y",
+    "x_next",  "dx",      "df",         "de",           "h",          "ms",
+    "h_pre",   "h_post",  "h_res",      "logits",       "dh_pre",     "dh_post",
+    "dh_res",  "dlogits", "dh",         "dms",          "mix",        "phi",
+    "alpha",   "beta",    "head_phi",   "head_alpha",   "head_beta",  "g_phi",
+    "g_alpha", "g_beta",  "g_head_phi", "g_head_alpha", "g_head_beta"};
+
+bool IsAct(int t) { return t <= kDe; }
+bool PerToken(int t) { return t <= kMix; }
+bool IsGrad(int t) { return t >= kGPhi; }
+size_t ElemSize(int t) { return IsAct(t) ? DTypeSize(kAct) : 4; }
+
+// Elements per token (per-token tensors) or in all (parameters).
+int64_t Elements(int t, const LayerSpec& s) {
+  const int64_t n = s.n, C = s.hidden, K = s.K(), N = s.NumLogits();
+  // clang-format off
+  switch (t) {
+    case kX: case kDxNext: case kXNext: case kDx: return K;
+    case kF: case kDy: case kE: case kY: case kDf: case kDe: return C;
+    case kH: case kDh: return N;
+    case kMs: case kDms: return 1;
+    case kHPre: case kHPost: case kDhPre: case kDhPost: case kMix: return n;
+    case kHRes: case kLogits: case kDhRes: case kDlogits: return n * n;
+    case kPhi: case kGPhi: return N * K;
+    case kAlpha: case kGAlpha: return 3;
+    case kBeta: case kGBeta: return N;
+    case kHeadPhi: case kGHeadPhi: return n * K;
+    case kHeadAlpha: case kGHeadAlpha: return 1;
+    case kHeadBeta: case kGHeadBeta: return n;
+  }
+  // clang-format on
+  return 0;
+}
+
+// Range of the random values of an fp32 tensor (mean squares must be > 0).
+std::pair<float, float> Range(int t) {
+  if (t == kMs) return {0.5f, 1.5f};
+  if (t == kHPre || t == kHRes) return {0.0f, 1.0f};
+  if (t == kHPost) return {0.0f, 2.0f};
+  if (t == kLogits) return {-2.0f, 2.0f};
+  return {-1.0f, 1.0f};
+}
+
+// Pointers to every tensor, in device memory or (for the reference) host
+// memory, plus what the ops need besides.
+struct Tensors {
+  void* p[kNumTensors] = {};
+  Workspace ws;
+  template <typename T = float>
+  T* f(int t) const {
+    return static_cast<T*>(p[t]);
+  }
+  LayerWeights Weights() const {
+    LayerWeights w;
+    w.phi = f(kPhi);
+    w.alpha = f(kAlpha);
+    w.beta = f(kBeta);
+    return w;
+  }
+  LayerWeights HeadWeights() const {
+    LayerWeights w;
+    w.phi = f(kHeadPhi);
+    w.alpha = f(kHeadAlpha);
+    w.beta = f(kHeadBeta);
+    return w;
+  }
+};
+
+// clang-format off
+enum CaseId : int {
+  kProjFwd, kProjBwd, kScaleFwd, kScaleBwd, kSinkFwd, kSinkBwd, kAggFwd,
+  kAggBwd, kPostFwd, kPostBwd, kExpandFwd, kExpandBwd, kPreFwd, kPreBwd,
+  kHeadFwd, kHeadBwd, kLayerFwd, kLayerFwdBwd, kNumCases
+};
+// clang-format on
+
+struct Check {
+  int tensor;
+  double tol;  // max |got - ref| / max |ref|; 0: within one bf16 ulp instead
+};
+
+struct CaseInfo {
+  const char* op;
+  const char* direction;
+  std::vector<Check> checks;
+};
+
+// Tolerances of SPEC section 7: one ulp for element-wise bf16 results, 1e-2
+// for anything downstream of the (tf32) projection, fp32 mixing math tight.
+const CaseInfo& Info(int c) {
+  static const std::vector<CaseInfo>* infos = new std::vector<CaseInfo>{
+      {"projection", "forward", {{kH, 1e-2}, {kMs, 1e-4}}},
+      {"projection", "backward", {{kDx, 1e-2}}},
+      {"scale", "forward", {{kHPre, 1e-4}, {kHPost, 1e-4}, {kLogits, 1e-4}}},
+      {"scale", "backward", {{kDh, 1e-4}, {kDms, 1e-3}}},
+      {"sinkhorn", "forward", {{kHRes, 1e-4}}},
+      {"sinkhorn", "backward", {{kDlogits, 1e-3}}},
+      {"aggregate", "forward", {{kY, 0}}},
+      {"aggregate", "backward", {{kDx, 0}, {kDhPre, 1e-4}}},
+      {"post", "forward", {{kXNext, 0}}},
+      {"post",
+       "backward",
+       {{kDf, 0}, {kDx, 0}, {kDhPost, 1e-4}, {kDhRes, 1e-4}}},
+      {"expand", "forward", {{kXNext, 0}}},
+      {"expand", "backward", {{kDe, 0}}},
+      {"pre", "forward", {{kY, 1e-2}, {kHPost, 1e-2}, {kHRes, 1e-2}}},
+      {"pre", "backward", {{kDx, 1e-2}}},
+      {"head", "forward", {{kY, 1e-2}, {kMix, 1e-2}}},
+      {"head", "backward", {{kDx, 1e-2}}},
+      {"layer", "forward", {{kY, 1e-2}, {kXNext, 1e-2}}},
+      {"layer",
+       "forward_backward",
+       {{kXNext, 1e-2}, {kDf, 1e-2}, {kDhRes, 1e-3}, {kDx, 1e-2}}},
+  };
+  return (*infos)[c];
+}
+
+// Bytes per token that must move (PERFORMANCE.md, counted exactly: every
+// per-token input read once and every output written once; parameters are
+// per layer and left out).
+double BytesPerToken(int c, const LayerSpec& s) {
+  const double n = s.n, C = s.hidden, K = static_cast<double>(s.K()),
+               N = static_cast<double>(s.NumLogits());
+  const double a = 2.0;                  // bf16
+  const double mix = 4.0 * (n + n * n);  // H_post and H_res
+  // clang-format off
+  switch (c) {
+    case kProjFwd: return a * K + 4 * N + 4;
+    case kProjBwd: return 2 * a * K + 4 * N + 4;
+    case kScaleFwd: return 4 * (N + 1) + 4 * (2 * n + n * n);
+    case kScaleBwd: return 8 * (N + 1) + 4 * (2 * n + n * n);
+    case kSinkFwd: return 8 * n * n;
+    case kSinkBwd: return 12 * n * n;
+    case kAggFwd: return a * K + 4 * n + a * C;
+    case kAggBwd: return a * C + 2 * a * K + 8 * n;
+    case kPostFwd: return a * C + 2 * a * K + mix;
+    case kPostBwd: return 3 * a * K + 2 * a * C + 2 * mix;
+    case kExpandFwd: case kExpandBwd: return a * C + a * K;
+    case kPreFwd: return a * K + a * C + mix;
+    case kPreBwd: return 2 * a * K + a * C + mix;
+    case kHeadFwd: return a * K + a * C + 4 * n;
+    case kHeadBwd: return 2 * a * K + a * C;
+    // pre fwd + post fwd.
+    case kLayerFwd: return 3 * a * K + 2 * a * C + 2 * mix;
+    // + post bwd without dx (dx_next, f, x, H -> df, dH) + pre bwd folding
+    // in the residual path (x, dy, dx_next, dH -> dx).
+    case kLayerFwdBwd: return 8 * a * K + 5 * a * C + 5 * mix;
+  }
+  // clang-format on
+  return 0;
+}
+
+// Runs one case on `be` over `M` tokens of `t`.
+absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
+                     const LayerSpec& head, const Tensors& t, int64_t M) {
+  switch (c) {
+    case kProjFwd: {
+      ProjectionForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.h = t.f(kH), p.mean_square = t.f(kMs);
+      return be.ProjectionForward(p, t.ws);
+    }
+    case kProjBwd: {
+      ProjectionBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.dh = t.f(kDh), p.dmean_square = t.f(kDms);
+      p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
+      return be.ProjectionBackward(p, t.ws);
+    }
+    case kScaleFwd: {
+      ScaleForwardParams p;
+      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+      p.weights = t.Weights(), p.h_pre = t.f(kHPre), p.h_post = t.f(kHPost);
+      p.logits = t.f(kLogits);
+      return be.ScaleForward(p, t.ws);
+    }
+    case kScaleBwd: {
+      ScaleBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+      p.weights = t.Weights(), p.dh_pre = t.f(kDhPre);
+      p.dh_post = t.f(kDhPost), p.dlogits = t.f(kDlogits), p.dh = t.f(kDh);
+      p.dmean_square = t.f(kDms), p.grads.alpha = t.f(kGAlpha);
+      p.grads.beta = t.f(kGBeta);
+      return be.ScaleBackward(p, t.ws);
+    }
+    case kSinkFwd: {
+      SinkhornForwardParams p;
+      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+      p.h_res = t.f(kHRes);
+      return be.SinkhornForward(p, t.ws);
+    }
+    case kSinkBwd: {
+      SinkhornBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+      p.dh_res = t.f(kDhRes), p.dlogits = t.f(kDlogits);
+      return be.SinkhornBackward(p, t.ws);
+    }
+    case kAggFwd: {
+      AggregateForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.h_pre = t.f(kHPre), p.y = t.p[kY];
+      return be.AggregateForward(p, t.ws);
+    }
+    case kAggBwd: {
+      AggregateBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.h_pre = t.f(kHPre), p.dy = t.p[kDy], p.dx = t.p[kDx];
+      p.dh_pre = t.f(kDhPre);
+      return be.AggregateBackward(p, t.ws);
+    }
+    case kPostFwd: {
+      PostForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.f = t.p[kF];
+      p.x = t.p[kX], p.h_post = t.f(kHPost), p.h_res = t.f(kHRes);
+      p.x_next = t.p[kXNext];
+      return be.PostForward(p, t.ws);
+    }
+    case kPostBwd: {
+      PostBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
+      p.dx_next = t.p[kDxNext], p.f = t.p[kF], p.x = t.p[kX];
+      p.h_post = t.f(kHPost), p.h_res = t.f(kHRes), p.df = t.p[kDf];
+      p.dx = t.p[kDx], p.dh_post = t.f(kDhPost), p.dh_res = t.f(kDhRes);
+      return be.PostBackward(p, t.ws);
+    }
+    case kExpandFwd: {
+      ExpandForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.e = t.p[kE];
+      p.x = t.p[kXNext];
+      return be.ExpandForward(p, t.ws);
+    }
+    case kExpandBwd: {
+      ExpandBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
+      p.dx = t.p[kDxNext], p.de = t.p[kDe];
+      return be.ExpandBackward(p, t.ws);
+    }
+    case kPreFwd: {
+      PreForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.y = t.p[kY], p.h_post = t.f(kHPost);
+      p.h_res = t.f(kHRes);
+      return be.PreForward(p, t.ws);
+    }
+    case kPreBwd: {
+      PreBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.dy = t.p[kDy], p.dh_post = t.f(kDhPost);
+      p.dh_res = t.f(kDhRes), p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
+      p.grads.alpha = t.f(kGAlpha), p.grads.beta = t.f(kGBeta);
+      return be.PreBackward(p, t.ws);
+    }
+    case kHeadFwd: {
+      HeadForwardParams p;
+      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.HeadWeights(), p.y = t.p[kY], p.mix = t.f(kMix);
+      return be.HeadForward(p, t.ws);
+    }
+    case kHeadBwd: {
+      HeadBackwardParams p;
+      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.HeadWeights(), p.dy = t.p[kDy], p.dx = t.p[kDx];
+      p.grads.phi = t.f(kGHeadPhi), p.grads.alpha = t.f(kGHeadAlpha);
+      p.grads.beta = t.f(kGHeadBeta);
+      return be.HeadBackward(p, t.ws);
+    }
+    case kLayerFwd:
+    case kLayerFwdBwd: {
+      absl::Status st = RunCase(kPreFwd, be, spec, head, t, M);
+      if (st.ok()) st = RunCase(kPostFwd, be, spec, head, t, M);
+      if (!st.ok() || c == kLayerFwd) return st;
+      PostBackwardParams pb;
+      pb.spec = &spec, pb.tokens = M, pb.act_dtype = kAct;
+      pb.dx_next = t.p[kDxNext], pb.f = t.p[kF], pb.x = t.p[kX];
+      pb.h_post = t.f(kHPost), pb.h_res = t.f(kHRes), pb.df = t.p[kDf];
+      pb.dh_post = t.f(kDhPost), pb.dh_res = t.f(kDhRes);
+      st = be.PostBackward(pb, t.ws);
+      if (!st.ok()) return st;
+      PreBackwardParams qb;
+      qb.spec = &spec, qb.tokens = M, qb.act_dtype = kAct, qb.x = t.p[kX];
+      qb.weights = t.Weights(), qb.dy = t.p[kDy], qb.dh_post = t.f(kDhPost);
+      qb.dh_res = t.f(kDhRes), qb.dx_next = t.p[kDxNext], qb.dx = t.p[kDx];
+      qb.grads.phi = t.f(kGPhi), qb.grads.alpha = t.f(kGAlpha);
+      qb.grads.beta = t.f(kGBeta);
+      return be.PreBackward(qb, t.ws);
+    }
+  }
+  return absl::InvalidArgumentError("unknown case");
+}
+
+const OpKind kWorkspaceOps[] = {
+    OpKind::kProjectionForward, OpKind::kProjectionBackward,
+    OpKind::kScaleForward,      OpKind::kScaleBackward,
+    OpKind::kSinkhornForward,   OpKind::kSinkhornBackward,
+    OpKind::kAggregateForward,  OpKind::kAggregateBackward,
+    OpKind::kPostForward,       OpKind::kPostBackward,
+    OpKind::kExpandForward,     OpKind::kExpandBackward,
+    OpKind::kPreForward,        OpKind::kPreBackward};
+
+size_t WorkspaceFor(const Backend& be, const LayerSpec& spec,
+                    const LayerSpec& head, int64_t M) {
+  size_t bytes = 0;
+  for (OpKind op : kWorkspaceOps) {
+    for (DType dt : {kAct, DType::kF32}) {
+      bytes = std::max(bytes, be.WorkspaceBytes(op, spec, M, dt));
+    }
+  }
+  for (OpKind op : {OpKind::kHeadForward, OpKind::kHeadBackward}) {
+    bytes = std::max(bytes, be.WorkspaceBytes(op, head, M, kAct));
+  }
+  return bytes;
+}
+
+// Distance in bf16 steps between two values that are exact in bf16.
+int64_t BfUlps(double a, double b) {
+  auto ordered = [](double v) -> int64_t {
+    const int64_t bits =
+        static_cast<int16_t>(FloatToBf16(static_cast<float>(v)));
+    return bits < 0 ? INT16_MIN - bits : bits;
+  };
+  return std::llabs(ordered(a) - ordered(b));
+}
+
+// Error of `got` against `want` (both elements of tensor t): the norm-wise
+// relative error, or for tol == 0 the number of elements more than one bf16
+// ulp off (ignoring differences below 2^-18 of the largest magnitude, where
+// fp32 accumulation cannot resolve a cancellation).
+double Mismatch(int t, const std::vector<uint8_t>& got, const uint8_t* want,
+                int64_t count, bool ulp) {
+  auto at = [&](const uint8_t* d, int64_t i) -> double {
+    return IsAct(t) ? LoadActivation(d, kAct, i)
+                    : reinterpret_cast<const float*>(d)[i];
+  };
+  double max_diff = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double b = at(want, i);
+    if (std::isfinite(b)) scale = std::max(scale, std::fabs(b));
+  }
+  int64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double a = at(got.data(), i), b = at(want, i);
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      if (!(std::isnan(a) && std::isnan(b))) ++bad, max_diff = INFINITY;
+      continue;
+    }
+    const double d = std::fabs(a - b);
+    max_diff = std::max(max_diff, d);
+    if (ulp && d > std::ldexp(scale, -18) && BfUlps(a, b) > 1) ++bad;
+  }
+  return ulp ? static_cast<double>(bad) : max_diff / std::max(scale, 1e-30);
+}
+
+struct Flags {
+  std::vector<int> configs;
+  int reps = 20;
+  std::vector<bool> cases = std::vector<bool>(kNumCases, true);
+};
+
+bool ParseFlags(int argc, char** argv, Flags& flags) {
+  std::string configs = "all", ops = "all";
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (absl::ConsumePrefix(&arg, "--configs=")) {
+      configs = std::string(arg);
+    } else if (absl::ConsumePrefix(&arg, "--ops=")) {
+      ops = std::string(arg);
+    } else if (absl::ConsumePrefix(&arg, "--reps=")) {
+      if (!absl::SimpleAtoi(arg, &flags.reps) || flags.reps < 1) return false;
+    } else {
+      return false;
+    }
+  }
+  if (configs == "all" || configs == "first") {
+    for (int c = 0; c < (configs == "all" ? kNumConfigs : 1); ++c) {
+      flags.configs.push_back(c);
+    }
+  } else {
+    for (absl::string_view part : absl::StrSplit(configs, ',')) {
+      int index = 0;
+      if (!absl::SimpleAtoi(part, &index) || index < 0 ||
+          index >= kNumConfigs) {
+        return false;
+      }
+      flags.configs.push_back(index);
+    }
+  }
+  if (ops != "all") {
+    flags.cases.assign(kNumCases, false);
+    for (absl::string_view op : absl::StrSplit(ops, ',')) {
+      bool known = false;
+      for (int c = 0; c < kNumCases; ++c) {
+        if (op == Info(c).op) flags.cases[c] = known = true;
+      }
+      if (!known) return false;
+    }
+  }
+  return true;
+}
+
+struct Result {
+  double us = 0, pct = 0;
+};
+
+class Bench {
+ public:
+  Bench(Backend& gpu, FlushedTimer& timer, double copy_gbps, int reps)
+      : gpu_(gpu), timer_(timer), copy_gbps_(copy_gbps), reps_(reps) {}
+  ~Bench() {
+    for (void* p : dev_.p) {
+      if (p != nullptr) gpu_.Free(p);
+    }
+    if (dev_.ws.data != nullptr) gpu_.Free(dev_.ws.data);
+  }
+
+  // Allocates every tensor for the largest of `configs` once and fills the
+  // inputs with random data; smaller configs use a prefix of each buffer.
+  absl::Status Allocate(const std::vector<int>& configs) {
+    std::mt19937_64 rng(20261121);
+    for (int t = 0; t < kNumTensors; ++t) {
+      int64_t count = 0;
+      for (int c : configs) {
+        const LayerSpec s = Spec(c);
+        const int64_t m = kConfigs[c].B * kConfigs[c].T;
+        count = std::max(count, Elements(t, s) * (PerToken(t) ? m : 1));
+      }
+      absl::StatusOr<void*> p = gpu_.Allocate(count * ElemSize(t));
+      if (!p.ok()) return p.status();
+      dev_.p[t] = *p;
+      absl::Status st = Fill(t, count, rng);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  LayerSpec Spec(int config) const {
+    return PresetSpec("deepseek_v4", kStreams, kConfigs[config].C).value();
+  }
+
+  // Times and checks every selected case at one config; false on a failed
+  // correctness check (timings are still printed).
+  absl::StatusOr<bool> RunConfig(int config, const std::vector<bool>& cases,
+                                 std::map<int, Result>& row) {
+    const LayerSpec spec = Spec(config);
+    LayerSpec head = spec;
+    head.kind = LayerKind::kHead;
+    const Config& cfg = kConfigs[config];
+    const int64_t M = cfg.B * cfg.T;
+    absl::Status st = UploadParameters(spec, head);
+    if (!st.ok()) return st;
+    const size_t ws = WorkspaceFor(gpu_, spec, head, M);
+    if (ws > dev_.ws.bytes) {
+      if (dev_.ws.data != nullptr) gpu_.Free(dev_.ws.data);
+      absl::StatusOr<void*> p = gpu_.Allocate(ws);
+      if (!p.ok()) return p.status();
+      dev_.ws = Workspace{*p, ws};
+    }
+    bool ok = true;
+    for (int c = 0; c < kNumCases; ++c) {
+      if (!cases[c]) continue;
+      for (const Check& check : Info(c).checks) {  // poison what is checked
+        st = gpu_.Memset(dev_.p[check.tensor], 0xff,
+                         kCheckTokens * Elements(check.tensor, spec) *
+                             ElemSize(check.tensor));
+        if (!st.ok()) return st;
+      }
+      absl::StatusOr<double> us = timer_.MedianUs(kWarmup, reps_, [&] {
+        return RunCase(c, gpu_, spec, head, dev_, M);
+      });
+      if (!us.ok()) return us.status();
+      const double bytes = BytesPerToken(c, spec) * static_cast<double>(M);
+      const double gbps = bytes / (*us * 1e3);
+      const double pct = 100.0 * gbps / copy_gbps_;
+      row[c] = Result{*us, pct};
+      std::printf(
+          "{\"impl\": \"mhcd\", \"op\": \"%s\", \"direction\": \"%s\", "
+          "\"config\": \"%lld,%lld,%lld\", \"M\": %lld, \"n\": %d, \"C\": "
+          "%lld, \"dtype\": \"bf16\", \"mode\": \"deterministic\", \"us\": "
+          "%.2f, \"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f}\n",
+          Info(c).op, Info(c).direction, static_cast<long long>(cfg.B),
+          static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
+          static_cast<long long>(M), kStreams, static_cast<long long>(cfg.C),
+          *us, bytes, gbps, pct);
+      absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
+      if (!good.ok()) return good.status();
+      ok = ok && *good;
+      std::fflush(stdout);
+    }
+    return ok;
+  }
+
+ private:
+  // Inputs get random non-zero values; outputs NaN (all bits set) so an
+  // element never written fails the check; gradients zero.
+  absl::Status Fill(int t, int64_t count, std::mt19937_64& rng) {
+    const size_t bytes = count * ElemSize(t);
+    if (IsGrad(t)) return gpu_.Memset(dev_.p[t], 0, bytes);
+    if (t >= kY && t <= kDe) return gpu_.Memset(dev_.p[t], 0xff, bytes);
+    // Large activations repeat a random block of odd length, so rows of
+    // different tokens still differ, without generating gigabytes on the
+    // host.
+    const int64_t block = std::min<int64_t>(count, (int64_t{1} << 22) + 9);
+    std::vector<uint8_t> host(block * ElemSize(t));
+    auto [lo, hi] = Range(t);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = 0; i < block; ++i) {
+      const float v = dist(rng);
+      if (IsAct(t)) {
+        StoreActivation(host.data(), kAct, i, v);
+      } else {
+        reinterpret_cast<float*>(host.data())[i] = v;
+      }
+    }
+    const size_t block_bytes = host.size();
+    for (size_t off = 0; off < bytes; off += block_bytes) {
+      absl::Status st =
+          gpu_.CopyToDevice(static_cast<uint8_t*>(dev_.p[t]) + off, host.data(),
+                            std::min(block_bytes, bytes - off));
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  // phi scaled by 1/sqrt(K) keeps the logits of order one at every C.
+  absl::Status UploadParameters(const LayerSpec& spec, const LayerSpec& head) {
+    std::mt19937_64 rng(spec.hidden);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(spec.K()));
+    auto upload = [&](int t, const LayerSpec& s, float lo, float hi) {
+      std::uniform_real_distribution<float> dist(lo, hi);
+      std::vector<float> v(Elements(t, s));
+      for (float& x : v) x = dist(rng);
+      return gpu_.CopyToDevice(dev_.p[t], v.data(), v.size() * 4);
+    };
+    absl::Status st = upload(kPhi, spec, -scale, scale);
+    if (st.ok()) st = upload(kAlpha, spec, 0.5f, 1.5f);
+    if (st.ok()) st = upload(kBeta, spec, -1.0f, 1.0f);
+    if (st.ok()) st = upload(kHeadPhi, head, -scale, scale);
+    if (st.ok()) st = upload(kHeadAlpha, head, 0.5f, 1.5f);
+    if (st.ok()) st = upload(kHeadBeta, head, -1.0f, 1.0f);
+    return st;
+  }
+
+  // Copies the first kCheckTokens tokens of every tensor (and the
+  // parameters) to the host, reruns the case there on the reference backend
+  // and compares the checked outputs.
+  absl::StatusOr<bool> CheckCase(int c, const LayerSpec& spec,
+                                 const LayerSpec& head, const Config& cfg) {
+    absl::Status st = gpu_.Synchronize();
+    if (!st.ok()) return st;
+    std::vector<std::vector<uint8_t>> host(kNumTensors);
+    Tensors ref;
+    for (int t = 0; t < kNumTensors; ++t) {
+      const int64_t count =
+          Elements(t, spec) * (PerToken(t) ? kCheckTokens : 1);
+      host[t].assign(count * ElemSize(t), 0);
+      ref.p[t] = host[t].data();
+      if (!IsGrad(t)) {
+        st = gpu_.CopyToHost(host[t].data(), dev_.p[t], host[t].size());
+        if (!st.ok()) return st;
+      }
+    }
+    std::vector<std::vector<uint8_t>> got(kNumTensors);
+    for (const Check& check : Info(c).checks)
+      got[check.tensor] = host[check.tensor];
+    std::vector<uint8_t> ws(WorkspaceFor(*ref_, spec, head, kCheckTokens));
+    ref.ws = Workspace{ws.data(), ws.size()};
+    st = RunCase(c, *ref_, spec, head, ref, kCheckTokens);
+    if (!st.ok()) return st;
+    bool ok = true;
+    for (const Check& check : Info(c).checks) {
+      const int t = check.tensor;
+      const double err =
+          Mismatch(t, got[t], host[t].data(), kCheckTokens * Elements(t, spec),
+                   check.tol == 0);
+      if (check.tol == 0 ? err > 0 : !(err <= check.tol)) {
+        std::printf(
+            "FAIL %s %s config %lld,%lld,%lld: %s %s %g (limit %s)\n",
+            Info(c).op, Info(c).direction, static_cast<long long>(cfg.B),
+            static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
+            kTensorNames[t],
+            check.tol == 0 ? "elements over 1 ulp:" : "relative error", err,
+            check.tol == 0 ? "0" : std::to_string(check.tol).c_str());
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
+  Backend& gpu_;
+  FlushedTimer& timer_;
+  std::unique_ptr<Backend> ref_ = MakeReferenceBackend();
+  const double copy_gbps_;
+  const int reps_;
+  Tensors dev_;
+};
+
+void PrintTable(const std::vector<int>& configs,
+                const std::vector<std::map<int, Result>>& rows) {
+  std::printf("\n%-27s", "op / direction  (us, %copy)");
+  for (int c : configs) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "%lld,%lld,%lld",
+                  static_cast<long long>(kConfigs[c].B),
+                  static_cast<long long>(kConfigs[c].T),
+                  static_cast<long long>(kConfigs[c].C));
+    std::printf(" %14s", name);
+  }
+  std::printf("\n");
+  for (int k = 0; k < kNumCases; ++k) {
+    if (rows.empty() || rows[0].count(k) == 0) continue;
+    std::string label = std::string(Info(k).op) + " " + Info(k).direction;
+    std::printf("%-27s", label.c_str());
+    for (const auto& row : rows) {
+      const Result& r = row.at(k);
+      char cell[32];
+      std::snprintf(cell, sizeof(cell), "%.1f/%.0f%%", r.us, r.pct);
+      std::printf(" %14s", cell);
+    }
+    std::printf("\n");
+  }
+}
+
+int Run(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, flags)) {
+    std::fprintf(stderr,
+                 "usage: mhc_gpu_bench [--configs=all|first|I,J,...] "
+                 "[--reps=N] [--ops=all|projection,scale,sinkhorn,aggregate,"
+                 "post,expand,pre,head,layer]\n");
+    return 2;
+  }
+  if (CudaDeviceCount() == 0) {
+    std::printf("{\"skipped\": \"no CUDA device\"}\n");
+    return 0;
+  }
+  absl::StatusOr<double> copy = MeasureCudaCopyBandwidth(0);
+  absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(0);
+  if (!copy.ok() || !gpu.ok()) {
+    std::fprintf(stderr, "setup: %s %s\n", copy.status().ToString().c_str(),
+                 gpu.status().ToString().c_str());
+    return 1;
+  }
+  const std::string device = (*gpu)->DeviceDescription();
+  const double copy_gbps = *copy * 1e-9;
+  const double peak = device.find("H100") != std::string::npos   ? 3350.0
+                      : device.find("H200") != std::string::npos ? 4800.0
+                                                                 : 0.0;
+  std::printf(
+      "{\"impl\": \"mhcd\", \"op\": \"copy_d2d\", \"device\": \"%s\", "
+      "\"gbps\": %.1f, \"nominal_peak_gbps\": %.0f}\n",
+      device.c_str(), copy_gbps, peak);
+  absl::StatusOr<std::unique_ptr<FlushedTimer>> timer =
+      FlushedTimer::Create(**gpu);
+  if (!timer.ok()) {
+    std::fprintf(stderr, "timer: %s\n", timer.status().ToString().c_str());
+    return 1;
+  }
+  bool ok = true;
+  std::vector<std::map<int, Result>> rows;
+  {
+    Bench bench(**gpu, **timer, copy_gbps, flags.reps);
+    absl::Status st = bench.Allocate(flags.configs);
+    for (size_t i = 0; st.ok() && i < flags.configs.size(); ++i) {
+      rows.emplace_back();
+      absl::StatusOr<bool> good =
+          bench.RunConfig(flags.configs[i], flags.cases, rows.back());
+      if (!good.ok()) {
+        st = good.status();
+      } else {
+        ok = ok && *good;
+      }
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  std::printf(
+      "\ndevice %s, copy bandwidth %.0f GB/s (nominal %.0f), n = %d, "
+      "bf16, deepseek_v4, deterministic, median of %d\n",
+      device.c_str(), copy_gbps, peak, kStreams, flags.reps);
+  PrintTable(flags.configs, rows);
+  std::printf("%s\n", ok ? "all checks vs the float64 reference passed"
+                         : "FAIL: some outputs differ from the reference");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mhc
+
+int main(int argc, char** argv) { return mhc::Run(argc, argv); }
