@@ -17,7 +17,8 @@
 // - parameter gradients (sums over tokens that can cancel far below their
 //   terms): <= 1e-5 of the accumulator's start plus the sum over tokens of
 //   each token's |contribution| (measured with the reference token by token)
-//   at small sizes; at large sizes normwise, with dalpha at 1e-4.
+//   at small sizes, normwise at large sizes; dalpha (h enters every term, an
+//   fp32 dot product of length K) at 1e-4.
 #include <string>
 #include <tuple>
 

@@ -473,14 +473,16 @@ inline void ExpectMatchesReference(
     if (act16 && !IsFusedOp(op)) {
       const double floor = 1e-6 * MaxAbs(ref[o].values);
       EXPECT_EQ(UlpViolations(dtype, got[o].values, ref[o].values, floor), 0);
-    } else if (scales != nullptr && !(*scales)[o].empty()) {
-      EXPECT_LE(ScaledError(got[o].values, ref[o].values, (*scales)[o]), 1e-5);
     } else {
       // dalpha is one scalar per gate group summed over M * |group| terms of
-      // both signs: its error is eps * sum |terms|, which relative to the
-      // (cancelled) sum exceeds 1e-5 on some draws whatever the kernel does.
+      // both signs, each a product with h (an fp32 dot product of length K):
+      // even measured against the terms' magnitudes (scales) its fp32 error
+      // exceeds 1e-5 at large K, so it gets 1e-4.
       const double tol = act16 ? 1e-2 : got[o].name == "dalpha" ? 1e-4 : 1e-5;
-      EXPECT_LE(NormwiseError(got[o].values, ref[o].values), tol);
+      const bool scaled = scales != nullptr && !(*scales)[o].empty();
+      EXPECT_LE(scaled ? ScaledError(got[o].values, ref[o].values, (*scales)[o])
+                       : NormwiseError(got[o].values, ref[o].values),
+                tol);
     }
   }
 }
