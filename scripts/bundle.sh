@@ -18,6 +18,7 @@ binaries=(
   client/cpp/mhcctl
   tests/cuda/cuda_ops_test
   tests/cuda/cuda_fused_test
+  tests/cuda/cuda_projection_test
   tests/server/server_shm_registry_test
   bench/mhc_rpc_bench
   bench/mhc_gpu_bench

@@ -31,6 +31,7 @@ step() {  # step NAME COMMAND...: runs it, keeps its log, counts a failure
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
 step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
+step cuda_projection_test "${bin}/cuda_projection_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
 step memcheck compute-sanitizer --tool memcheck --leak-check full \
@@ -38,6 +39,10 @@ step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
   "${bin}/cuda_ops_test" --gtest_filter='*/deepseek_v4_bf16'
+step memcheck_projection compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "${bin}/cuda_projection_test"
+step racecheck_projection compute-sanitizer --tool racecheck \
+  --error-exitcode 1 "${bin}/cuda_projection_test"
 
 # The daemon on the GPU, driven like a user would.
 work="$(mktemp -d)"

@@ -208,9 +208,56 @@ struct Stage1Dev {
   const float* ms_in;  // [M] with h_in
 };
 
-// Recomputes the forward per token and runs the per-token reverse mode:
-// dh_pre (over channels), Sinkhorn and scale backward. Writes the per-token
-// rows the dx kernel and the parameter reductions read.
+// The per-token reverse mode of the fused backward, from the token's logits
+// h_row [N] (dynamic layers), mean square and dh_pre [NT]: scale forward,
+// Sinkhorn forward (R for the dx kernel) and backward, scale backward.
+// Writes the per-token rows the dx kernel and the parameter reductions read.
+template <int NT>
+__device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
+                                                 const float* h_row, float ms,
+                                                 const float (&dhp)[NT],
+                                                 const Stage1Dev& a) {
+  const int n = StreamCount<NT>(s);
+  float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
+  ScaleForwardToken<NT>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    if (i >= n) break;
+    a.h_pre[m * n + i] = hp[i];
+  }
+#pragma unroll
+  for (int e = 0; e < NT * NT; ++e) da[e] = 0.0f;
+  if (!s.head) {
+    if (a.r != nullptr) {
+      float p[NT * NT];
+      SinkhornForwardToken<NT>(s, logits, p);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (j >= n) break;
+          a.r[(m * n + i) * n + j] = s.dest_rows ? p[j * n + i] : p[i * n + j];
+        }
+      }
+    }
+    float dp[NT * NT];
+#pragma unroll
+    for (int e = 0; e < NT * NT; ++e) {
+      dp[e] = e < n * n ? a.dh_res[m * n * n + e] : 0.0f;
+    }
+    SinkhornBackwardToken<NT>(s, logits, dp, da);
+  }
+  ScaleBackwardToken<NT>(
+      s, h_row, ms, a.alpha, a.beta, dhp, s.head ? nullptr : a.dh_post + m * n,
+      da, s.dynamic ? a.dh + m * s.N : nullptr, s.dynamic ? a.dms + m : nullptr,
+      a.contrib + m * (s.N + s.num_alpha));
+}
+
+// Stage 1 for layers without precomputed logits (wider than the tensor-core
+// tiles): recomputes the projection of a tile of tokens, reduces dh_pre over
+// channels with the whole block, then one thread per token runs the reverse
+// mode.
 template <typename T, int NT, int V, int VK>
 __global__ void __launch_bounds__(kTileThreads)
     fused_backward_stage1_kernel(DevSpec s, int64_t tokens, const T* x,
@@ -218,20 +265,7 @@ __global__ void __launch_bounds__(kTileThreads)
   __shared__ ProjShared sh;
   const int n = StreamCount<NT>(s);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  if (s.dynamic && a.h_in != nullptr) {
-    // Made visible by the __syncthreads inside BlockSum below.
-    for (int w = threadIdx.x; w < kTileTokens * s.N; w += blockDim.x) {
-      const int t = w / s.N;
-      const int g = w % s.N;
-      if (m0 + t < tokens)
-        sh.h[t * kMaxLogits + g] = a.h_in[(m0 + t) * s.N + g];
-    }
-    if (threadIdx.x < kTileTokens && m0 + threadIdx.x < tokens) {
-      sh.ms[threadIdx.x] = a.ms_in[m0 + threadIdx.x];
-    }
-  } else if (s.dynamic) {
-    ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
-  }
+  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
   constexpr int kW = kTileTokens * NT;
   static_assert(kW <= kProjWidth, "reduction scratch too small");
   float acc[kW];
@@ -262,50 +296,75 @@ __global__ void __launch_bounds__(kTileThreads)
   const int t = threadIdx.x;
   const int64_t m = m0 + t;
   if (m >= tokens) return;
-  float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
-  const float* h_row = sh.h + t * kMaxLogits;
-  ScaleForwardToken<NT>(s, h_row, sh.ms[t], a.alpha, a.beta, hp, hq, logits);
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    if (i >= n) break;
-    a.h_pre[m * n + i] = hp[i];
-  }
-#pragma unroll
-  for (int e = 0; e < NT * NT; ++e) da[e] = 0.0f;
-  if (!s.head) {
-    if (a.r != nullptr) {
-      float p[NT * NT];
-      SinkhornForwardToken<NT>(s, logits, p);
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i >= n) break;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          if (j >= n) break;
-          a.r[(m * n + i) * n + j] = s.dest_rows ? p[j * n + i] : p[i * n + j];
-        }
-      }
-    }
-    float dp[NT * NT];
-#pragma unroll
-    for (int e = 0; e < NT * NT; ++e) {
-      dp[e] = e < n * n ? a.dh_res[m * n * n + e] : 0.0f;
-    }
-    SinkhornBackwardToken<NT>(s, logits, dp, da);
-  }
   float dhp[NT];
 #pragma unroll
   for (int i = 0; i < NT; ++i) dhp[i] = sh.total[t * NT + i];
-  ScaleBackwardToken<NT>(s, h_row, sh.ms[t], a.alpha, a.beta, dhp,
-                         s.head ? nullptr : a.dh_post + m * n, da,
-                         s.dynamic ? a.dh + m * s.N : nullptr,
-                         s.dynamic ? a.dms + m : nullptr,
-                         a.contrib + m * (s.N + s.num_alpha));
+  BackwardMixToken<NT>(s, m, sh.h + t * kMaxLogits, sh.ms[t], dhp, a);
+}
+
+// dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
+// stride the channels, then a fixed xor tree (order set by C alone).
+constexpr int kDhPreWarps = 4;
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(kDhPreWarps * 32)
+    dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
+                  float* dh_pre) {
+  const int lane = threadIdx.x & 31;
+  const int64_t m =
+      static_cast<int64_t>(blockIdx.x) * kDhPreWarps + (threadIdx.x >> 5);
+  if (m >= tokens) return;
+  const int n = StreamCount<NT>(s);
+  const T* row = x + m * s.K;
+  const T* dy_row = dy + m * s.C;
+  float acc[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
+#pragma unroll 2
+  for (int64_t c = lane * V; c < s.C; c += 32 * V) {
+    float xv[NT][V];
+    float d[V];
+    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    LoadChannels<T, V>(dy_row, c, d);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[i] = fmaf(d[v], xv[i][v], acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    }
+    if (lane == 0 && i < n) dh_pre[m * n + i] = acc[i];
+  }
+}
+
+// Stage 1 with the logits already computed (tensor-core projection) or not
+// needed (static layers): the reverse mode with one thread per token, so
+// every token's Sinkhorn runs at once instead of a few per block.
+constexpr int kMixThreads = 64;
+template <int NT>
+__global__ void __launch_bounds__(kMixThreads)
+    fused_backward_mix_kernel(DevSpec s, int64_t tokens, const float* dh_pre,
+                              Stage1Dev a) {
+  const int64_t m =
+      static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
+  if (m >= tokens) return;
+  const int n = StreamCount<NT>(s);
+  float dhp[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) dhp[i] = i < n ? dh_pre[m * n + i] : 0.0f;
+  const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
+  const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
+  BackwardMixToken<NT>(s, m, h_row, ms, dhp, a);
 }
 
 // Workspace slices of the fused backward, in order.
 struct BackwardSlices {
-  size_t dh, dms, h_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd, total;
+  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd,
+      total;
 };
 
 BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
@@ -322,6 +381,7 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
   b.dh = take(tokens * rows);
   b.dms = take(tokens);
   b.h_pre = take(tokens * n);
+  b.dh_pre = take(tokens * n);
   b.r = take(tokens * n * n);
   b.contrib = take(tokens * width);
   b.col_partial = take(NumChunks(tokens) * width);
@@ -415,15 +475,33 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy) &&
                    (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
                    (gamma == nullptr || Aligned16(gamma));
-  const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
-  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    constexpr int kV = decltype(vt)::value;
-    fused_backward_stage1_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
-        <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
-                                            static_cast<const T*>(a.x),
-                                            static_cast<const T*>(a.dy), d);
-  });
+  if (d.h_in != nullptr || !s.dynamic) {
+    const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
+    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+      using T = typename decltype(tt)::type;
+      dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value>
+          <<<grid, kDhPreWarps * 32, 0, stream>>>(
+              s, a.tokens, static_cast<const T*>(a.x),
+              static_cast<const T*>(a.dy), at(b.dh_pre));
+    });
+    MHC_CUDA_CHECK_LAUNCH(op, shape);
+    const unsigned mix_grid =
+        GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
+    DispatchMix(s.n, [&](auto nt) {
+      fused_backward_mix_kernel<decltype(nt)::value>
+          <<<mix_grid, kMixThreads, 0, stream>>>(s, a.tokens, at(b.dh_pre), d);
+    });
+  } else {
+    const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
+    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+      using T = typename decltype(tt)::type;
+      constexpr int kV = decltype(vt)::value;
+      fused_backward_stage1_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
+          <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
+                                              static_cast<const T*>(a.x),
+                                              static_cast<const T*>(a.dy), d);
+    });
+  }
   MHC_CUDA_CHECK_LAUNCH(op, shape);
 
   const bool want_phi =

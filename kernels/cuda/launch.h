@@ -120,6 +120,11 @@ struct DxArgs {
   float* dphi_partial = nullptr;  // optional
 };
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
+// The tensor-core version (projection_backward_mma.cu), for dynamic layers
+// with n a power of two and at most 24 logits; LaunchDxAndPhiPartials picks
+// it when UseMmaDx holds.
+bool UseMmaDx(const LayerSpec& spec);
+absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 
 // grads_phi[g][k] += sum_chunks partial * gamma[k] (or without gamma);
 // grads_gamma[k] += sum_g (sum_chunks partial[g][k]) phi[g][k].

@@ -298,6 +298,9 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  if (a.dh != nullptr && UseMmaDx(*a.spec)) {
+    return LaunchMmaDxAndPhiPartials(a, stream);
+  }
   const DevSpec s = MakeDevSpec(*a.spec);
   const bool vk2 = s.K % 2 == 0 && Aligned16(a.x) && Aligned16(a.dx) &&
                    (a.phi == nullptr || Aligned16(a.phi)) &&

@@ -1,0 +1,705 @@
+// Tensor-core projection backward: dx = dh phi' + dms 2 v / K (+ the fused
+// pre backward's aggregate and residual terms) and the per-chunk partial
+// sums of dphi = dh^T v, from one read of x.
+//
+// A CTA owns the channels [c0, c0 + 128 / n) of every stream (128 columns
+// of K) and one fixed chunk of kTokenChunk tokens, which it walks in stages
+// of kStageTokens tokens through a cp.async pipeline. Owning whole channels
+// keeps the residual term's reads of dx_next (all streams of a channel)
+// inside the CTA's own tile. Each warp owns 16 of the columns and runs two
+// mma.m16n8k8 tf32 products per stage on the staged tile:
+//   dx tile [tokens x 16 cols] = dh [tokens x N] . phi' [N x 16 cols]
+//   dphi^T [16 cols x N]      += x^T [16 cols x tokens] . dh [tokens x N]
+// phi' stays in registers for the whole CTA; x reaches the dphi mma through
+// ldmatrix.trans, which hands each lane tokens 2u and 2u + 1: the mma's
+// k slots u and u + 4 are mapped to those tokens for both operands.
+//
+// Numerics: 16-bit x converts to tf32 exactly. dh and phi' are rounded to
+// tf32 (MATMUL_PRECISION_TF32) or split into tf32 high and low parts with the
+// three-product correction (IEEE, ~2^-21 relative, fp32 x split as well).
+// dphi accumulates each stage in fresh mma registers and adds the stage into
+// fp32 with rounded adds, as the forward does.
+//
+// Determinism / batch invariance: a token's dx is a dot product over g in the
+// mma's fixed order plus per-element terms, independent of M and of the
+// token's slot in the tile. dphi partials are per (chunk, column), tokens in
+// order within the chunk, reduced over chunks in order by
+// LaunchPhiGradReduce. No atomics.
+#include <cstdint>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+#include "proj_mma.cuh"
+
+namespace mhc::cuda {
+namespace {
+
+constexpr int kCols = 128;        // columns of K per CTA
+constexpr int kStageTokens = 32;  // tokens per pipeline stage
+constexpr int kThreads = 256;     // 8 warps x 16 columns
+constexpr int kStages = 4;        // stages in flight
+constexpr int kMaxTiles = 3;      // N <= 24 (n <= 4 layers, n <= 16 heads)
+// dh of the current stage, rounded to tf32 once per CTA in two layouts so
+// every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
+// as the dx product's A, [token][40] with logits 8 kt + u and 8 kt + u + 4
+// side by side; as the dphi product's B, [token pair][72] holding
+// (g, token 2p) and (g, token 2p + 1) side by side.
+constexpr int kDhARow = 40;
+constexpr int kDhBRow = 72;
+constexpr int kDhAFloats = kStageTokens * kDhARow;
+// Elements per row of a warp's dx tile (16 columns + pad): the fragment
+// stores of one instruction hit distinct banks.
+constexpr int kOutRow = 24;
+constexpr int kDhBFloats = kStageTokens / 2 * kDhBRow;
+static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
+
+// Elements of one staged activation row: 128 columns plus a pad that makes
+// the ldmatrix rows (16-bit) and the fp32 fragment loads bank-conflict free.
+template <typename T>
+constexpr int RowStride() {
+  return sizeof(T) == 4 ? kCols + 4 : kCols + 8;
+}
+
+struct MmaDxDev {
+  const float* phi;
+  const float* gamma;  // null without gamma
+  const float* dh;
+  const float* dms;
+  const float* h_pre;   // null without the aggregate term
+  const void* dy;       // with h_pre
+  const float* r;       // null without the residual term
+  const void* dx_next;  // with r
+  void* dx;
+  float* dphi_partial;  // null: no parameter gradients
+  bool vec;             // 16-byte copies of rows (aligned, C % width == 0)
+  bool dh_vec;          // 16-byte copies of dh (aligned, N % 4 == 0)
+};
+
+// Byte offsets of one CTA's shared memory, all stages of each buffer
+// together. Depends on n (the dy tile is 128 / n channels wide) and on
+// which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
+// staged.
+struct SmemPlan {
+  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, out, total;
+  int dy_row;  // elements per staged dy row
+};
+
+template <typename T>
+__host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
+                                             bool aggregate, bool residual) {
+  SmemPlan p;
+  const int xb = kStages * kStageTokens * RowStride<T>() * sizeof(T);
+  p.dy_row = kCols / n + 16 / static_cast<int>(sizeof(T));
+  int at = 0;
+  p.x = at;
+  at += xb;
+  p.dxn = at;
+  at += residual ? xb : 0;
+  p.dy = at;
+  at += aggregate ? kStages * kStageTokens * p.dy_row * sizeof(T) : 0;
+  p.dh_raw = at;
+  at += kStages * kStageTokens * N * 4;  // a multiple of 16 bytes
+  const int copies = ieee ? 2 : 1;       // tf32 high (and low) parts
+  p.dh_a = at;
+  at += copies * kDhAFloats * 4;
+  p.dh_b = at;
+  at += copies * kDhBFloats * 4;
+  p.dms = at;
+  at += kStages * kStageTokens * 4;
+  p.hp = at;
+  at += aggregate ? kStages * kStageTokens * n * 4 : 0;
+  p.r = at;
+  at += residual ? kStages * kStageTokens * n * n * 4 : 0;
+  p.out = at;
+  at += kThreads / 32 * 16 * kOutRow * sizeof(T);
+  p.total = at;
+  return p;
+}
+
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src,
+                                         bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s),
+               "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(a));
+}
+
+// The two 16-bit values of a packed pair as floats (low half first).
+__device__ __forceinline__ float2 Unpack(uint32_t u, __nv_bfloat16) {
+  return make_float2(__uint_as_float(u << 16),
+                     __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ float2 Unpack(uint32_t u, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+template <typename T>
+__device__ __forceinline__ float2 LoadPair(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    return Unpack(*reinterpret_cast<const uint32_t*>(p), T{});
+  }
+}
+
+// tf32 high part, and the low part when split (IEEE).
+template <bool kSplit>
+__device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
+  const float h = RoundTf32(v);
+  hi = __float_as_uint(h);
+  if constexpr (kSplit) lo = __float_as_uint(RoundTf32(v - h));
+}
+
+// Column j (0..127) of the CTA's tile: its stream, channel offset from c0
+// and flat k (k < 0 past the last channel). n is a power of two, so the
+// tile splits into streams with shifts.
+struct Column {
+  int stream;
+  int chan;  // channel - c0
+  int k;
+};
+__device__ __forceinline__ Column ColumnOf(const DevSpec& s, int log_n,
+                                           int64_t c0, int j) {
+  Column c;
+  if (s.minor) {
+    c.stream = j & (s.n - 1);
+    c.chan = j >> log_n;
+  } else {
+    c.stream = j >> (7 - log_n);
+    c.chan = j & ((kCols >> log_n) - 1);
+  }
+  c.k = c0 + c.chan < s.C ? static_cast<int>(XIndex(s, c.stream, c0 + c.chan))
+                          : -1;
+  return c;
+}
+// Column of (stream, channel offset) inside the tile.
+__device__ __forceinline__ int TileColumn(const DevSpec& s, int log_n,
+                                          int stream, int chan) {
+  return s.minor ? (chan << log_n) + stream : (stream << (7 - log_n)) + chan;
+}
+
+// The aggregate and residual terms of output columns j, j + 1 of one token
+// for n = 4 (the production shape), with the staged rows: the pair shares a
+// stream and a dx_next run (stream major) or a channel (stream minor), so
+// R rows, gates and dx_next come in vector loads. Same products in the same
+// order as the general path.
+template <typename T>
+__device__ __forceinline__ void AddTermsFour(bool minor, bool residual, int j,
+                                             const T* dxn_row, const T* dy_row,
+                                             const float* hp_row,
+                                             const float* r_rows,
+                                             float (&out)[2]) {
+  float acc[2];
+  if (!minor) {
+    const int stream = j >> 5;  // 32 channels per stream
+    const int chan = j & 31;
+    const float2 d = LoadPair(dy_row + chan);
+    const float hp = hp_row[stream];
+    acc[0] = hp * d.x;
+    acc[1] = hp * d.y;
+    if (residual) {
+      const float4 r = *reinterpret_cast<const float4*>(r_rows + 4 * stream);
+      const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 g = LoadPair(dxn_row + 32 * i + chan);
+        acc[0] = fmaf(rv[i], g.x, acc[0]);
+        acc[1] = fmaf(rv[i], g.y, acc[1]);
+      }
+    }
+  } else {
+    const int stream = j & 3;  // even: streams stream, stream + 1
+    const int chan = j >> 2;
+    const float d = ToFloat(dy_row[chan]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) acc[e] = hp_row[stream + e] * d;
+    if (residual) {
+      const float2 g01 = LoadPair(dxn_row + 4 * chan);
+      const float2 g23 = LoadPair(dxn_row + 4 * chan + 2);
+      const float g[4] = {g01.x, g01.y, g23.x, g23.y};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float4 r =
+            *reinterpret_cast<const float4*>(r_rows + 4 * (stream + e));
+        const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[e] = fmaf(rv[i], g[i], acc[e]);
+      }
+    }
+  }
+  out[0] += acc[0];
+  out[1] += acc[1];
+}
+
+template <typename T, int NT, bool kIeee>
+__global__ void __launch_bounds__(kThreads, 2)
+    dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
+                       MmaDxDev a) {
+  extern __shared__ __align__(16) char smem[];
+  constexpr int RS = RowStride<T>();
+  constexpr int kVecElems = 16 / sizeof(T);
+  constexpr bool kSplitX = kIeee && sizeof(T) == 4;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int n = s.n;
+  const int log_n = __ffs(n) - 1;
+  const int wc = kCols >> log_n;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * wc;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
+  const int64_t end = min(tokens, begin + kTokenChunk);
+  const int stages =
+      static_cast<int>((end - begin + kStageTokens - 1) / kStageTokens);
+  const bool aggregate = a.h_pre != nullptr;
+  const bool residual = a.r != nullptr;
+  const bool want_dphi = a.dphi_partial != nullptr;
+  const SmemPlan plan = PlanSmem<T>(n, s.N, kIeee, aggregate, residual);
+  T* xs = reinterpret_cast<T*>(smem + plan.x);
+  T* dxns = reinterpret_cast<T*>(smem + plan.dxn);
+  T* dys = reinterpret_cast<T*>(smem + plan.dy);
+  float* dh_raw = reinterpret_cast<float*>(smem + plan.dh_raw);
+  float* dh_a = reinterpret_cast<float*>(smem + plan.dh_a);
+  float* dh_b = reinterpret_cast<float*>(smem + plan.dh_b);
+  float* dmss = reinterpret_cast<float*>(smem + plan.dms);
+  float* hps = reinterpret_cast<float*>(smem + plan.hp);
+  float* rs = reinterpret_cast<float*>(smem + plan.r);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* dx_next = static_cast<const T*>(a.dx_next);
+  T* dx = static_cast<T*>(a.dx);
+
+  // This thread's 16-byte vector of every activation row it copies: the
+  // same columns at every stage.
+  constexpr int kPerRow = kCols / kVecElems;
+  constexpr int kRowStep = kThreads / kPerRow;
+  const int vec_j = (tid % kPerRow) * kVecElems;
+  const int vec_k = ColumnOf(s, log_n, c0, vec_j).k;
+  // Copies one [kStageTokens x 128 columns] activation tile (x or dx_next).
+  auto load_rows = [&](const T* src, T* dst, int64_t m0) {
+    if (a.vec) {
+#pragma unroll
+      for (int row = tid / kPerRow; row < kStageTokens; row += kRowStep) {
+        const int64_t m = m0 + row;
+        const bool ok = m < end && vec_k >= 0;
+        CpAsync16(dst + row * RS + vec_j, ok ? src + m * s.K + vec_k : src, ok);
+      }
+      return;
+    }
+    for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
+      const int row = v / kPerRow;
+      const int j = (v % kPerRow) * kVecElems;
+      const int64_t m = m0 + row;
+      T* d = dst + row * RS + j;
+      // Unaligned rows: element copies, each column checked (odd C).
+      for (int e = 0; e < kVecElems; ++e) {
+        const Column ce = ColumnOf(s, log_n, c0, j + e);
+        d[e] = m < end && ce.k >= 0 ? src[m * s.K + ce.k] : FromFloat<T>(0.0f);
+      }
+    }
+  };
+  auto load_stage = [&](int st) {
+    if (st >= stages) return;
+    const int buf = st % kStages;
+    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    load_rows(x, xs + buf * kStageTokens * RS, m0);
+    // The stage's dh rows are one contiguous run of 32 N floats.
+    float* dh_dst = dh_raw + buf * kStageTokens * s.N;
+    const float* dh_src = a.dh + m0 * s.N;
+    const int64_t valid = (end - m0) * s.N;
+    if (a.dh_vec) {
+      for (int c = tid; c < kStageTokens * s.N / 4; c += kThreads) {
+        const bool ok = 4 * c < valid;
+        CpAsync16(dh_dst + 4 * c, ok ? dh_src + 4 * c : a.dh, ok);
+      }
+    } else {
+      for (int c = tid; c < kStageTokens * s.N; c += kThreads) {
+        const bool ok = c < valid;
+        CpAsync4(dh_dst + c, ok ? dh_src + c : a.dh, ok);
+      }
+    }
+    if (tid < kStageTokens) {
+      const int64_t m = m0 + tid;
+      CpAsync4(dmss + buf * kStageTokens + tid, m < end ? a.dms + m : a.dms,
+               m < end);
+    }
+    if (residual) {
+      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0);
+      float* r_dst = rs + buf * kStageTokens * n * n;
+      for (int v = tid; v < kStageTokens * n * n; v += kThreads) {
+        const int64_t m = m0 + v / (n * n);
+        const bool ok = m < end;
+        CpAsync4(r_dst + v, ok ? a.r + m * n * n + v % (n * n) : a.r, ok);
+      }
+    }
+    if (!aggregate) return;
+    T* dy_dst = dys + buf * kStageTokens * plan.dy_row;
+    const int per_row = wc / kVecElems;
+    for (int v = tid; v < kStageTokens * (a.vec ? per_row : wc);
+         v += kThreads) {
+      if (a.vec) {
+        const int row = v / per_row;
+        const int c = (v % per_row) * kVecElems;
+        const int64_t m = m0 + row;
+        const bool ok = m < end && c0 + c < s.C;
+        CpAsync16(dy_dst + row * plan.dy_row + c,
+                  ok ? dy + m * s.C + c0 + c : dy, ok);
+      } else {
+        const int row = v / wc;
+        const int c = v % wc;
+        const int64_t m = m0 + row;
+        dy_dst[row * plan.dy_row + c] =
+            m < end && c0 + c < s.C ? dy[m * s.C + c0 + c] : FromFloat<T>(0.0f);
+      }
+    }
+    float* hp_dst = hps + buf * kStageTokens * n;
+    for (int v = tid; v < kStageTokens * n; v += kThreads) {
+      const int64_t m = m0 + v / n;
+      const bool ok = m < end;
+      CpAsync4(hp_dst + v, ok ? a.h_pre + m * n + v % n : a.h_pre, ok);
+    }
+  };
+
+  // This warp's 16 columns: j0 .. j0 + 15.
+  const int j0 = warp * 16;
+  // phi' fragments (B of the dx product): rows g = 8 kt + quad (+4), column
+  // j0 + 8 nt + grp.
+  uint32_t ph_hi[NT][2][2];
+  [[maybe_unused]] uint32_t ph_lo[NT][2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const Column col = ColumnOf(s, log_n, c0, j0 + 8 * nt + grp);
+    const float gm = a.gamma != nullptr && col.k >= 0 ? a.gamma[col.k] : 1.0f;
+#pragma unroll
+    for (int kt = 0; kt < NT; ++kt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int g = 8 * kt + quad + 4 * h;
+        const float v =
+            col.k >= 0 && g < s.N ? a.phi[g * s.K + col.k] * gm : 0.0f;
+        SplitTf32<kIeee>(v, ph_hi[kt][nt][h], ph_lo[kt][nt][h]);
+      }
+    }
+  }
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  // dx leaves through a per-warp tile of 16 tokens x 16 columns so that
+  // global stores are whole 16-byte runs; run r starts at column
+  // j0 + r * kVecElems (runs stay inside one stream's channel run).
+  T* out_tile = reinterpret_cast<T*>(smem + plan.out) + warp * 16 * kOutRow;
+  int run_k[16 / kVecElems];
+#pragma unroll
+  for (int r = 0; r < 16 / kVecElems; ++r) {
+    run_k[r] = ColumnOf(s, log_n, c0, j0 + r * kVecElems).k;
+  }
+
+  float dphi[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dphi[nt][e] = 0.0f;
+  }
+
+  // Rounds the landed dh of stage buffer `buf` into dh_a / dh_b (zero past
+  // N up to the tiles' width).
+  auto convert_dh = [&](int buf) {
+    const float* raw = dh_raw + buf * kStageTokens * s.N;
+    for (int v = tid; v < kStageTokens * NT * 8; v += kThreads) {
+      const int t = v / (NT * 8);
+      const int g = v % (NT * 8);
+      uint32_t hi, lo;
+      SplitTf32<kIeee>(g < s.N ? raw[t * s.N + g] : 0.0f, hi, lo);
+      const int ia = t * kDhARow + (g & ~7) + 2 * (g & 3) + ((g >> 2) & 1);
+      const int ib = (t >> 1) * kDhBRow + 2 * g + (t & 1);
+      dh_a[ia] = __uint_as_float(hi);
+      dh_b[ib] = __uint_as_float(hi);
+      if constexpr (kIeee) {
+        dh_a[kDhAFloats + ia] = __uint_as_float(lo);
+        dh_b[kDhBFloats + ib] = __uint_as_float(lo);
+      }
+    }
+  };
+
+  // dphi^T += x^T dh over one stage.
+  auto stage_dphi = [&](const T* xt) {
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int half = 0; half < kStageTokens / 16; ++half) {
+      // A fragments for the two k steps of these 16 tokens: [step][slot].
+      uint32_t xa[2][4];
+      [[maybe_unused]] uint32_t xl[2][4];
+      if constexpr (sizeof(T) == 2) {
+        uint32_t r[4];
+        const int mat = lane >> 3;
+        LdMatrixX4Trans(r, xt + (half * 16 + (mat >> 1) * 8 + (lane & 7)) * RS +
+                               j0 + (mat & 1) * 8);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          const float2 c = Unpack(r[2 * step], T{});
+          const float2 d = Unpack(r[2 * step + 1], T{});
+          xa[step][0] = __float_as_uint(c.x);
+          xa[step][1] = __float_as_uint(d.x);
+          xa[step][2] = __float_as_uint(c.y);
+          xa[step][3] = __float_as_uint(d.y);
+        }
+      } else {
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          const float* p = reinterpret_cast<const float*>(xt) +
+                           (half * 16 + step * 8 + 2 * quad) * RS + j0 + grp;
+          const float v[4] = {p[0], p[8], p[RS], p[RS + 8]};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            SplitTf32<kSplitX>(v[e], xa[step][e], xl[step][e]);
+          }
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
+        const float* d =
+            dh_b + (half * 8 + step * 4 + quad) * kDhBRow + 2 * grp;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float2 b = *reinterpret_cast<const float2*>(d + 16 * nt);
+          Mma1688(acc[nt], xa[step], b.x, b.y);
+          if constexpr (kIeee) {
+            const float2 bl =
+                *reinterpret_cast<const float2*>(d + kDhBFloats + 16 * nt);
+            Mma1688(acc[nt], xa[step], bl.x, bl.y);
+          }
+          if constexpr (kSplitX) Mma1688(acc[nt], xl[step], b.x, b.y);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dphi[nt][e] += acc[nt][e];
+    }
+  };
+
+  // dx for the stage's tokens and this warp's columns, stored to global.
+  auto stage_dx = [&](int buf, int64_t m0) {
+    const T* xt = xs + buf * kStageTokens * RS;
+#pragma unroll
+    for (int mt = 0; mt < kStageTokens / 16; ++mt) {
+      float d[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kt = 0; kt < NT; ++kt) {
+        // Logits 8 kt + quad and 8 kt + quad + 4 of tokens grp and grp + 8.
+        const float* p = dh_a + (mt * 16 + grp) * kDhARow + 8 * kt + 2 * quad;
+        const float2 u = *reinterpret_cast<const float2*>(p);
+        const float2 w = *reinterpret_cast<const float2*>(p + 8 * kDhARow);
+        const uint32_t ah[4] = {__float_as_uint(u.x), __float_as_uint(w.x),
+                                __float_as_uint(u.y), __float_as_uint(w.y)};
+        [[maybe_unused]] uint32_t al[4];
+        if constexpr (kIeee) {
+          const float2 ul = *reinterpret_cast<const float2*>(p + kDhAFloats);
+          const float2 wl =
+              *reinterpret_cast<const float2*>(p + kDhAFloats + 8 * kDhARow);
+          al[0] = __float_as_uint(ul.x);
+          al[1] = __float_as_uint(wl.x);
+          al[2] = __float_as_uint(ul.y);
+          al[3] = __float_as_uint(wl.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          Mma1688(d[nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
+                  __uint_as_float(ph_hi[kt][nt][1]));
+          if constexpr (kIeee) {
+            Mma1688(d[nt], al, __uint_as_float(ph_hi[kt][nt][0]),
+                    __uint_as_float(ph_hi[kt][nt][1]));
+            Mma1688(d[nt], ah, __uint_as_float(ph_lo[kt][nt][0]),
+                    __uint_as_float(ph_lo[kt][nt][1]));
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = mt * 16 + grp + 8 * h;
+        const int64_t m = m0 + t;
+        if (m >= end) continue;
+        const float dm = dmss[buf * kStageTokens + t] * ms_scale;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = j0 + 8 * nt + 2 * quad;
+          const float2 v = LoadPair(xt + t * RS + j);
+          float out[2] = {fmaf(dm, v.x, d[nt][2 * h]),
+                          fmaf(dm, v.y, d[nt][2 * h + 1])};
+          if (aggregate) {
+            const int row = buf * kStageTokens + t;
+            if (n == 4) {
+              AddTermsFour(s.minor, residual, j, dxns + row * RS,
+                           dys + row * plan.dy_row, hps + row * 4,
+                           rs + row * 16, out);
+            } else {
+              const T* dxn_row = dxns + row * RS;
+              const T* dy_row = dys + row * plan.dy_row;
+              const float* hp_row = hps + row * n;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const Column col = ColumnOf(s, log_n, c0, j + e);
+                float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
+                if (residual) {
+                  const float* r_row = rs + (row * n + col.stream) * n;
+                  for (int i = 0; i < n; ++i) {
+                    acc = fmaf(
+                        r_row[i],
+                        ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]),
+                        acc);
+                  }
+                }
+                out[e] += acc;
+              }
+            }
+          }
+          if (a.vec) {
+            StoreVec<T, 2>(
+                out_tile + (grp + 8 * h) * kOutRow + 8 * nt + 2 * quad, out);
+          } else {
+            T* dst = dx + m * s.K;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int k = ColumnOf(s, log_n, c0, j + e).k;
+              if (k >= 0) dst[k] = FromFloat<T>(out[e]);
+            }
+          }
+        }
+      }
+      if (!a.vec) continue;
+      // Whole 16-byte runs of the warp's 16 tokens x 16 columns to global.
+      __syncwarp();
+      constexpr int kRunsPerRow = 16 * sizeof(T) / 16;
+#pragma unroll
+      for (int v = lane; v < 16 * kRunsPerRow; v += 32) {
+        const int row = v / kRunsPerRow;
+        const int run = v % kRunsPerRow;
+        const int64_t m = m0 + mt * 16 + row;
+        if (m < end && run_k[run] >= 0) {
+          *reinterpret_cast<uint4*>(dx + m * s.K + run_k[run]) =
+              *reinterpret_cast<const uint4*>(out_tile + row * kOutRow +
+                                              run * kVecElems);
+        }
+      }
+      __syncwarp();
+    }
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    load_stage(st);
+    CpAsyncCommit();
+  }
+  for (int st = 0; st < stages; ++st) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    load_stage(st + kStages - 1);
+    CpAsyncCommit();
+    const int buf = st % kStages;
+    convert_dh(buf);
+    __syncthreads();
+    if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
+    stage_dx(buf, begin + static_cast<int64_t>(st) * kStageTokens);
+  }
+  CpAsyncWait<0>();
+  if (!want_dphi) return;
+  // dphi^T fragment: rows (columns of K) j0 + grp (+8), logits 8 nt + 2 quad
+  // (+1).
+  float* partial = a.dphi_partial + blockIdx.y * s.N * s.K;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const Column col = ColumnOf(s, log_n, c0, j0 + grp + 8 * h);
+    if (col.k < 0) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int g = 8 * nt + 2 * quad + e;
+        if (g < s.N) partial[g * s.K + col.k] = dphi[nt][2 * h + e];
+      }
+    }
+  }
+}
+
+template <typename T, int NT, bool kIeee>
+cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
+                        const MmaDxDev& d, cudaStream_t stream) {
+  const SmemPlan plan =
+      PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
+  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total);
+  if (e != cudaSuccess) return e;
+  const int wc = kCols / s.n;
+  const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
+  kernel<<<grid, kThreads, plan.total, stream>>>(s, tokens,
+                                                 static_cast<const T*>(x), d);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool UseMmaDx(const LayerSpec& spec) {
+  const int n = spec.n;
+  // Whole channels per CTA: 128 / n columns of each stream; k fits an int.
+  const bool pow2 = n >= 1 && n <= 16 && (n & (n - 1)) == 0;
+  return spec.dynamic && pow2 && spec.NumLogits() <= kMaxTiles * 8 &&
+         spec.K() <= INT32_MAX;
+}
+
+absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*a.spec);
+  const int width = VectorWidth(a.act_dtype);
+  const int wc = kCols / s.n;
+  MmaDxDev d{a.phi,   s.has_gamma ? a.gamma : nullptr,
+             a.dh,    a.dms,
+             a.h_pre, a.dy,
+             a.r,     a.dx_next,
+             a.dx,    a.dphi_partial,
+             false,   s.N % 4 == 0 && Aligned16(a.dh)};
+  // 16-byte tiles need every staged row segment aligned: whole vectors per
+  // channel run (C and the CTA width) and aligned bases.
+  d.vec = s.C % width == 0 && wc % width == 0 && Aligned16(a.x) &&
+          Aligned16(a.dx) && (a.dy == nullptr || Aligned16(a.dy)) &&
+          (a.dx_next == nullptr || Aligned16(a.dx_next));
+  const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
+  const int tiles = (s.N + 7) / 8;
+  cudaError_t err = cudaSuccess;
+  DispatchDType(a.act_dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    auto go = [&](auto nt_tag) {
+      constexpr int kNt = decltype(nt_tag)::value;
+      err = ieee ? LaunchTyped<T, kNt, true>(s, a.tokens, a.x, d, stream)
+                 : LaunchTyped<T, kNt, false>(s, a.tokens, a.x, d, stream);
+    };
+    if (tiles <= 1) {
+      go(IntTag<1>{});
+    } else {
+      go(IntTag<kMaxTiles>{});
+    }
+  });
+  MHC_CUDA_RETURN_IF_ERROR(err, "dx (mma)",
+                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda

@@ -1,0 +1,203 @@
+// The tensor-core projection kernels at their tiling edges, forward and
+// backward, against the float64 reference; batch invariance of per-token
+// results and run-to-run determinism of the parameter gradients. Skips
+// without a GPU.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_cases.h"
+#include "cuda/cuda_harness.h"
+#include "gtest/gtest.h"
+
+namespace mhc::testing {
+namespace {
+
+// The tensor-core projection tiles at tiling edge cases: the widest K split
+// (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
+// 2 / 4 and heads, tf32 and ieee; then batch invariance: the rows of a slice
+// of the batch (a different M and row alignment) are bitwise unchanged.
+TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int n;
+    int64_t C, M;
+    DType dt;
+    MatmulPrecision prec;
+    bool gamma, head;
+  };
+  const Case cases[] = {
+      {4, 12288, 2048, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      {4, 12288, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {4, 5129, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false},
+      {4, 4096, 129, DType::kF32, MatmulPrecision::kTf32, true, false},
+      {2, 4096, 257, DType::kF16, MatmulPrecision::kIeee, true, false},
+      {1, 777, 200, DType::kBF16, MatmulPrecision::kIeee, false, false},
+      {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = PresetSpec("deepseek_v4", c.n, c.C).value();
+    spec.matmul_precision = c.prec;
+    spec.has_gamma = c.gamma;
+    if (c.head) spec.kind = LayerKind::kHead;
+    const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
+    SCOPED_TRACE(CaseName(spec, M, c.dt));
+    Harness h;
+    Pair x = h.Act(c.dt, M * K, FreshSeed());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+    Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
+    Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+    Pair hh = h.Output(M * N * 4);
+    Pair ms = h.Output(M * 4);
+    ProjectionForwardParams p[2];
+    for (int b = 0; b < 2; ++b) {
+      p[b].spec = &spec;
+      p[b].tokens = M;
+      p[b].act_dtype = c.dt;
+      p[b].x = x.ptr(b);
+      p[b].weights.phi = phi.f(b);
+      p[b].weights.gamma = gamma.f(b);
+      p[b].h = hh.f(b);
+      p[b].mean_square = ms.f(b);
+    }
+    for (int b = 0; b < 2; ++b) {
+      Workspace ws = h.Scratch(b, OpKind::kProjectionForward, spec, M, c.dt);
+      ASSERT_TRUE(h.backend(b).ProjectionForward(p[b], ws).ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const double tol = c.prec == MatmulPrecision::kIeee ? 1e-5 : 2e-3;
+    ExpectClose(h, hh, DType::kF32, M * N, tol, false, "h");
+    ExpectClose(h, ms, DType::kF32, M, 1e-5, false, "mean square");
+
+    const int64_t first = 37, count = M - 60;
+    Pair hs = h.Output(count * N * 4);
+    Pair mss = h.Output(count * 4);
+    ProjectionForwardParams q = p[1];
+    q.tokens = count;
+    q.x = static_cast<const char*>(x.dev) + first * K * DTypeSize(c.dt);
+    q.h = hs.f(1);
+    q.mean_square = mss.f(1);
+    ASSERT_TRUE(h.cuda().ProjectionForward(q, Workspace{}).ok());
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const std::vector<uint8_t> full = h.Fetch(hh), part = h.Fetch(hs);
+    const std::vector<uint8_t> full_ms = h.Fetch(ms), part_ms = h.Fetch(mss);
+    EXPECT_EQ(
+        std::memcmp(full.data() + first * N * 4, part.data(), count * N * 4), 0)
+        << "h changed with the batch";
+    EXPECT_EQ(
+        std::memcmp(full_ms.data() + first * 4, part_ms.data(), count * 4), 0)
+        << "mean square changed with the batch";
+  }
+}
+
+// The tensor-core dx / dphi kernel: token chunks with a partial last stage,
+// CTA column tiles past the last channel, odd C (element copies), both
+// layouts, n = 1 / 2 / 4 layers and n = 8 / 16 heads, tf32 and ieee, every
+// dtype. Then dx of a slice of the batch is bitwise the full batch's rows,
+// and a second run accumulates bitwise the same gradients.
+TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int n;
+    int64_t C, M;
+    DType dt;
+    MatmulPrecision prec;
+    bool gamma, head, minor;
+  };
+  const Case cases[] = {
+      {4, 4096, 2100, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {4, 2048, 1500, DType::kF16, MatmulPrecision::kTf32, false, false, true},
+      {4, 1000, 1100, DType::kF32, MatmulPrecision::kTf32, true, false, false},
+      {4, 12288, 300, DType::kBF16, MatmulPrecision::kIeee, true, false, false},
+      {4, 5129, 300, DType::kBF16, MatmulPrecision::kIeee, true, false, false},
+      {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false, true},
+      {2, 4096, 257, DType::kF16, MatmulPrecision::kIeee, true, false, false},
+      {1, 777, 1200, DType::kBF16, MatmulPrecision::kTf32, false, false, false},
+      {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true, false},
+      {8, 512, 1030, DType::kBF16, MatmulPrecision::kTf32, true, true, true},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = PresetSpec("deepseek_v4", c.n, c.C).value();
+    spec.matmul_precision = c.prec;
+    spec.has_gamma = c.gamma;
+    if (c.head) spec.kind = LayerKind::kHead;
+    if (c.minor) spec.layout = Layout::kStreamMinor;
+    const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
+    const size_t es = DTypeSize(c.dt);
+    SCOPED_TRACE(CaseName(spec, M, c.dt));
+    Harness h;
+    Pair x = h.Act(c.dt, M * K, FreshSeed());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+    Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
+    Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+    Pair dh = h.Floats(M * N, FreshSeed());
+    Pair dms = h.Floats(M, FreshSeed());
+    Pair dx = h.Output(M * K * es);
+    const std::vector<float> zeros_phi(N * K, 0.0f), zeros_gamma(K, 0.0f);
+    Pair gphi = h.Input(zeros_phi.data(), N * K * 4);
+    Pair ggamma = h.Input(zeros_gamma.data(), K * 4);
+    ProjectionBackwardParams p[2];
+    for (int b = 0; b < 2; ++b) {
+      p[b].spec = &spec;
+      p[b].tokens = M;
+      p[b].act_dtype = c.dt;
+      p[b].x = x.ptr(b);
+      p[b].weights.phi = phi.f(b);
+      p[b].weights.gamma = gamma.f(b);
+      p[b].dh = dh.f(b);
+      p[b].dmean_square = dms.f(b);
+      p[b].dx = dx.ptr(b);
+      p[b].grads.phi = gphi.f(b);
+      p[b].grads.gamma = ggamma.f(b);
+    }
+    for (int b = 0; b < 2; ++b) {
+      Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, c.dt);
+      ASSERT_TRUE(h.backend(b).ProjectionBackward(p[b], ws).ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const bool ieee = c.prec == MatmulPrecision::kIeee;
+    const double dx_tol = c.dt != DType::kF32 ? 1e-2 : ieee ? 1e-4 : 2e-3;
+    const double grad_tol = ieee ? kMixTol : 2e-3;
+    ExpectClose(h, dx, c.dt, M * K, dx_tol, false, "dx");
+    ExpectClose(h, gphi, DType::kF32, N * K, grad_tol, false, "dphi");
+    if (c.gamma) {
+      ExpectClose(h, ggamma, DType::kF32, K, grad_tol, false, "dgamma");
+    }
+
+    // Batch invariance of dx: a slice starting at an odd token.
+    const int64_t first = 37, count = M - 60;
+    Pair dxs = h.Output(count * K * es);
+    ProjectionBackwardParams q = p[1];
+    q.tokens = count;
+    q.x = static_cast<const char*>(x.dev) + first * K * es;
+    q.dh = dh.f(1) + first * N;
+    q.dmean_square = dms.f(1) + first;
+    q.dx = dxs.dev;
+    q.grads = LayerGrads{};
+    ASSERT_TRUE(h.cuda().ProjectionBackward(q, Workspace{}).ok());
+    // Determinism: the same request into fresh zero gradients.
+    Pair gphi2 = h.Input(zeros_phi.data(), N * K * 4);
+    Pair ggamma2 = h.Input(zeros_gamma.data(), K * 4);
+    ProjectionBackwardParams again = p[1];
+    again.dx = h.Output(M * K * es).dev;
+    again.grads.phi = gphi2.f(1);
+    again.grads.gamma = ggamma2.f(1);
+    {
+      Workspace ws = h.Scratch(1, OpKind::kProjectionBackward, spec, M, c.dt);
+      ASSERT_TRUE(h.cuda().ProjectionBackward(again, ws).ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const std::vector<uint8_t> full = h.Fetch(dx), part = h.Fetch(dxs);
+    EXPECT_EQ(
+        std::memcmp(full.data() + first * K * es, part.data(), count * K * es),
+        0)
+        << "dx changed with the batch";
+    EXPECT_EQ(h.Fetch(gphi), h.Fetch(gphi2)) << "dphi not deterministic";
+    EXPECT_EQ(h.Fetch(ggamma), h.Fetch(ggamma2)) << "dgamma not deterministic";
+  }
+}
+
+}  // namespace
+}  // namespace mhc::testing
