@@ -62,53 +62,54 @@ struct NoKeep {
                                       float) const {}
 };
 
-template <typename Keep>
-__device__ __forceinline__ void ColumnStep(float (&p)[16], float eps, int t,
-                                           const Keep& keep) {
-  float d[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    d[j] = Sum4(p[j], p[4 + j], p[8 + j], p[12 + j]) + eps;
-  keep.Put(t, 1, d[0], d[1], d[2], d[3]);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float inv = Rcp(d[j]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[4 * i + j] *= inv;
-  }
-}
-
-template <typename Keep>
-__device__ __forceinline__ void RowStep(float (&p)[16], float eps, int t,
-                                        const Keep& keep) {
-  float d[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    d[i] = Sum4(p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]) + eps;
-  }
-  keep.Put(t, 0, d[0], d[1], d[2], d[3]);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float inv = Rcp(d[i]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) p[4 * i + j] *= inv;
-  }
-}
-
 // p = Sinkhorn(a) with T = iterations >= 1; p0 = the softmax (kept for the
 // reverse mode). Step t >= 1 is a row step then a column step.
+//
+// The iterate is carried as P = diag(u) K diag(v) with K = P0 + eps fixed:
+// a step only rescales u (rows) or v (columns), so a row's denominator is
+// fma(u_i, sum_j K_ij v_j, eps), one 4-FMA dot, and the new u_i one
+// reciprocal and one multiply; 28 instructions per step instead of 36 for
+// summing and rescaling all 16 elements. P is formed once at the end.
 template <typename Keep>
 __device__ __forceinline__ void Forward(int iterations, float eps,
                                         const float (&a)[16], float (&p0)[16],
                                         float (&p)[16], const Keep& keep) {
   Softmax(a, p0);
+  float k[16];
 #pragma unroll
-  for (int e = 0; e < 16; ++e) p[e] = p0[e] + eps;
-  ColumnStep(p, eps, 0, keep);
+  for (int e = 0; e < 16; ++e) k[e] = p0[e] + eps;
+  float u[4] = {1.0f, 1.0f, 1.0f, 1.0f}, v[4], d[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    d[j] = Sum4(k[j], k[4 + j], k[8 + j], k[12 + j]) + eps;
+    v[j] = Rcp(d[j]);
+  }
+  keep.Put(0, 1, d[0], d[1], d[2], d[3]);
 #pragma unroll 2
   for (int t = 1; t < iterations; ++t) {
-    RowStep(p, eps, t, keep);
-    ColumnStep(p, eps, t, keep);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float dot = k[4 * i] * v[0];
+#pragma unroll
+      for (int j = 1; j < 4; ++j) dot = fmaf(k[4 * i + j], v[j], dot);
+      d[i] = fmaf(u[i], dot, eps);
+      u[i] *= Rcp(d[i]);
+    }
+    keep.Put(t, 0, d[0], d[1], d[2], d[3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float dot = u[0] * k[j];
+#pragma unroll
+      for (int i = 1; i < 4; ++i) dot = fmaf(u[i], k[4 * i + j], dot);
+      d[j] = fmaf(v[j], dot, eps);
+      v[j] *= Rcp(d[j]);
+    }
+    keep.Put(t, 1, d[0], d[1], d[2], d[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[4 * i + j] = u[i] * k[4 * i + j] * v[j];
   }
 }
 
