@@ -5,8 +5,12 @@
 // flushed before each; every op's outputs on the first tokens are checked
 // against the float64 reference backend on the same inputs in the same run.
 // One JSON line per measurement, then a table (us and % of copy bandwidth).
+// First, the timing floor under the same flush: two events with nothing
+// between them, and with one empty kernel between them; an op's time
+// minus the latter is what its kernels add.
 //
 //   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
+//                 [--flush=write|read]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +37,7 @@
 namespace mhc {
 namespace {
 
+using bench::Flush;
 using bench::FlushedTimer;
 
 constexpr int kStreams = 4;
@@ -419,7 +424,10 @@ struct Flags {
   std::vector<int> configs;
   int reps = 20;
   std::vector<bool> cases = std::vector<bool>(kNumCases, true);
+  Flush flush = Flush::kWrite;
 };
+
+const char* FlushName(Flush f) { return f == Flush::kWrite ? "write" : "read"; }
 
 bool ParseFlags(int argc, char** argv, Flags& flags) {
   std::string configs = "all", ops = "all";
@@ -431,6 +439,14 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       ops = std::string(arg);
     } else if (absl::ConsumePrefix(&arg, "--reps=")) {
       if (!absl::SimpleAtoi(arg, &flags.reps) || flags.reps < 1) return false;
+    } else if (absl::ConsumePrefix(&arg, "--flush=")) {
+      if (arg == "write") {
+        flags.flush = Flush::kWrite;
+      } else if (arg == "read") {
+        flags.flush = Flush::kRead;
+      } else {
+        return false;
+      }
     } else {
       return false;
     }
@@ -690,7 +706,7 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: mhc_gpu_bench [--configs=all|first|I,J,...] "
                  "[--reps=N] [--ops=all|projection,scale,sinkhorn,aggregate,"
-                 "post,expand,pre,head,layer]\n");
+                 "post,expand,pre,head,layer] [--flush=write|read]\n");
     return 2;
   }
   if (CudaDeviceCount() == 0) {
@@ -714,11 +730,25 @@ int Run(int argc, char** argv) {
       "\"gbps\": %.1f, \"nominal_peak_gbps\": %.0f}\n",
       device.c_str(), copy_gbps, peak);
   absl::StatusOr<std::unique_ptr<FlushedTimer>> timer =
-      FlushedTimer::Create(**gpu);
+      FlushedTimer::Create(**gpu, flags.flush);
   if (!timer.ok()) {
     std::fprintf(stderr, "timer: %s\n", timer.status().ToString().c_str());
     return 1;
   }
+  absl::StatusOr<double> floor_events =
+      (*timer)->MedianUs(kWarmup, flags.reps, [] { return absl::OkStatus(); });
+  absl::StatusOr<double> floor_kernel = (*timer)->MedianUs(
+      kWarmup, flags.reps, [&] { return EnqueueCudaEmptyKernel(**gpu); });
+  if (!floor_events.ok() || !floor_kernel.ok()) {
+    std::fprintf(stderr, "timing floor: %s %s\n",
+                 floor_events.status().ToString().c_str(),
+                 floor_kernel.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "{\"impl\": \"mhcd\", \"op\": \"timing_floor\", \"flush\": \"%s\", "
+      "\"events_us\": %.2f, \"empty_kernel_us\": %.2f}\n",
+      FlushName(flags.flush), *floor_events, *floor_kernel);
   bool ok = true;
   std::vector<std::map<int, Result>> rows;
   {
@@ -741,8 +771,11 @@ int Run(int argc, char** argv) {
   }
   std::printf(
       "\ndevice %s, copy bandwidth %.0f GB/s (nominal %.0f), n = %d, "
-      "bf16, deepseek_v4, deterministic, median of %d\n",
-      device.c_str(), copy_gbps, peak, kStreams, flags.reps);
+      "bf16, deepseek_v4, deterministic, median of %d, L2 flushed by a "
+      "%s; timing floor %.2f us (events alone %.2f us)\n",
+      device.c_str(), copy_gbps, peak, kStreams, flags.reps,
+      flags.flush == Flush::kWrite ? "write" : "read", *floor_kernel,
+      *floor_events);
   PrintTable(flags.configs, rows);
   std::printf("%s\n", ok ? "all checks vs the float64 reference passed"
                          : "FAIL: some outputs differ from the reference");

@@ -1,6 +1,10 @@
 // Device timing shared by the GPU benchmarks: events on the backend's own
-// stream (Backend::MakeDeviceTimer), a write of a buffer larger than L2 before
-// every repetition so each one starts from DRAM, and the median.
+// stream (Backend::MakeDeviceTimer), an L2 flush through a buffer larger
+// than L2 before every repetition so each one starts from DRAM, and the
+// median. The flush writes the buffer (default) or reads it: a write leaves
+// the L2 full of dirty lines, and an op that misses then pays for writing
+// back as many bytes as it brings in, inside the timed region; a read
+// leaves clean lines, which cost nothing to evict.
 #ifndef MHC_BENCH_GPU_TIMING_H_
 #define MHC_BENCH_GPU_TIMING_H_
 
@@ -14,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mhc/backend.h"
+#include "mhc/cuda.h"
 
 namespace mhc::bench {
 
@@ -24,20 +29,31 @@ inline double Median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
 }
 
+enum class Flush { kWrite, kRead };
+
 class FlushedTimer {
  public:
   // 256 MiB is several times the L2 of any Hopper part (50-60 MB).
   static constexpr size_t kFlushBytes = size_t{256} << 20;
 
-  static absl::StatusOr<std::unique_ptr<FlushedTimer>> Create(Backend& be) {
+  // kRead needs a CUDA backend (MakeCudaBackend).
+  static absl::StatusOr<std::unique_ptr<FlushedTimer>> Create(
+      Backend& be, Flush mode = Flush::kWrite) {
     std::unique_ptr<DeviceTimer> timer = be.MakeDeviceTimer();
     if (timer == nullptr) {
       return absl::FailedPreconditionError("backend has no device timer");
     }
     absl::StatusOr<void*> flush = be.Allocate(kFlushBytes);
     if (!flush.ok()) return flush.status();
+    // Defined contents for the read flush.
+    absl::Status st = be.Memset(*flush, 0x5a, kFlushBytes);
+    if (st.ok()) st = be.Synchronize();
+    if (!st.ok()) {
+      be.Free(*flush);
+      return st;
+    }
     return std::unique_ptr<FlushedTimer>(
-        new FlushedTimer(be, std::move(timer), *flush));
+        new FlushedTimer(be, std::move(timer), *flush, mode));
   }
   ~FlushedTimer() { be_.Free(flush_); }
   FlushedTimer(const FlushedTimer&) = delete;
@@ -45,12 +61,15 @@ class FlushedTimer {
 
   // Median microseconds of `reps` timed runs of `body` after `warmup`
   // untimed ones. The flush is queued on the same stream before the start
-  // event, so it is ordered before the body but not timed.
+  // event, so it is ordered before the body but not timed (only what it
+  // leaves in the L2 is).
   absl::StatusOr<double> MedianUs(int warmup, int reps,
                                   const std::function<absl::Status()>& body) {
     std::vector<double> us;
     for (int r = 0; r < warmup + reps; ++r) {
-      absl::Status st = be_.Memset(flush_, r & 0xff, kFlushBytes);
+      absl::Status st = mode_ == Flush::kWrite
+                            ? be_.Memset(flush_, r & 0xff, kFlushBytes)
+                            : EnqueueCudaReadFlush(be_, flush_, kFlushBytes);
       if (!st.ok()) return st;
       timer_->Start();
       st = body();
@@ -63,12 +82,14 @@ class FlushedTimer {
   }
 
  private:
-  FlushedTimer(Backend& be, std::unique_ptr<DeviceTimer> timer, void* flush)
-      : be_(be), timer_(std::move(timer)), flush_(flush) {}
+  FlushedTimer(Backend& be, std::unique_ptr<DeviceTimer> timer, void* flush,
+               Flush mode)
+      : be_(be), timer_(std::move(timer)), flush_(flush), mode_(mode) {}
 
   Backend& be_;
   std::unique_ptr<DeviceTimer> timer_;
   void* flush_;
+  const Flush mode_;
 };
 
 }  // namespace mhc::bench

@@ -24,18 +24,29 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   cudaDeviceProp prop;
   MHC_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device),
                            "create backend", what);
+  unsigned* arrivals = nullptr;
+  MHC_CUDA_RETURN_IF_ERROR(cudaMalloc(&arrivals, sizeof(unsigned)),
+                           "create backend", what);
+  cudaError_t error = cudaMemset(arrivals, 0, sizeof(unsigned));
   cudaStream_t stream = nullptr;
-  MHC_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-      "create backend", what);
+  if (error == cudaSuccess) {
+    error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  }
+  if (error == cudaSuccess) error = cudaDeviceSynchronize();  // the memset
+  if (error != cudaSuccess) {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    cudaFree(arrivals);
+    MHC_CUDA_RETURN_IF_ERROR(error, "create backend", what);
+  }
   return std::unique_ptr<CudaBackend>(new CudaBackend(
-      device, stream, absl::StrCat(prop.name, " (", device, ")")));
+      device, stream, arrivals, absl::StrCat(prop.name, " (", device, ")")));
 }
 
 CudaBackend::~CudaBackend() {
   if (cudaSetDevice(device_) == cudaSuccess) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
+    cudaFree(arrivals_);
   }
 }
 
@@ -145,7 +156,7 @@ absl::Status CudaBackend::RunScaleForward(const ScaleForwardParams& p,
 }
 absl::Status CudaBackend::RunScaleBackward(const ScaleBackwardParams& p,
                                            Workspace ws) {
-  MHC_CUDA_RUN_(LaunchScaleBackward(p, ws, stream_));
+  MHC_CUDA_RUN_(LaunchScaleBackward(p, ws, arrivals_, stream_));
 }
 absl::Status CudaBackend::RunSinkhornForward(const SinkhornForwardParams& p,
                                              Workspace) {

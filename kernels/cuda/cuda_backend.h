@@ -75,9 +75,11 @@ class CudaBackend final : public Backend {
                                Workspace ws) override;
 
  private:
-  CudaBackend(int device, cudaStream_t stream, std::string description)
+  CudaBackend(int device, cudaStream_t stream, unsigned* arrivals,
+              std::string description)
       : device_(device),
         stream_(stream),
+        arrivals_(arrivals),
         description_(std::move(description)) {}
 
   // Makes this backend's device current for the calling thread.
@@ -85,6 +87,10 @@ class CudaBackend final : public Backend {
 
   int device_;
   cudaStream_t stream_;
+  // Zeroed once here; single-launch reductions count their finished blocks
+  // in it and the last block puts it back to 0. One per stream: kernels on
+  // one stream never overlap, so they can share it.
+  unsigned* arrivals_;
   std::string description_;
 };
 

@@ -36,8 +36,11 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
                                       Workspace ws, cudaStream_t stream);
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
                                 cudaStream_t stream);
+// arrivals: a device counter that is 0 between launches (the backend owns
+// it and its stream serialises the users); the n = 4 kernel counts its
+// finished blocks there and its last block resets it.
 absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
-                                 cudaStream_t stream);
+                                 unsigned* arrivals, cudaStream_t stream);
 absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream);
 absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,

@@ -1,15 +1,24 @@
 // Scale (logits and gates) forward and backward, plus the fixed-order
 // token reductions that turn per-token contributions into parameter
-// gradients. Determinism / batch invariance: one thread per token for
-// everything per token; dalpha / dbeta (and every other parameter gradient
-// built from per-token rows) are summed over fixed chunks of kTokenChunk
-// tokens in token order, then over chunks in order, never with atomics.
-// The n = 4 scale backward reduces inside the kernel instead: fixed chunks of
-// kScaleChunk tokens (a constant, never a function of M), each summed as 8
-// runs of 32 tokens in token order and then the 8 runs in order; the chunk
-// partials are then summed by one warp per column in a fixed lane / butterfly
-// order. Only dalpha / dbeta (sums over tokens) go through it, so per-token
-// outputs keep their bits whatever the batch.
+// gradients. Determinism / batch invariance: every per-token output comes
+// from code that sees that token alone, in a fixed order; dalpha / dbeta
+// (and every other parameter gradient built from per-token rows) are summed
+// over fixed chunks of tokens in token order, then over chunks in order,
+// never with float atomics.
+//
+// n = 4 (the production case) has its own kernels. The step is elementwise
+// over (token, logit) but for the per-token dms sum, and every group
+// boundary (4, 8) of the N = 24 logits (N = 4 for heads) falls on a multiple
+// of 4, so thread (token, quarter c) owns logits 4c .. 4c + 3, all of one
+// group: h, dh, the gates and the H_res logits each move as one 16-byte
+// access per thread and consecutive threads touch consecutive bytes. (A
+// thread per token touched 24 scattered 4-byte words of h and dh per token:
+// one L1 wavefront / L2 request each, which was most of the time.) The
+// backward is one launch: each block sums its kScaleTile tokens' dalpha /
+// dbeta rows in token order into a partial row, and the last block to finish
+// (an integer arrival counter, reset by that block) adds the partial rows in
+// block order. Unaligned pointers take the same code with scalar accesses,
+// so alignment never changes a bit.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -74,78 +83,242 @@ __global__ void __launch_bounds__(kTokenThreads)
       s.dynamic ? dmean_square + m : nullptr, contrib + m * width);
 }
 
-constexpr int kScaleChunk = 256;  // tokens per block = per partial row
-constexpr int kScaleRuns = 8;     // runs of kScaleChunk / kScaleRuns tokens
-constexpr int kScaleWidth = 27;   // widest row on this path: N + 3, n = 4
-constexpr int kScaleStride = kScaleWidth + 2;  // odd: spreads smem banks
+// ---------------------------------------------------------------- n = 4 --
 
-__global__ void __launch_bounds__(kScaleChunk)
-    scale_backward_chunk_kernel(DevSpec s, int64_t tokens, const float* h,
-                                const float* mean_square, const float* alpha,
-                                const float* beta, const float* dh_pre,
-                                const float* dh_post, const float* dlogits,
-                                float* dh, float* dmean_square,
-                                float* partial) {
-  __shared__ float rows[kScaleChunk * kScaleStride];
-  __shared__ float runs[kScaleWidth * kScaleRuns];
-  const int width = s.N + s.num_alpha;
-  const int t = threadIdx.x;
-  const int64_t m = static_cast<int64_t>(blockIdx.x) * kScaleChunk + t;
-  float* row = rows + t * kScaleStride;
-  if (m < tokens) {
-    constexpr int n = 4;
-    float da[n * n];
-#pragma unroll
-    for (int e = 0; e < n * n; ++e) {
-      da[e] = s.head ? 0.0f : dlogits[m * n * n + e];
-    }
-    ScaleBackwardToken<n>(s, s.dynamic ? h + m * s.N : nullptr,
-                          s.dynamic ? mean_square[m] : 0.0f, alpha, beta,
-                          dh_pre + m * n, s.head ? nullptr : dh_post + m * n,
-                          da, s.dynamic ? dh + m * s.N : nullptr,
-                          s.dynamic ? dmean_square + m : nullptr, row);
+constexpr int kScale4Threads = 256;  // forward block
+constexpr int kScaleTile = 128;      // backward: tokens per block / partial
+constexpr int kScaleRuns = 16;       // runs of kScaleTile / kScaleRuns tokens
+constexpr int kScaleBatch = 16;      // partial rows in flight per thread
+
+// Logit quarter c of a token: 0 the pre gates, 1 the post gates, 2..5 H_res.
+__device__ __forceinline__ int QuarterGroup(int c) { return c < 2 ? c : 2; }
+
+template <bool kVec>
+__device__ __forceinline__ void Load4(const float* p, float (&v)[4]) {
+  if (kVec) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   } else {
-    for (int w = 0; w < width; ++w) row[w] = 0.0f;
-  }
-  __syncthreads();
-  constexpr int kRun = kScaleChunk / kScaleRuns;
-  if (t < width * kScaleRuns) {
-    const int w = t / kScaleRuns, q = t % kScaleRuns;
-    const float* src = rows + q * kRun * kScaleStride + w;
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < kRun; ++i) sum += src[i * kScaleStride];
-    runs[w * kScaleRuns + q] = sum;
-  }
-  __syncthreads();
-  if (t < width) {
-    float sum = 0.0f;
 #pragma unroll
-    for (int q = 0; q < kScaleRuns; ++q) sum += runs[t * kScaleRuns + q];
-    partial[blockIdx.x * width + t] = sum;
+    for (int k = 0; k < 4; ++k) v[k] = p[k];
   }
 }
 
-// One warp per column: lane l adds chunks l, l + 32, ... in order, then the
-// lanes combine in a fixed butterfly; adds into out_a (w < split) / out_b.
-__global__ void warp_chunk_sum_kernel(const float* partial, int64_t chunks,
-                                      int width, int split, float* out_a,
-                                      float* out_b) {
-  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (w >= width) return;  // whole warps leave together
-  float sum = 0.0f;
-  for (int64_t q = lane; q < chunks; q += 32) sum += partial[q * width + w];
+template <bool kVec>
+__device__ __forceinline__ void Store4(float* p, const float (&v)[4]) {
+  if (kVec) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    for (int k = 0; k < 4; ++k) p[k] = v[k];
   }
-  if (lane != 0) return;
-  if (w < split) {
-    if (out_a != nullptr) out_a[w] += sum;
-  } else if (out_b != nullptr) {
-    out_b[w - split] += sum;
+}
+
+// kQuarters = N / 4: 6 for kMhc, 1 for kHead. The gate / logit expressions
+// are ScaleForwardToken's (mix.cuh), element by element.
+template <int kQuarters, bool kVec>
+__global__ void __launch_bounds__(kScale4Threads)
+    scale4_forward_kernel(DevSpec s, int64_t tokens, const float* h,
+                          const float* mean_square, const float* alpha,
+                          const float* beta, float* h_pre, float* h_post,
+                          float* logits) {
+  constexpr int kN = 4 * kQuarters;
+  const int64_t e =
+      static_cast<int64_t>(blockIdx.x) * kScale4Threads + threadIdx.x;
+  const int64_t m = e / kQuarters;
+  const int c = static_cast<int>(e % kQuarters);
+  if (m >= tokens) return;
+  const int group = QuarterGroup(c);
+  float hv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float r = 0.0f;
+  if (s.dynamic) {
+    Load4<kVec>(h + m * kN + 4 * c, hv);
+    r = RmsFactor(s, mean_square[m]);
   }
+  float out[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float z = beta[4 * c + k];
+    if (s.dynamic) z += alpha[group] * hv[k] * r;
+    out[k] = group == 0   ? Sigmoid(z) + s.eps_pre
+             : group == 1 ? s.post_mult * Sigmoid(z)
+                          : z;
+  }
+  float* dst = group == 0   ? h_pre + m * 4
+               : group == 1 ? h_post + m * 4
+                            : logits + m * 16 + 4 * (c - 2);
+  Store4<kVec>(dst, out);
+}
+
+// One block per kScaleTile tokens, thread (token t, quarter c). Per token:
+// dz as ScaleBackwardToken computes it, dh, and dms = (sum over quarters in
+// order of the quarter's dz alpha h sum) dr/dms. With partial != null also
+// the parameter gradients: the block's partial row (dbeta[N], dalpha[num
+// alpha]) is its tokens' sum as kScaleRuns runs of consecutive tokens, each
+// in token order, then the runs in order; the last block adds the partial
+// rows into grad_beta / grad_alpha in block order (kSplit interleaved
+// strands per column, then the strands in order). Both orders depend on M
+// alone.
+template <int kQuarters, bool kVec>
+__global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
+    scale4_backward_kernel(DevSpec s, int64_t tokens, const float* h,
+                           const float* mean_square, const float* alpha,
+                           const float* beta, const float* dh_pre,
+                           const float* dh_post, const float* dlogits,
+                           float* dh, float* dmean_square, float* partial,
+                           unsigned* arrivals, float* grad_beta,
+                           float* grad_alpha) {
+  constexpr int kThreads = kScaleTile * kQuarters;
+  constexpr int kN = 4 * kQuarters;
+  constexpr int kAlpha = kQuarters == 1 ? 1 : 3;
+  constexpr int kWidth = kN + kAlpha;
+  constexpr int kSplit = kThreads / kWidth;
+  static_assert(kWidth * kScaleRuns <= kThreads, "one thread per run");
+  // Odd row strides keep the column walks below free of bank conflicts.
+  __shared__ float dz_s[kScaleTile][kN + 1];
+  __shared__ float dalpha_s[kScaleTile][kQuarters + 1];
+  __shared__ float msdot_s[kScaleTile][kQuarters + 1];
+  __shared__ float runs[kWidth][kScaleRuns + 1];
+  __shared__ float strands[kSplit][kWidth];
+  __shared__ bool last;
+
+  const int t = threadIdx.x / kQuarters, c = threadIdx.x % kQuarters;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kScaleTile;
+  const int64_t m = m0 + t;
+  const int group = QuarterGroup(c);
+  float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float dalpha = 0.0f, ms_dot = 0.0f;
+  if (m < tokens) {
+    float hv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float r = 0.0f;
+    if (s.dynamic) {
+      Load4<kVec>(h + m * kN + 4 * c, hv);
+      r = RmsFactor(s, mean_square[m]);
+    }
+    float up[4];
+    Load4<kVec>(group == 0   ? dh_pre + m * 4
+                : group == 1 ? dh_post + m * 4
+                             : dlogits + m * 16 + 4 * (c - 2),
+                up);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (group == 2) {
+        dz[k] = up[k];
+        continue;
+      }
+      float z = beta[4 * c + k];
+      if (s.dynamic) z += alpha[group] * hv[k] * r;
+      const float sg = Sigmoid(z);
+      const float gate = sg * (1.0f - sg);
+      dz[k] = group == 0 ? up[k] * gate : up[k] * s.post_mult * gate;
+    }
+    if (s.dynamic) {
+      const float al = alpha[group];
+      float dhv[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        dalpha += dz[k] * hv[k] * r;
+        dhv[k] = al * dz[k] * r;
+        ms_dot += dz[k] * al * hv[k];
+      }
+      Store4<kVec>(dh + m * kN + 4 * c, dhv);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) dz_s[t][4 * c + k] = dz[k];
+  dalpha_s[t][c] = dalpha;
+  msdot_s[t][c] = ms_dot;
+  __syncthreads();
+
+  if (s.dynamic && threadIdx.x < kScaleTile) {
+    const int u = threadIdx.x;
+    const int64_t mu = m0 + u;
+    if (mu < tokens) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kQuarters; ++q) sum += msdot_s[u][q];
+      const float ms = mean_square[mu];
+      dmean_square[mu] = sum * RmsDerivative(s, ms, RmsFactor(s, ms));
+    }
+  }
+  if (partial == nullptr) return;  // no parameter gradient asked for
+
+  constexpr int kRun = kScaleTile / kScaleRuns;
+  if (threadIdx.x < kWidth * kScaleRuns) {
+    const int w = threadIdx.x / kScaleRuns, q = threadIdx.x % kScaleRuns;
+    // Column w: dbeta[w] for w < N, else dalpha of group w - N, whose
+    // quarters a token adds in order.
+    const int p = w - kN;
+    const int first = p < 2 ? p : 2, end = p < 2 ? p + 1 : kQuarters;
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRun; ++i) {
+      const int u = q * kRun + i;
+      float v;
+      if (w < kN) {
+        v = dz_s[u][w];
+      } else {
+        v = dalpha_s[u][first];
+        for (int g = first + 1; g < end; ++g) v += dalpha_s[u][g];
+      }
+      sum += v;
+    }
+    runs[w][q] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < kWidth) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kScaleRuns; ++q) sum += runs[threadIdx.x][q];
+    partial[static_cast<int64_t>(blockIdx.x) * kWidth + threadIdx.x] = sum;
+    __threadfence();  // the row is visible before this block is counted
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's row is visible to this one
+
+  const int64_t blocks = gridDim.x;
+  if (threadIdx.x < kSplit * kWidth) {
+    const int k = threadIdx.x / kWidth, w = threadIdx.x % kWidth;
+    float sum = 0.0f;
+    // kScaleBatch independent L2 reads in flight per pass; rows past the
+    // end add 0, which never changes a sum.
+    for (int64_t b0 = k; b0 < blocks; b0 += int64_t{kSplit} * kScaleBatch) {
+      float v[kScaleBatch];
+      const float* row = partial + b0 * kWidth + w;
+      if (b0 + int64_t{kScaleBatch - 1} * kSplit < blocks) {
+#pragma unroll
+        for (int i = 0; i < kScaleBatch; ++i) {
+          v[i] = __ldcg(row + i * kSplit * kWidth);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kScaleBatch; ++i) {
+          v[i] = b0 + int64_t{i} * kSplit < blocks
+                     ? __ldcg(row + i * kSplit * kWidth)
+                     : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kScaleBatch; ++i) sum += v[i];
+    }
+    strands[k][w] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < kWidth) {
+    const int w = threadIdx.x;
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kSplit; ++k) total += strands[k][w];
+    if (w < kN) {
+      if (grad_beta != nullptr) grad_beta[w] += total;
+    } else if (grad_alpha != nullptr) {
+      grad_alpha[w - kN] += total;
+    }
+  }
+  if (threadIdx.x == 0) *arrivals = 0;  // ready for the next launch
 }
 
 __global__ void column_partial_kernel(const float* rows, int64_t tokens,
@@ -173,6 +346,10 @@ __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
     out_b[w - split] += sum;
   }
 }
+
+// The n = 4 kernels cover every n = 4 spec; the vector form needs every
+// row they touch 16-byte aligned.
+bool UseScale4(const DevSpec& s) { return s.n == 4; }
 
 }  // namespace
 
@@ -203,6 +380,10 @@ absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
 
 size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
   const int64_t width = spec.NumLogits() + spec.NumAlpha();
+  if (spec.n == 4) {  // one partial row per kScaleTile tokens
+    return AlignBytes(sizeof(float) * ((tokens + kScaleTile - 1) / kScaleTile) *
+                      width);
+  }
   return AlignBytes(sizeof(float) * tokens * width) +
          AlignBytes(sizeof(float) * NumChunks(tokens) * width);
 }
@@ -210,43 +391,72 @@ size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const unsigned grid =
-      GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
-  DispatchMix(s.n, [&](auto nt) {
-    scale_forward_kernel<decltype(nt)::value>
-        <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.h, p.mean_square,
-                                             p.weights.alpha, p.weights.beta,
-                                             p.h_pre, p.h_post, p.logits);
-  });
+  if (UseScale4(s)) {
+    const bool vec = Aligned16(p.h) && Aligned16(p.h_pre) &&
+                     Aligned16(p.h_post) && Aligned16(p.logits);
+    const int quarters = s.head ? 1 : 6;
+    const unsigned grid =
+        GridSize((p.tokens * quarters + kScale4Threads - 1) / kScale4Threads);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kScale4Threads, 0, stream>>>(
+          s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
+          p.h_pre, p.h_post, p.logits);
+    };
+    if (s.head) {
+      vec ? launch(scale4_forward_kernel<1, true>)
+          : launch(scale4_forward_kernel<1, false>);
+    } else {
+      vec ? launch(scale4_forward_kernel<6, true>)
+          : launch(scale4_forward_kernel<6, false>);
+    }
+  } else {
+    const unsigned grid =
+        GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
+    DispatchMix(s.n, [&](auto nt) {
+      scale_forward_kernel<decltype(nt)::value>
+          <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.h, p.mean_square,
+                                               p.weights.alpha, p.weights.beta,
+                                               p.h_pre, p.h_post, p.logits);
+    });
+  }
   MHC_CUDA_CHECK_LAUNCH("scale forward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
 }
 
 absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
-                                 cudaStream_t stream) {
+                                 unsigned* arrivals, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const std::string shape = ShapeString(*p.spec, p.tokens, DType::kF32);
   if (ws.bytes < ScaleBackwardWorkspace(*p.spec, p.tokens)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda scale backward ", shape, ": workspace too small"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda scale backward ", ShapeString(*p.spec, p.tokens, DType::kF32),
+        ": workspace too small"));
   }
   const int width = s.N + s.num_alpha;
   if (p.tokens == 0) return absl::OkStatus();
-  if (s.n == 4 && width <= kScaleWidth) {
-    float* partial = static_cast<float*>(ws.data);
-    const int64_t chunks = (p.tokens + kScaleChunk - 1) / kScaleChunk;
-    scale_backward_chunk_kernel<<<GridSize(chunks), kScaleChunk, 0, stream>>>(
-        s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-        p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, partial);
-    MHC_CUDA_CHECK_LAUNCH("scale backward", shape);
-    float* out_b = s.dynamic ? p.grads.alpha : nullptr;
-    if (p.grads.beta == nullptr && out_b == nullptr) return absl::OkStatus();
-    constexpr int kWarps = 4;
-    warp_chunk_sum_kernel<<<GridSize((width + kWarps - 1) / kWarps),
-                            32 * kWarps, 0, stream>>>(partial, chunks, width,
-                                                      s.N, p.grads.beta, out_b);
-    MHC_CUDA_CHECK_LAUNCH("scale backward (chunks)", shape);
+  float* grad_alpha = s.dynamic ? p.grads.alpha : nullptr;
+  if (UseScale4(s)) {
+    const bool grads = p.grads.beta != nullptr || grad_alpha != nullptr;
+    float* partial = grads ? static_cast<float*>(ws.data) : nullptr;
+    const bool vec = Aligned16(p.h) && Aligned16(p.dh) && Aligned16(p.dh_pre) &&
+                     Aligned16(p.dh_post) && Aligned16(p.dlogits);
+    const int quarters = s.head ? 1 : 6;
+    const unsigned grid = GridSize((p.tokens + kScaleTile - 1) / kScaleTile);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kScaleTile * quarters, 0, stream>>>(
+          s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
+          p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, partial,
+          arrivals, p.grads.beta, grad_alpha);
+    };
+    if (s.head) {
+      vec ? launch(scale4_backward_kernel<1, true>)
+          : launch(scale4_backward_kernel<1, false>);
+    } else {
+      vec ? launch(scale4_backward_kernel<6, true>)
+          : launch(scale4_backward_kernel<6, false>);
+    }
+    MHC_CUDA_CHECK_LAUNCH("scale backward",
+                          ShapeString(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
   }
   float* contrib = static_cast<float*>(ws.data);
@@ -261,9 +471,10 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
             s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
             p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, contrib);
   });
-  MHC_CUDA_CHECK_LAUNCH("scale backward", shape);
+  MHC_CUDA_CHECK_LAUNCH("scale backward",
+                        ShapeString(*p.spec, p.tokens, DType::kF32));
   return LaunchColumnSum(contrib, p.tokens, width, s.N, partial, p.grads.beta,
-                         s.dynamic ? p.grads.alpha : nullptr, stream);
+                         grad_alpha, stream);
 }
 
 }  // namespace mhc::cuda

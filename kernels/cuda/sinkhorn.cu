@@ -1,15 +1,22 @@
 // Sinkhorn-Knopp forward and exact reverse mode (LINEAR and LOG), fp32.
-// Determinism / batch invariance: LINEAR with n in {2, 4, 8, 16} and
-// T <= 20 runs n / 2 lanes per token (sinkhorn_lanes.cuh: shuffles stay
-// inside the token's lanes, fixed orders); everything else runs one thread
-// per token with the matrix in registers (n = 4) or thread-local arrays and
-// recomputes the forward from in-thread checkpoints. Either way a token's
-// bits depend on that token alone and nothing per token beyond the outputs
-// reaches global memory.
+// Determinism / batch invariance: LINEAR with n = 4, eps_sk >= FLT_MIN runs
+// one thread per token (sinkhorn4.cuh; T <= 20 for the reverse mode); other
+// LINEAR n in {2, 4, 8, 16} with T <= 20 run n / 2 lanes per token
+// (sinkhorn_lanes.cuh: shuffles stay inside the token's lanes, fixed
+// orders); everything else runs one thread per token with the matrix in
+// registers (n = 4) or thread-local arrays and recomputes the forward from
+// in-thread checkpoints. The path depends on the spec alone, and the n = 4
+// kernels use the same per-token code whether their rows are read as
+// vectors or (unaligned pointers) as scalars, so a token's bits depend on
+// that token alone. Nothing per token beyond the outputs reaches global
+// memory.
+#include <cfloat>
+
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
+#include "sinkhorn4.cuh"
 #include "sinkhorn_lanes.cuh"
 
 namespace mhc::cuda {
@@ -17,6 +24,188 @@ namespace {
 
 constexpr int kTokenThreads = 64;
 constexpr int kLaneThreads = 128;
+
+// ---------------------------------------------------------------- n = 4 --
+//
+// One thread per token, one warp per 32 consecutive tokens (2 KB of logits).
+// With kVec (every pointer 16-byte aligned) the warp moves its 2 KB with
+// fully coalesced 16-byte accesses and redistributes them through a 2 KB
+// shared tile, instead of each thread touching 64 scattered bytes, which
+// costs one L2 sector request per thread per 4-byte access (16 per token
+// each way). Without kVec each thread loads / stores its own 16 floats; the
+// math is the same code, so both give the same bits.
+constexpr int kSk4Threads = 128;    // forward block: 4 warps
+constexpr int kSk4BwdThreads = 64;  // backward: 40 KB of kept denominators
+
+// A warp's tile holds 128 float4: quarter k of token t is float4 q = 4t + k.
+// Two access patterns: the coalesced pass (lane reads global float4 q = 32k
+// + lane) and the per-token pass (lane reads q = 4 lane + k). Storing q at
+// q ^ ((q >> 3) & 3) makes both conflict free: each 8-lane phase of a
+// 16-byte access then hits the 8 distinct 16-byte bank groups.
+__device__ __forceinline__ int TileSlot(int q) { return q ^ ((q >> 3) & 3); }
+
+// The 16 floats of token m0 + lane as the warp fetched them: with kVec the
+// coalesced float4s q = 32 k + lane (not yet this lane's token), else this
+// lane's own row.
+struct Fetched {
+  float4 q[4];
+};
+
+template <bool kVec>
+__device__ __forceinline__ void FetchTile(const float* src, int64_t m0,
+                                          int64_t tokens, int lane,
+                                          Fetched& f) {
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (kVec) {
+    const float4* base = reinterpret_cast<const float4*>(src + m0 * 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int q = 32 * k + lane;
+      f.q[k] = m0 + q / 4 < tokens ? __ldg(base + q) : zero;
+    }
+  } else {
+    const int64_t m = m0 + lane;
+    const float* row = src + m * 16;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f.q[k] = m < tokens ? make_float4(row[4 * k], row[4 * k + 1],
+                                        row[4 * k + 2], row[4 * k + 3])
+                          : zero;
+    }
+  }
+}
+
+// This lane's token from what FetchTile returned. With kVec the tile is
+// written and read by the whole warp: the caller has the warp converged and
+// every lane done with its previous reads of the tile.
+template <bool kVec>
+__device__ __forceinline__ void SpreadTile(const Fetched& f, float4* tile,
+                                           int lane, float (&v)[16]) {
+  float4 mine[4];
+  if (kVec) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) tile[TileSlot(32 * k + lane)] = f.q[k];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mine[k] = tile[TileSlot(4 * lane + k)];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mine[k] = f.q[k];
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[4 * k] = mine[k].x;
+    v[4 * k + 1] = mine[k].y;
+    v[4 * k + 2] = mine[k].z;
+    v[4 * k + 3] = mine[k].w;
+  }
+}
+
+template <bool kVec>
+__device__ __forceinline__ void StoreTile(const float (&v)[16], float4* tile,
+                                          float* dst, int64_t m0,
+                                          int64_t tokens, int lane) {
+  float4 mine[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    mine[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+  }
+  if (kVec) {
+    // Each lane overwrites only its own token's slots, which only it read.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) tile[TileSlot(4 * lane + k)] = mine[k];
+    __syncwarp();
+    float4* base = reinterpret_cast<float4*>(dst + m0 * 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int q = 32 * k + lane;
+      if (m0 + q / 4 < tokens) base[q] = tile[TileSlot(q)];
+    }
+  } else {
+    const int64_t m = m0 + lane;
+    if (m >= tokens) return;
+    float* row = dst + m * 16;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      row[4 * k] = mine[k].x;
+      row[4 * k + 1] = mine[k].y;
+      row[4 * k + 2] = mine[k].z;
+      row[4 * k + 3] = mine[k].w;
+    }
+  }
+}
+
+template <bool kVec>
+__global__ void __launch_bounds__(kSk4Threads)
+    sinkhorn4_forward_kernel(int iterations, float eps, int64_t tokens,
+                             const float* logits, float* h_res) {
+  __shared__ float4 tiles[kSk4Threads / 32][128];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t m0 =
+      (static_cast<int64_t>(blockIdx.x) * (kSk4Threads / 32) + warp) * 32;
+  if (m0 >= tokens) return;  // whole warps only: the tile needs all lanes
+  float4* tile = tiles[warp];
+  Fetched f;
+  FetchTile<kVec>(logits, m0, tokens, lane, f);
+  float a[16], p0[16], p[16];
+  SpreadTile<kVec>(f, tile, lane, a);
+  // Lanes past the last token compute on zeros and store nothing.
+  sk4::Forward(iterations, eps, a, p0, p, sk4::NoKeep{});
+  StoreTile<kVec>(p, tile, h_res, m0, tokens, lane);
+}
+
+// The denominators of every step of the thread's token, [T][row / column]
+// x kSk4BwdThreads float4s: consecutive threads hit consecutive 16 bytes.
+struct SharedKeep {
+  float4* base;
+  int tid;
+  __device__ __forceinline__ void Put(int t, int which, float d0, float d1,
+                                      float d2, float d3) const {
+    base[(2 * t + which) * kSk4BwdThreads + tid] = make_float4(d0, d1, d2, d3);
+  }
+  __device__ __forceinline__ void Get(int t, int which, float (&d)[4]) const {
+    const float4 v = base[(2 * t + which) * kSk4BwdThreads + tid];
+    d[0] = v.x;
+    d[1] = v.y;
+    d[2] = v.z;
+    d[3] = v.w;
+  }
+};
+
+template <bool kVec>
+__global__ void __launch_bounds__(kSk4BwdThreads)
+    sinkhorn4_backward_kernel(int iterations, float eps, int64_t tokens,
+                              const float* logits, const float* dh_res,
+                              float* dlogits) {
+  __shared__ float4 kept[2 * kLaneMaxIterations * kSk4BwdThreads];
+  __shared__ float4 tiles[kSk4BwdThreads / 32][128];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t m0 =
+      (static_cast<int64_t>(blockIdx.x) * (kSk4BwdThreads / 32) + warp) * 32;
+  if (m0 >= tokens) return;
+  float4* tile = tiles[warp];
+  // Both inputs are requested up front; dh_res waits in registers while the
+  // forward runs, so its latency is hidden.
+  Fetched fa, fg;
+  FetchTile<kVec>(logits, m0, tokens, lane, fa);
+  FetchTile<kVec>(dh_res, m0, tokens, lane, fg);
+  float a[16], p0[16], y[16];
+  SpreadTile<kVec>(fa, tile, lane, a);
+  const SharedKeep keep{kept, static_cast<int>(threadIdx.x)};
+  sk4::Forward(iterations, eps, a, p0, y, keep);
+  float g[16];
+  __syncwarp();  // every lane has read its logits from the tile
+  SpreadTile<kVec>(fg, tile, lane, g);
+  sk4::Backward(iterations, p0, y, g, keep, a);
+  StoreTile<kVec>(a, tile, dlogits, m0, tokens, lane);
+}
+
+// n = 4 LINEAR with denominators that stay normal (eps_sk >= FLT_MIN);
+// the reverse mode keeps at most kLaneMaxIterations steps.
+bool UseSinkhorn4(const DevSpec& s, bool backward) {
+  return s.n == 4 && !s.log_mode && s.iterations >= 1 && s.eps_sk >= FLT_MIN &&
+         (!backward || s.iterations <= kLaneMaxIterations);
+}
 
 // Lane kernels: token m = global thread / L; a lane past the last token
 // computes on zeros (it still takes part in its warp's shuffles) and stores
@@ -106,6 +295,13 @@ bool DispatchLanes(const DevSpec& s, F&& f) {
   }
 }
 
+// One warp per 32 tokens.
+unsigned Sk4Grid(int64_t tokens, int threads) {
+  const int64_t warps = (tokens + 31) / 32;
+  const int64_t per_block = threads / 32;
+  return GridSize((warps + per_block - 1) / per_block);
+}
+
 unsigned LaneGrid(int64_t tokens, int lanes) {
   return GridSize((tokens * lanes + kLaneThreads - 1) / kLaneThreads);
 }
@@ -155,6 +351,19 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
+  if (UseSinkhorn4(s, /*backward=*/false)) {
+    const unsigned grid = Sk4Grid(p.tokens, kSk4Threads);
+    if (Aligned16(p.logits) && Aligned16(p.h_res)) {
+      sinkhorn4_forward_kernel<true><<<grid, kSk4Threads, 0, stream>>>(
+          s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+    } else {
+      sinkhorn4_forward_kernel<false><<<grid, kSk4Threads, 0, stream>>>(
+          s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+    }
+    MHC_CUDA_CHECK_LAUNCH("sinkhorn forward",
+                          ShapeString(*p.spec, p.tokens, DType::kF32));
+    return absl::OkStatus();
+  }
   const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
     sinkhorn_lanes_forward_kernel<kN, kL>
@@ -177,6 +386,19 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
+  if (UseSinkhorn4(s, /*backward=*/true)) {
+    const unsigned grid = Sk4Grid(p.tokens, kSk4BwdThreads);
+    if (Aligned16(p.logits) && Aligned16(p.dh_res) && Aligned16(p.dlogits)) {
+      sinkhorn4_backward_kernel<true><<<grid, kSk4BwdThreads, 0, stream>>>(
+          s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+    } else {
+      sinkhorn4_backward_kernel<false><<<grid, kSk4BwdThreads, 0, stream>>>(
+          s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+    }
+    MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
+                          ShapeString(*p.spec, p.tokens, DType::kF32));
+    return absl::OkStatus();
+  }
   const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
     sinkhorn_lanes_backward_kernel<kN, kL>

@@ -394,5 +394,190 @@ TEST(CudaSinkhornTest, ShapesModesAndBatchInvariance) {
   }
 }
 
+// A device copy of `src` (count floats) that starts 4 bytes past a 16-byte
+// boundary, so kernels must take their scalar-access form.
+float* Unaligned(Harness& h, const Pair& src, int64_t count, Pair& keep) {
+  keep = h.Output((count + 1) * 4);
+  float* p = keep.f(1) + 1;
+  if (count > 0) {
+    EXPECT_TRUE(h.cuda().CopyToDevice(p, src.host.data(), count * 4).ok());
+  }
+  return p;
+}
+
+std::vector<uint8_t> FetchFloats(Harness& h, const float* p, int64_t count) {
+  std::vector<uint8_t> out(count * 4);
+  if (count > 0) {
+    EXPECT_TRUE(h.cuda().CopyToHost(out.data(), p, out.size()).ok());
+  }
+  return out;
+}
+
+// The n = 4 scale kernels over many token tiles (the one-launch dalpha /
+// dbeta reduction, including more partial rows than one pass of its final
+// sum reads): against the reference, bitwise the same on a second run on the
+// same backend (whose arrival counter the first run must have reset), and
+// the same per-token bits when every pointer is unaligned.
+TEST(CudaScaleTest, ManyTilesRepeatableAndAlignmentInvariant) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (const char* kind : {"mhc", "head"}) {
+    for (int64_t M : {int64_t{3001}, int64_t{70001}}) {
+      LayerSpec spec = PresetSpec("deepseek_v4", 4, 8).value();
+      if (std::string(kind) == "head") spec.kind = LayerKind::kHead;
+      const bool mhc = spec.kind == LayerKind::kMhc;
+      const int64_t n = 4, N = spec.NumLogits(), A = spec.NumAlpha();
+      SCOPED_TRACE(absl::StrCat(kind, " M=", M));
+      Harness h;
+      Pair hh = h.Floats(M * N, FreshSeed());
+      Pair ms = h.Floats(M, FreshSeed(), 0.25f, 2.0f);
+      Pair alpha = h.Floats(A, FreshSeed(), 0.5f, 1.5f);
+      Pair beta = h.Floats(N, FreshSeed());
+      Pair dhp = h.Floats(M * n, FreshSeed());
+      Pair dhq = h.Floats(M * n, FreshSeed());
+      Pair dlg = h.Floats(M * n * n, FreshSeed());
+      std::vector<float> init = RandomFloats(A + N, FreshSeed());
+      Pair galpha = h.Input(init.data(), A * 4);
+      Pair gbeta = h.Input(init.data() + A, N * 4);
+      Pair dh = h.Output(M * N * 4), dms = h.Output(M * 4);
+      ScaleBackwardParams q[2];
+      for (int b = 0; b < 2; ++b) {
+        q[b].spec = &spec;
+        q[b].tokens = M;
+        q[b].h = hh.f(b);
+        q[b].mean_square = ms.f(b);
+        q[b].weights.alpha = alpha.f(b);
+        q[b].weights.beta = beta.f(b);
+        q[b].dh_pre = dhp.f(b);
+        q[b].dh_post = mhc ? dhq.f(b) : nullptr;
+        q[b].dlogits = mhc ? dlg.f(b) : nullptr;
+        q[b].dh = dh.f(b);
+        q[b].dmean_square = dms.f(b);
+        q[b].grads.alpha = galpha.f(b);
+        q[b].grads.beta = gbeta.f(b);
+        Workspace ws =
+            h.Scratch(b, OpKind::kScaleBackward, spec, M, DType::kF32);
+        ASSERT_TRUE(h.backend(b).ScaleBackward(q[b], ws).ok());
+      }
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+      ExpectClose(h, dh, DType::kF32, M * N, 1e-5, false, "dh");
+      ExpectClose(h, dms, DType::kF32, M, 1e-4, false, "dms");
+      ExpectClose(h, galpha, DType::kF32, A, 1e-4, false, "dalpha");
+      ExpectClose(h, gbeta, DType::kF32, N, 1e-4, false, "dbeta");
+
+      // Again from the same starting gradients: every bit repeats.
+      const std::vector<uint8_t> dh1 = h.Fetch(dh), dms1 = h.Fetch(dms);
+      const std::vector<uint8_t> ga1 = h.Fetch(galpha), gb1 = h.Fetch(gbeta);
+      ASSERT_TRUE(h.cuda().CopyToDevice(galpha.dev, init.data(), A * 4).ok());
+      ASSERT_TRUE(
+          h.cuda().CopyToDevice(gbeta.dev, init.data() + A, N * 4).ok());
+      Workspace ws = h.Scratch(1, OpKind::kScaleBackward, spec, M, DType::kF32);
+      ASSERT_TRUE(h.cuda().ScaleBackward(q[1], ws).ok());
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+      EXPECT_EQ(h.Fetch(dh), dh1);
+      EXPECT_EQ(h.Fetch(dms), dms1);
+      EXPECT_EQ(h.Fetch(galpha), ga1) << "dalpha not deterministic";
+      EXPECT_EQ(h.Fetch(gbeta), gb1) << "dbeta not deterministic";
+
+      // Unaligned copies of every per-token tensor: the same per-token bits.
+      Pair k1, k2, k3, k4;
+      ScaleBackwardParams u = q[1];
+      u.h = Unaligned(h, hh, M * N, k1);
+      u.dh_pre = Unaligned(h, dhp, M * n, k2);
+      if (mhc) {
+        u.dh_post = Unaligned(h, dhq, M * n, k3);
+        u.dlogits = Unaligned(h, dlg, M * n * n, k4);
+      }
+      Pair dh_u = h.Output((M * N + 1) * 4);
+      u.dh = dh_u.f(1) + 1;
+      ASSERT_TRUE(h.cuda().ScaleBackward(u, ws).ok());
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+      EXPECT_EQ(FetchFloats(h, u.dh, M * N), dh1) << "dh depends on alignment";
+      EXPECT_EQ(h.Fetch(dms), dms1) << "dms depends on alignment";
+
+      Pair hp = h.Output(M * n * 4), hq = h.Output(M * n * 4),
+           lg = h.Output(M * n * n * 4);
+      ScaleForwardParams f;
+      f.spec = &spec;
+      f.tokens = M;
+      f.h = hh.f(1);
+      f.mean_square = ms.f(1);
+      f.weights = q[1].weights;
+      f.h_pre = hp.f(1);
+      f.h_post = mhc ? hq.f(1) : nullptr;
+      f.logits = mhc ? lg.f(1) : nullptr;
+      ASSERT_TRUE(h.cuda().ScaleForward(f, Workspace{}).ok());
+      Pair hp_u = h.Output((M * n + 1) * 4), hq_u = h.Output((M * n + 1) * 4),
+           lg_u = h.Output((M * n * n + 1) * 4);
+      ScaleForwardParams fu = f;
+      fu.h = u.h;
+      fu.h_pre = hp_u.f(1) + 1;
+      fu.h_post = mhc ? hq_u.f(1) + 1 : nullptr;
+      fu.logits = mhc ? lg_u.f(1) + 1 : nullptr;
+      ASSERT_TRUE(h.cuda().ScaleForward(fu, Workspace{}).ok());
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+      EXPECT_EQ(FetchFloats(h, fu.h_pre, M * n), h.Fetch(hp));
+      if (mhc) {
+        EXPECT_EQ(FetchFloats(h, fu.h_post, M * n), h.Fetch(hq));
+        EXPECT_EQ(FetchFloats(h, fu.logits, M * n * n), h.Fetch(lg));
+      }
+    }
+  }
+}
+
+// The n = 4 Sinkhorn kernels at T = 10 and 20 over many warps: against the
+// reference, and the same bits through unaligned pointers (scalar form).
+TEST(CudaSinkhornTest, N4AlignmentInvariant) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (int T : {10, 20}) {
+    LayerSpec spec = PresetSpec("deepseek_v4", 4, 8).value();
+    spec.sinkhorn_iterations = T;
+    const int64_t M = 4099, nn = 16;
+    SCOPED_TRACE(absl::StrCat("T=", T));
+    Harness h;
+    Pair lg = h.Floats(M * nn, FreshSeed(), -4.0f, 4.0f);
+    Pair dhres = h.Floats(M * nn, FreshSeed());
+    Pair hres = h.Output(M * nn * 4);
+    Pair dlg = h.Output(M * nn * 4);
+    for (int b = 0; b < 2; ++b) {
+      SinkhornForwardParams f;
+      f.spec = &spec;
+      f.tokens = M;
+      f.logits = lg.f(b);
+      f.h_res = hres.f(b);
+      ASSERT_TRUE(h.backend(b).SinkhornForward(f, Workspace{}).ok());
+      SinkhornBackwardParams g;
+      g.spec = &spec;
+      g.tokens = M;
+      g.logits = lg.f(b);
+      g.dh_res = dhres.f(b);
+      g.dlogits = dlg.f(b);
+      ASSERT_TRUE(h.backend(b).SinkhornBackward(g, Workspace{}).ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
+    ExpectClose(h, dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+
+    Pair k1, k2;
+    Pair hres_u = h.Output((M * nn + 1) * 4),
+         dlg_u = h.Output((M * nn + 1) * 4);
+    SinkhornForwardParams f;
+    f.spec = &spec;
+    f.tokens = M;
+    f.logits = Unaligned(h, lg, M * nn, k1);
+    f.h_res = hres_u.f(1) + 1;
+    ASSERT_TRUE(h.cuda().SinkhornForward(f, Workspace{}).ok());
+    SinkhornBackwardParams g;
+    g.spec = &spec;
+    g.tokens = M;
+    g.logits = f.logits;
+    g.dh_res = Unaligned(h, dhres, M * nn, k2);
+    g.dlogits = dlg_u.f(1) + 1;
+    ASSERT_TRUE(h.cuda().SinkhornBackward(g, Workspace{}).ok());
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    EXPECT_EQ(FetchFloats(h, f.h_res, M * nn), h.Fetch(hres));
+    EXPECT_EQ(FetchFloats(h, g.dlogits, M * nn), h.Fetch(dlg));
+  }
+}
+
 }  // namespace
 }  // namespace mhc::testing

@@ -3,6 +3,7 @@
 #ifndef MHC_CUDA_H_
 #define MHC_CUDA_H_
 
+#include <cstddef>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 // Bytes read plus written per second by a 256 MiB device-to-device copy on
 // `device`, best of a few: the roofline denominator. Takes tens of ms.
 absl::StatusOr<double> MeasureCudaCopyBandwidth(int device);
+
+// Benchmark support, enqueued on the stream of a backend made by
+// MakeCudaBackend (FAILED_PRECONDITION for any other backend).
+// An empty one-block kernel: what an event-timed repetition measures when
+// the op itself costs nothing.
+absl::Status EnqueueCudaEmptyKernel(Backend& cuda_backend);
+// Reads `bytes` of that backend's device memory at `buffer` and writes
+// nothing: an L2 flush that leaves only clean lines behind, so the timed op
+// never pays for evicting the flush's dirty lines.
+absl::Status EnqueueCudaReadFlush(Backend& cuda_backend, const void* buffer,
+                                  size_t bytes);
 
 }  // namespace mhc
 

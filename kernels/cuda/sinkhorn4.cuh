@@ -1,0 +1,185 @@
+// LINEAR Sinkhorn-Knopp for n = 4 (the production case) with one thread per
+// token and the 4 x 4 matrix in 16 registers, and its exact reverse mode.
+//
+// Why this shape: the op moves 64 B in and 64 B out per token, so its time
+// is the issue slots of the 2T - 1 normalisations. One thread per token needs
+// no shuffles and computes every row / column denominator once (lanes that
+// split a token each recompute all column reciprocals); every sum is a
+// two-level tree (a + b) + (c + d) so the chain per step is short. The
+// denominators are >= eps_sk >= FLT_MIN on this path (the launcher checks),
+// so one rcp.approx.ftz (<= 1 ulp, a single MUFU op) replaces the division:
+// the subnormal fix-up of the non-ftz form and a Newton step cost 8 more
+// instructions per denominator, 64 per iteration, for half an ulp.
+//
+// Reverse mode: the forward keeps every step's denominators d (Keep::Put,
+// shared memory in the kernel); the backward walks the steps in reverse from
+// the final matrix y, rebuilding each step's input as y * d. It tracks
+// w = dY (.) Y instead of dY: for Y = X / d along a line,
+//   dX = (dY - sum(dY Y)) / d   and   X = Y d   give
+//   dX (.) X = (dY - sum(dY Y)) (.) Y = w - sum(w) Y,
+// so a step costs one FFMA per element and one sum per line, with no
+// reciprocal. dY is recovered once at the end as w / y (y = P0 + eps there).
+// Deterministic and batch invariant: a token's bits depend on its own values
+// and the fixed operation order alone.
+#ifndef MHC_KERNELS_CUDA_SINKHORN4_CUH_
+#define MHC_KERNELS_CUDA_SINKHORN4_CUH_
+
+#include <cmath>
+
+namespace mhc::cuda::sk4 {
+
+// 1 / d for a normal d: one MUFU op, <= 1 ulp.
+__device__ __forceinline__ float Rcp(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return r;
+}
+
+__device__ __forceinline__ float Sum4(float a, float b, float c, float d) {
+  return (a + b) + (c + d);
+}
+
+// Row softmax of a into p0 (row major 4 x 4). fmaxf never returns a NaN
+// operand, so a NaN logit stays out of the max and poisons its row through
+// exp / the sum, as the reference's "NaN never wins" max does.
+__device__ __forceinline__ void Softmax(const float (&a)[16], float (&p0)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* r = a + 4 * i;
+    const float best = fmaxf(fmaxf(r[0], r[1]), fmaxf(r[2], r[3]));
+    float e[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e[j] = expf(r[j] - best);
+    const float inv = Rcp(Sum4(e[0], e[1], e[2], e[3]));  // sum in [1, 4]
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p0[4 * i + j] = e[j] * inv;
+  }
+}
+
+// Keep slots: which = 0 for a row step, 1 for a column step.
+struct NoKeep {
+  __device__ __forceinline__ void Put(int, int, float, float, float,
+                                      float) const {}
+};
+
+// p = Sinkhorn(a) with T = iterations >= 1; p0 = the softmax (kept for the
+// reverse mode). Step t >= 1 is a row step then a column step.
+//
+// The iterate is carried as P = diag(u) K diag(v) with K = P0 + eps fixed:
+// a step only rescales u (rows) or v (columns), so a row's denominator is
+// fma(u_i, sum_j K_ij v_j, eps), one 4-FMA dot, and the new u_i one
+// reciprocal and one multiply; 28 instructions per step instead of 36 for
+// summing and rescaling all 16 elements. P is formed once at the end.
+template <typename Keep>
+__device__ __forceinline__ void Forward(int iterations, float eps,
+                                        const float (&a)[16], float (&p0)[16],
+                                        float (&p)[16], const Keep& keep) {
+  Softmax(a, p0);
+  float k[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) k[e] = p0[e] + eps;
+  float u[4] = {1.0f, 1.0f, 1.0f, 1.0f}, v[4], d[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    d[j] = Sum4(k[j], k[4 + j], k[8 + j], k[12 + j]) + eps;
+    v[j] = Rcp(d[j]);
+  }
+  keep.Put(0, 1, d[0], d[1], d[2], d[3]);
+#pragma unroll 2
+  for (int t = 1; t < iterations; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float dot = k[4 * i] * v[0];
+#pragma unroll
+      for (int j = 1; j < 4; ++j) dot = fmaf(k[4 * i + j], v[j], dot);
+      d[i] = fmaf(u[i], dot, eps);
+      u[i] *= Rcp(d[i]);
+    }
+    keep.Put(t, 0, d[0], d[1], d[2], d[3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float dot = u[0] * k[j];
+#pragma unroll
+      for (int i = 1; i < 4; ++i) dot = fmaf(u[i], k[4 * i + j], dot);
+      d[j] = fmaf(v[j], dot, eps);
+      v[j] *= Rcp(d[j]);
+    }
+    keep.Put(t, 1, d[0], d[1], d[2], d[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[4 * i + j] = u[i] * k[4 * i + j] * v[j];
+  }
+}
+
+// Reverse of one column step given its denominators d: w <- w - sum_i(w) y,
+// then y <- y d (the step's input).
+__device__ __forceinline__ void ColumnStepBack(float (&w)[16], float (&y)[16],
+                                               float d0, float d1, float d2,
+                                               float d3) {
+  const float d[4] = {d0, d1, d2, d3};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float dot = Sum4(w[j], w[4 + j], w[8 + j], w[12 + j]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[4 * i + j] = fmaf(-dot, y[4 * i + j], w[4 * i + j]);
+      y[4 * i + j] *= d[j];
+    }
+  }
+}
+
+__device__ __forceinline__ void RowStepBack(float (&w)[16], float (&y)[16],
+                                            float d0, float d1, float d2,
+                                            float d3) {
+  const float d[4] = {d0, d1, d2, d3};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float dot = Sum4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[4 * i + j] = fmaf(-dot, y[4 * i + j], w[4 * i + j]);
+      y[4 * i + j] *= d[i];
+    }
+  }
+}
+
+// da = dL/dA given y = the forward's output (overwritten), g = dL/dy, p0 =
+// the forward's softmax and the kept denominators (keep.Get(t, which, d)).
+template <typename Keep>
+__device__ __forceinline__ void Backward(int iterations, const float (&p0)[16],
+                                         float (&y)[16], const float (&g)[16],
+                                         const Keep& keep, float (&da)[16]) {
+  float w[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) w[e] = g[e] * y[e];
+  float d[4];
+#pragma unroll 1
+  for (int t = iterations - 1; t >= 1; --t) {
+    keep.Get(t, 1, d);
+    ColumnStepBack(w, y, d[0], d[1], d[2], d[3]);
+    keep.Get(t, 0, d);
+    RowStepBack(w, y, d[0], d[1], d[2], d[3]);
+  }
+  keep.Get(0, 1, d);
+  ColumnStepBack(w, y, d[0], d[1], d[2], d[3]);
+  // y is now P0 + eps (>= eps, normal), w = dP0 (.) y; the + eps has unit
+  // derivative, then the softmax: dA = (dP0 - sum_j dP0 P0) P0 per row.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = 4 * i + j;
+      q[j] = w[e] * Rcp(y[e]) * p0[e];  // dP0 P0
+    }
+    const float dot = Sum4(q[0], q[1], q[2], q[3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) da[4 * i + j] = fmaf(-dot, p0[4 * i + j], q[j]);
+  }
+}
+
+}  // namespace mhc::cuda::sk4
+
+#endif  // MHC_KERNELS_CUDA_SINKHORN4_CUH_
