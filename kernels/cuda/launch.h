@@ -126,7 +126,7 @@ absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 // The tensor-core version (projection_backward_mma.cu), for dynamic layers
 // with n a power of two and at most 24 logits; LaunchDxAndPhiPartials picks
 // it when UseMmaDx holds.
-bool UseMmaDx(const LayerSpec& spec);
+bool UseMmaDx(const DxArgs& a);
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 
 // grads_phi[g][k] += sum_chunks partial * gamma[k] (or without gamma);

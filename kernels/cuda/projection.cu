@@ -298,7 +298,7 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
-  if (a.dh != nullptr && UseMmaDx(*a.spec)) {
+  if (UseMmaDx(a)) {
     return LaunchMmaDxAndPhiPartials(a, stream);
   }
   const DevSpec s = MakeDevSpec(*a.spec);

@@ -35,11 +35,12 @@
 namespace mhc::cuda {
 namespace {
 
-constexpr int kCols = 128;        // columns of K per CTA
-constexpr int kStageTokens = 32;  // tokens per pipeline stage
-constexpr int kThreads = 256;     // 8 warps x 16 columns
-constexpr int kStages = 4;        // stages in flight
-constexpr int kMaxTiles = 3;      // N <= 24 (n <= 4 layers, n <= 16 heads)
+constexpr int kCols = 128;                    // columns of K per CTA
+constexpr int kStageTokens = 32;              // tokens per pipeline stage
+constexpr int kThreads = 256;                 // 8 warps x 16 columns
+constexpr int kStages = 4;                    // stages in flight
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
+constexpr int kMaxTiles = 3;  // N <= 24 (n <= 4 layers, n <= 16 heads)
 // dh of the current stage, rounded to tf32 once per CTA in two layouts so
 // every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
 // as the dx product's A, [token][40] with logits 8 kt + u and 8 kt + u + 4
@@ -48,9 +49,6 @@ constexpr int kMaxTiles = 3;      // N <= 24 (n <= 4 layers, n <= 16 heads)
 constexpr int kDhARow = 40;
 constexpr int kDhBRow = 72;
 constexpr int kDhAFloats = kStageTokens * kDhARow;
-// Elements per row of a warp's dx tile (16 columns + pad): the fragment
-// stores of one instruction hit distinct banks.
-constexpr int kOutRow = 24;
 constexpr int kDhBFloats = kStageTokens / 2 * kDhBRow;
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
 
@@ -81,7 +79,7 @@ struct MmaDxDev {
 // which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
 // staged.
 struct SmemPlan {
-  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, out, total;
+  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, total;
   int dy_row;  // elements per staged dy row
 };
 
@@ -111,8 +109,6 @@ __host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
   at += aggregate ? kStages * kStageTokens * n * 4 : 0;
   p.r = at;
   at += residual ? kStages * kStageTokens * n * n * 4 : 0;
-  p.out = at;
-  at += kThreads / 32 * 16 * kOutRow * sizeof(T);
   p.total = at;
   return p;
 }
@@ -391,14 +387,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   const float ms_scale = 2.0f / static_cast<float>(s.K);
-  // dx leaves through a per-warp tile of 16 tokens x 16 columns so that
-  // global stores are whole 16-byte runs; run r starts at column
-  // j0 + r * kVecElems (runs stay inside one stream's channel run).
-  T* out_tile = reinterpret_cast<T*>(smem + plan.out) + warp * 16 * kOutRow;
-  int run_k[16 / kVecElems];
+  // Output pairs of this thread: columns j0 + 8 nt + 2 quad (+1), both in
+  // one channel run of one stream (stream major) or one channel (minor).
+  int out_k[2];
 #pragma unroll
-  for (int r = 0; r < 16 / kVecElems; ++r) {
-    run_k[r] = ColumnOf(s, log_n, c0, j0 + r * kVecElems).k;
+  for (int nt = 0; nt < 2; ++nt) {
+    out_k[nt] = ColumnOf(s, log_n, c0, j0 + 8 * nt + 2 * quad).k;
   }
 
   float dphi[NT][4];
@@ -572,11 +566,10 @@ __global__ void __launch_bounds__(kThreads, 2)
               }
             }
           }
+          T* dst = dx + m * s.K;
           if (a.vec) {
-            StoreVec<T, 2>(
-                out_tile + (grp + 8 * h) * kOutRow + 8 * nt + 2 * quad, out);
+            if (out_k[nt] >= 0) StoreVec<T, 2>(dst + out_k[nt], out);
           } else {
-            T* dst = dx + m * s.K;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int k = ColumnOf(s, log_n, c0, j + e).k;
@@ -585,22 +578,6 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         }
       }
-      if (!a.vec) continue;
-      // Whole 16-byte runs of the warp's 16 tokens x 16 columns to global.
-      __syncwarp();
-      constexpr int kRunsPerRow = 16 * sizeof(T) / 16;
-#pragma unroll
-      for (int v = lane; v < 16 * kRunsPerRow; v += 32) {
-        const int row = v / kRunsPerRow;
-        const int run = v % kRunsPerRow;
-        const int64_t m = m0 + mt * 16 + row;
-        if (m < end && run_k[run] >= 0) {
-          *reinterpret_cast<uint4*>(dx + m * s.K + run_k[run]) =
-              *reinterpret_cast<const uint4*>(out_tile + row * kOutRow +
-                                              run * kVecElems);
-        }
-      }
-      __syncwarp();
     }
   };
 
@@ -658,12 +635,25 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
 
 }  // namespace
 
-bool UseMmaDx(const LayerSpec& spec) {
+bool UseMmaDx(const DxArgs& a) {
+  const LayerSpec& spec = *a.spec;
   const int n = spec.n;
+  const int N = static_cast<int>(spec.NumLogits());
   // Whole channels per CTA: 128 / n columns of each stream; k fits an int.
   const bool pow2 = n >= 1 && n <= 16 && (n & (n - 1)) == 0;
-  return spec.dynamic && pow2 && spec.NumLogits() <= kMaxTiles * 8 &&
-         spec.K() <= INT32_MAX;
+  if (a.dh == nullptr || !spec.dynamic || !pow2 || N > kMaxTiles * 8 ||
+      spec.K() > INT32_MAX) {
+    return false;
+  }
+  // fp32 tiles with both extra terms at n = 1 outgrow one SM's memory.
+  const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
+  const bool aggregate = a.h_pre != nullptr, residual = a.r != nullptr;
+  int bytes = 0;
+  DispatchDType(a.act_dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    bytes = PlanSmem<T>(n, N, ieee, aggregate, residual).total;
+  });
+  return bytes <= kMaxSmemPerBlock;
 }
 
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
