@@ -239,7 +239,8 @@ def resources():
     b.panel("Shared-memory regions by kind", "short",
             [(f"sum by (kind) (mhcd_shm_regions{{{POD}}})", "{{kind}}")])
     b.panel("Shared-memory bytes by kind", "bytes",
-            [(f"sum by (kind) (mhcd_shm_region_bytes{{{POD}}})", "{{kind}}")])
+            [(f"sum by (kind) (mhcd_shm_region_bytes{{{POD}}})", "{{kind}}"),
+             (f"sum(mhcd_shm_pinned_bytes{{{POD}}})", "page-locked")])
     b.panel("Resident memory", "bytes",
             [(f"process_resident_memory_bytes{{{POD}}}", "{{pod}}")], width=8)
     b.panel("CPU (cores)", "short",
