@@ -233,7 +233,8 @@ def resources():
     b.panel("Device memory", "bytes",
             [(f"sum by (device) (mhcd_parameter_bytes{{{DEV}}})", "parameters {{device}}"),
              (f"sum by (device) (mhcd_gradient_bytes{{{DEV}}})", "gradients {{device}}"),
-             (f"sum by (device) (mhcd_workspace_bytes{{{DEV}}})", "workspace {{device}}")])
+             (f"sum by (device) (mhcd_workspace_bytes{{{DEV}}})", "workspace {{device}}"),
+             (f"sum by (device) (mhcd_staging_bytes{{{DEV}}})", "staging {{device}}")])
     b.panel("Layers", "short",
             [(f"sum by (device) (mhcd_layers{{{DEV}}})", "{{device}}")])
     b.panel("Shared-memory regions by kind", "short",

@@ -156,6 +156,14 @@ Metrics::Metrics(const BuildInfo& build)
            .Name("mhcd_workspace_bytes")
            .Help("Memory of the kernel workspace (scratch), by device.")
            .Register(*registry_);
+  staging_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_staging_bytes")
+           .Help(
+               "Device memory that host tensors (inline bytes, system "
+               "shared memory) are copied through on devices without host "
+               "access, by device; it only grows, to the largest request.")
+           .Register(*registry_);
   shm_regions_ = &prometheus::BuildGauge()
                       .Name("mhcd_shm_regions")
                       .Help(
@@ -311,6 +319,10 @@ void Metrics::SetLayerMemory(absl::string_view device, double layers,
 
 void Metrics::SetWorkspaceBytes(absl::string_view device, double bytes) {
   workspace_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
+}
+
+void Metrics::SetStagingBytes(absl::string_view device, double bytes) {
+  staging_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
 }
 
 void Metrics::SetPinnedSharedMemory(double regions, double bytes) {

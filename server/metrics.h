@@ -69,6 +69,9 @@ class Metrics {
   void SetLayerMemory(absl::string_view device, double layers,
                       double parameter_bytes, double gradient_bytes);
   void SetWorkspaceBytes(absl::string_view device, double bytes);
+  // Device memory host tensors are staged in (backends without host
+  // access).
+  void SetStagingBytes(absl::string_view device, double bytes);
   // Registered shared-memory regions of one kind ("system", "cuda"): the
   // registry calls it whenever a region comes or goes.
   void SetSharedMemory(absl::string_view kind, double regions, double bytes);
@@ -100,6 +103,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* parameter_bytes_;
   prometheus::Family<prometheus::Gauge>* gradient_bytes_;
   prometheus::Family<prometheus::Gauge>* workspace_bytes_;
+  prometheus::Family<prometheus::Gauge>* staging_bytes_;
   prometheus::Family<prometheus::Gauge>* shm_regions_;
   prometheus::Family<prometheus::Gauge>* shm_bytes_;
   prometheus::Gauge* shm_pinned_regions_;

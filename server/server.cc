@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
         host_copy_bandwidth = MeasureHostCopyBandwidth();
       }
       executor->SetCopyBandwidth(host_copy_bandwidth);
-    } else {
+    } else if (device.cuda_index >= 0) {
 #ifdef MHC_HAVE_CUDA
       MHC_ASSIGN_OR_RETURN(double bandwidth,
                            MeasureCudaCopyBandwidth(device.cuda_index));

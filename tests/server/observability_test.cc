@@ -67,7 +67,8 @@ TEST(ObservabilityTest, AuditedDaemonReportsKernelsAndDeterminism) {
   EXPECT_GT(MetricSample(scrape, "mhcd_queue_wait_seconds_count{", {}), 0);
   EXPECT_GT(MetricSample(scrape, "mhcd_workspace_bytes{", {}), 0);
   EXPECT_EQ(MetricSample(scrape, "mhcd_shm_regions{", {"kind=\"system\""}), 0);
-  // A cpu daemon reads host memory in place: nothing is page-locked.
+  // A cpu daemon reads host memory in place: nothing staged, nothing locked.
+  EXPECT_EQ(MetricSample(scrape, "mhcd_staging_bytes{", {"device=\"cpu\""}), 0);
   EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pinned_regions", {}), 0);
   EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pinned_bytes", {}), 0);
   EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pin_failures_total", {}), 0);
