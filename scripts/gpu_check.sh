@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/bundle.sh on a machine with
 # an NVIDIA GPU: the CUDA kernel tests, compute-sanitizer memcheck and
-# racecheck on a subset, the CUDA IPC test across two processes, and the
-# daemon on the GPU driven by mhcctl (inline and shared memory). Logs go to
-# LOG_DIR (default: the current directory); the exit code counts failures.
+# racecheck on a subset, the CUDA IPC test across two processes, page-locked
+# host shared memory (in process, and through mhcd --backend=cuda against
+# inline and single ops), and the daemon on the GPU driven by mhcctl (inline
+# and shared memory). Logs go to LOG_DIR (default: the current directory);
+# the exit code counts failures.
 #
 #   scripts/gpu_check.sh BUNDLE_DIR [LOG_DIR]
 set -uo pipefail
@@ -33,6 +35,11 @@ step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
 step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
+step cuda_pinned_shm "${bin}/server_shm_registry_test" \
+  --gtest_filter='ShmRegistryTest.CudaPinner*'
+# The daemon under test is the bundle's, not the build machine's path.
+step cuda_daemon_shm env MHCD_PATH="${bin}/mhcd" \
+  "${bin}/server_cuda_shm_test" --gtest_brief=1
 step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --error-exitcode 1 "${bin}/cuda_fused_test" \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
