@@ -233,13 +233,15 @@ def resources():
     b.panel("Device memory", "bytes",
             [(f"sum by (device) (mhcd_parameter_bytes{{{DEV}}})", "parameters {{device}}"),
              (f"sum by (device) (mhcd_gradient_bytes{{{DEV}}})", "gradients {{device}}"),
-             (f"sum by (device) (mhcd_workspace_bytes{{{DEV}}})", "workspace {{device}}")])
+             (f"sum by (device) (mhcd_workspace_bytes{{{DEV}}})", "workspace {{device}}"),
+             (f"sum by (device) (mhcd_staging_bytes{{{DEV}}})", "staging {{device}}")])
     b.panel("Layers", "short",
             [(f"sum by (device) (mhcd_layers{{{DEV}}})", "{{device}}")])
     b.panel("Shared-memory regions by kind", "short",
             [(f"sum by (kind) (mhcd_shm_regions{{{POD}}})", "{{kind}}")])
     b.panel("Shared-memory bytes by kind", "bytes",
-            [(f"sum by (kind) (mhcd_shm_region_bytes{{{POD}}})", "{{kind}}")])
+            [(f"sum by (kind) (mhcd_shm_region_bytes{{{POD}}})", "{{kind}}"),
+             (f"sum(mhcd_shm_pinned_bytes{{{POD}}})", "page-locked")])
     b.panel("Resident memory", "bytes",
             [(f"process_resident_memory_bytes{{{POD}}}", "{{pod}}")], width=8)
     b.panel("CPU (cores)", "short",

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/bundle.sh on a machine with
 # an NVIDIA GPU: the CUDA kernel tests, compute-sanitizer memcheck and
-# racecheck on a subset, the CUDA IPC test across two processes, and the
-# daemon on the GPU driven by mhcctl (inline and shared memory). Logs go to
-# LOG_DIR (default: the current directory); the exit code counts failures.
+# racecheck on a subset, the CUDA IPC test across two processes, page-locked
+# host shared memory (in process, and through mhcd --backend=cuda against
+# inline and single ops), the daemon on the GPU driven by mhcctl (inline and
+# shared memory), and the inline/shared-memory RPC benchmark on the GPU with
+# and without page locks. Logs go to LOG_DIR (default: the current
+# directory); the exit code counts failures.
 #
 #   scripts/gpu_check.sh BUNDLE_DIR [LOG_DIR]
 set -uo pipefail
@@ -34,6 +37,11 @@ step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
 step cuda_projection_test "${bin}/cuda_projection_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
+step cuda_pinned_shm "${bin}/server_shm_registry_test" \
+  --gtest_filter='ShmRegistryTest.CudaPinner*'
+# The daemon under test is the bundle's, not the build machine's path.
+step cuda_daemon_shm env MHCD_PATH="${bin}/mhcd" \
+  "${bin}/server_cuda_shm_test" --gtest_brief=1
 step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --error-exitcode 1 "${bin}/cuda_fused_test" \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
@@ -72,5 +80,14 @@ kill -TERM "${daemon}"
 wait "${daemon}"
 echo "mhcd exit code $? ($(tail -n 1 "${logs}/mhcd.log"))"
 rm -rf "${work}"
+
+# Inline vs shared memory through a daemon on the GPU: page-locked regions
+# (the default), pageable ones, and batches of 4 ops whose copies overlap
+# compute. Tables in the logs.
+bench=("${bin}/mhc_rpc_bench" --backend=cuda --max_mib=256)
+step rpc_bench_pinned "${bench[@]}"
+step rpc_bench_pageable "${bench[@]}" --shm_pin_host=false
+step rpc_bench_pinned_batch4 "${bench[@]}" --batch=4
+step rpc_bench_pageable_batch4 "${bench[@]}" --batch=4 --shm_pin_host=false
 echo "gpu_check: ${failures} failed"
 exit "${failures}"

@@ -72,6 +72,7 @@ void Executor::SetMetrics(Metrics* metrics) {
   // Present from the start so that dashboards show 0, not "no data".
   metrics_->AddQueueDepth(device_, 0);
   metrics_->SetWorkspaceBytes(device_, static_cast<double>(workspace_bytes_));
+  metrics_->SetStagingBytes(device_, static_cast<double>(staging_bytes_));
 }
 
 void Executor::SetCopyBandwidth(double bytes_per_second) {
@@ -97,35 +98,50 @@ absl::Status Executor::Launch(KernelSample sample,
 Executor::~Executor() {
   absl::MutexLock lock(&mu_);
   if (workspace_ != nullptr) backend_->Free(workspace_);
+  if (staging_ != nullptr) backend_->Free(staging_);
 }
 
-absl::Status Executor::EnsureWorkspace(size_t bytes) {
-  if (bytes <= workspace_bytes_) return absl::OkStatus();
+absl::Status Executor::EnsureBuffer(const char* what, size_t bytes,
+                                    void** buffer, size_t* capacity) {
+  if (bytes <= *capacity) return absl::OkStatus();
   // Grow geometrically (and to whole MiB) so that a slowly rising token
-  // count reallocates a handful of times, not on every request.
+  // count reallocates a handful of times, not on every request. The old
+  // buffer goes first so that both never need to fit at once; Free waits
+  // for the work still using it.
   constexpr size_t kMiB = size_t{1} << 20;
-  size_t grown = std::max(bytes, workspace_bytes_ + workspace_bytes_ / 2);
+  size_t grown = std::max(bytes, *capacity + *capacity / 2);
   grown = (grown + kMiB - 1) / kMiB * kMiB;
-  if (workspace_ != nullptr) backend_->Free(workspace_);
-  workspace_ = nullptr;
-  workspace_bytes_ = 0;
+  if (*buffer != nullptr) backend_->Free(*buffer);
+  *buffer = nullptr;
+  *capacity = 0;
   absl::StatusOr<void*> allocated = backend_->Allocate(grown);
   if (!allocated.ok()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate a workspace of ", grown, " bytes on ",
+        absl::StrCat("cannot allocate ", what, " of ", grown, " bytes on ",
                      device_, ": ", allocated.status().message()));
   }
-  workspace_ = *allocated;
-  workspace_bytes_ = grown;
-  if (metrics_ != nullptr) {
-    metrics_->SetWorkspaceBytes(device_, static_cast<double>(grown));
-  }
+  *buffer = *allocated;
+  *capacity = grown;
   return absl::OkStatus();
+}
+
+absl::StatusOr<void*> StagingArena::Take(uint64_t bytes) {
+  if (bytes == 0) return nullptr;
+  const uint64_t footprint = Footprint(bytes);
+  if (footprint > capacity_ - used_) {
+    return absl::InternalError(absl::StrCat(
+        "staging: a piece of ", bytes, " bytes does not fit (", used_, " of ",
+        capacity_, " bytes used); the request was sized wrong"));
+  }
+  void* piece = base_ + used_;
+  used_ += footprint;
+  return piece;
 }
 
 absl::Status Executor::Run(
     absl::FunctionRef<size_t(const Backend&)> workspace_fn,
-    absl::FunctionRef<absl::Status(Backend&, Workspace)> fn) {
+    uint64_t staging_bytes,
+    absl::FunctionRef<absl::Status(Backend&, Workspace, StagingArena&)> fn) {
   const Clock::time_point arrived = Clock::now();
   if (metrics_ != nullptr) metrics_->AddQueueDepth(device_, 1);
   absl::MutexLock lock(&mu_);
@@ -134,10 +150,26 @@ absl::Status Executor::Run(
     metrics_->RecordQueueWait(device_, SecondsSince(arrived));
   }
   const size_t workspace_bytes = workspace_fn(*backend_);
-  MHC_RETURN_IF_ERROR(EnsureWorkspace(workspace_bytes));
+  const size_t had_workspace = workspace_bytes_, had_staging = staging_bytes_;
+  absl::Status grown = EnsureBuffer("a workspace", workspace_bytes, &workspace_,
+                                    &workspace_bytes_);
+  if (grown.ok()) {
+    grown = EnsureBuffer("staging memory", staging_bytes, &staging_,
+                         &staging_bytes_);
+  }
+  if (metrics_ != nullptr && workspace_bytes_ != had_workspace) {
+    metrics_->SetWorkspaceBytes(device_, static_cast<double>(workspace_bytes_));
+  }
+  if (metrics_ != nullptr && staging_bytes_ != had_staging) {
+    metrics_->SetStagingBytes(device_, static_cast<double>(staging_bytes_));
+  }
+  MHC_RETURN_IF_ERROR(grown);
   Workspace workspace{workspace_bytes > 0 ? workspace_ : nullptr,
                       workspace_bytes > 0 ? workspace_bytes_ : 0};
-  return fn(*backend_, workspace);
+  // Only the bytes asked for, so that a request sized wrong fails here
+  // instead of taking what a larger, earlier request left.
+  StagingArena staging(staging_, staging_bytes);
+  return fn(*backend_, workspace, staging);
 }
 
 absl::Status Executor::WithDevice(

@@ -3,8 +3,9 @@
 // Executor owns one Backend. Every use of the device (ops, parameter reads
 // and writes, allocation) goes through it under one mutex, which is what
 // makes gradient accumulation happen in a fixed order and lets backends
-// assume a single caller. It keeps one workspace buffer that only grows, so
-// steady-state requests allocate no scratch on the device.
+// assume a single caller. It keeps two buffers that only grow, the kernel
+// workspace and the staging memory of backends without host access, so
+// steady-state requests allocate nothing on the device.
 //
 // It is also where kernels are measured: every launch, from a single-op RPC
 // or an Execute batch, passes through Launch() exactly once, which times it
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -37,6 +39,36 @@ class DeterminismAudit;
 // Single threaded, so a multithreaded kernel can exceed it.
 double MeasureHostCopyBandwidth();
 
+// Device memory of one request for the tensors it stages on a backend
+// without host access (copies of host inputs, outputs on their way to the
+// host, and the intermediate outputs of a batch): consecutive pieces of the
+// executor's staging buffer, handed out in request order and never reused
+// within the request. The request synchronizes with the device before it
+// ends, so the next one may reuse the bytes without racing a copy.
+class StagingArena {
+ public:
+  // Every piece starts on a multiple of this (as cudaMalloc's do), so that
+  // kernels may use their widest vector loads.
+  static constexpr uint64_t kAlignment = 256;
+  // The bytes Take(bytes) uses up.
+  static uint64_t Footprint(uint64_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+
+  StagingArena(void* base, uint64_t capacity)
+      : base_(static_cast<char*>(base)), capacity_(capacity) {}
+
+  // The next `bytes` bytes, null for 0. INTERNAL when the request asked the
+  // executor for fewer bytes than it takes: a sizing bug, never the
+  // client's.
+  absl::StatusOr<void*> Take(uint64_t bytes);
+
+ private:
+  char* const base_;
+  const uint64_t capacity_;
+  uint64_t used_ = 0;
+};
+
 class Executor {
  public:
   // `device` names the device in the API ("cpu", "cuda:0").
@@ -52,10 +84,14 @@ class Executor {
   std::string Description() const { return description_; }
   bool HostAccessible() const { return host_accessible_; }
 
-  // Runs `fn` with exclusive use of the backend and a workspace of at least
-  // `workspace_bytes(backend)` (asked under the same exclusive use).
-  absl::Status Run(absl::FunctionRef<size_t(const Backend&)> workspace_bytes,
-                   absl::FunctionRef<absl::Status(Backend&, Workspace)> fn);
+  // Runs `fn` with exclusive use of the backend, a workspace of at least
+  // `workspace_bytes(backend)` (asked under the same exclusive use) and a
+  // staging arena of `staging_bytes`: the sum of the Footprint of every
+  // piece `fn` takes.
+  absl::Status Run(
+      absl::FunctionRef<size_t(const Backend&)> workspace_bytes,
+      uint64_t staging_bytes,
+      absl::FunctionRef<absl::Status(Backend&, Workspace, StagingArena&)> fn);
 
   // Exclusive use of the backend without a workspace (parameter access).
   absl::Status WithDevice(absl::FunctionRef<absl::Status(Backend&)> fn);
@@ -75,7 +111,10 @@ class Executor {
                       absl::FunctionRef<absl::Status()> fn);
 
  private:
-  absl::Status EnsureWorkspace(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grows `buffer` (of `*capacity` bytes) to hold at least `bytes`.
+  absl::Status EnsureBuffer(const char* what, size_t bytes, void** buffer,
+                            size_t* capacity)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string device_;
   std::string backend_name_;
@@ -85,6 +124,8 @@ class Executor {
   std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   void* workspace_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  void* staging_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Used by Launch, which runs under mu_ without the analysis seeing it.
   std::unique_ptr<DeviceTimer> timer_;
   Metrics* metrics_ = nullptr;

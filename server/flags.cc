@@ -78,6 +78,13 @@ ABSL_FLAG(int64_t, shm_max_bytes_per_session, int64_t{64} << 30,
           "Most bytes the regions of one session may span together.");
 ABSL_FLAG(int, shm_max_sessions, 64,
           "Most sessions open at once (each holds a server thread).");
+ABSL_FLAG(bool, shm_pin_host, true,
+          "On a daemon serving CUDA devices, page-lock (cudaHostRegister) the "
+          "mapping of each system shared-memory region while it is "
+          "registered, so that copies between it and the GPU run "
+          "asynchronously at full bandwidth, overlapped with compute. When "
+          "locking fails the region still works, through slower pageable "
+          "copies. false: never lock (pageable copies).");
 
 namespace mhc::server {
 
@@ -196,6 +203,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
         "--shm_max_bytes_per_session: expected >= 1, got ", shm_bytes));
   }
   shm.max_bytes_per_session = static_cast<uint64_t>(shm_bytes);
+  shm.pin_host = absl::GetFlag(FLAGS_shm_pin_host);
   shm.max_sessions = absl::GetFlag(FLAGS_shm_max_sessions);
   if (shm.max_sessions < 1 || shm.max_sessions > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -156,6 +156,14 @@ Metrics::Metrics(const BuildInfo& build)
            .Name("mhcd_workspace_bytes")
            .Help("Memory of the kernel workspace (scratch), by device.")
            .Register(*registry_);
+  staging_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_staging_bytes")
+           .Help(
+               "Device memory that host tensors (inline bytes, system "
+               "shared memory) are copied through on devices without host "
+               "access, by device; it only grows, to the largest request.")
+           .Register(*registry_);
   shm_regions_ = &prometheus::BuildGauge()
                       .Name("mhcd_shm_regions")
                       .Help(
@@ -169,6 +177,31 @@ Metrics::Metrics(const BuildInfo& build)
                         "(system, cuda).")
                     .Register(*registry_);
   for (const char* kind : {"system", "cuda"}) SetSharedMemory(kind, 0, 0);
+  shm_pinned_regions_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_shm_pinned_regions")
+           .Help(
+               "Registered system shared-memory regions whose mapping is "
+               "page-locked for asynchronous GPU copies (daemons serving "
+               "CUDA devices).")
+           .Register(*registry_)
+           .Add({});
+  shm_pinned_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_shm_pinned_bytes")
+           .Help(
+               "Host memory page-locked by the mappings of registered system "
+               "shared-memory regions.")
+           .Register(*registry_)
+           .Add({});
+  pin_failures_ = &prometheus::BuildCounter()
+                       .Name("mhcd_shm_pin_failures_total")
+                       .Help(
+                           "System shared-memory registrations whose mapping "
+                           "could not be page-locked (e.g. the locked-memory "
+                           "limit); those regions use slower pageable copies.")
+                       .Register(*registry_)
+                       .Add({});
   determinism_checks_ =
       &prometheus::BuildCounter()
            .Name("mhcd_determinism_checks_total")
@@ -286,6 +319,15 @@ void Metrics::SetLayerMemory(absl::string_view device, double layers,
 
 void Metrics::SetWorkspaceBytes(absl::string_view device, double bytes) {
   workspace_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
+}
+
+void Metrics::SetStagingBytes(absl::string_view device, double bytes) {
+  staging_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
+}
+
+void Metrics::SetPinnedSharedMemory(double regions, double bytes) {
+  shm_pinned_regions_->Set(regions);
+  shm_pinned_bytes_->Set(bytes);
 }
 
 void Metrics::SetSharedMemory(absl::string_view kind, double regions,

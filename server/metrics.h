@@ -69,9 +69,16 @@ class Metrics {
   void SetLayerMemory(absl::string_view device, double layers,
                       double parameter_bytes, double gradient_bytes);
   void SetWorkspaceBytes(absl::string_view device, double bytes);
+  // Device memory host tensors are staged in (backends without host
+  // access).
+  void SetStagingBytes(absl::string_view device, double bytes);
   // Registered shared-memory regions of one kind ("system", "cuda"): the
   // registry calls it whenever a region comes or goes.
   void SetSharedMemory(absl::string_view kind, double regions, double bytes);
+  // Registered system regions page-locked for device copies, and the host
+  // bytes locked; a registration whose page lock failed.
+  void SetPinnedSharedMemory(double regions, double bytes);
+  void RecordPinFailure() { pin_failures_->Increment(); }
   // One determinism check (`check`: "replay" or "batch_invariance").
   void RecordDeterminismCheck(OpKind kind, absl::string_view check, bool match,
                               uint64_t ulp_difference);
@@ -96,8 +103,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* parameter_bytes_;
   prometheus::Family<prometheus::Gauge>* gradient_bytes_;
   prometheus::Family<prometheus::Gauge>* workspace_bytes_;
+  prometheus::Family<prometheus::Gauge>* staging_bytes_;
   prometheus::Family<prometheus::Gauge>* shm_regions_;
   prometheus::Family<prometheus::Gauge>* shm_bytes_;
+  prometheus::Gauge* shm_pinned_regions_;
+  prometheus::Gauge* shm_pinned_bytes_;
+  prometheus::Counter* pin_failures_;
   prometheus::Family<prometheus::Counter>* determinism_checks_;
   prometheus::Family<prometheus::Gauge>* determinism_max_ulp_;
   // A maximum is a read-modify-write; checks of several devices may race.

@@ -83,6 +83,8 @@ struct PlannedOp {
   std::vector<PlannedInput> inputs;  // by input slot
   std::vector<int> outputs;          // by output slot; -1: not produced
   bool accumulate = false;
+  // Device backends: the last upload of its host inputs, which it waits for.
+  CopyTicket upload = kNoCopy;
 };
 
 // Everything one request runs: its ops in order and the arena of their
@@ -382,31 +384,6 @@ absl::Status PrepareHostInput(PlannedInput& in) {
   return absl::OkStatus();
 }
 
-// Device buffers of one request on a backend without host access; freed
-// before the device is released.
-class DeviceStaging {
- public:
-  explicit DeviceStaging(Backend& backend) : backend_(backend) {}
-  ~DeviceStaging() {
-    for (void* p : buffers_) backend_.Free(p);
-  }
-  absl::StatusOr<void*> Allocate(uint64_t bytes) {
-    if (bytes == 0) return nullptr;
-    absl::StatusOr<void*> p = backend_.Allocate(bytes);
-    if (!p.ok()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes,
-                       " bytes on the device: ", p.status().message()));
-    }
-    buffers_.push_back(*p);
-    return *p;
-  }
-
- private:
-  Backend& backend_;
-  std::vector<void*> buffers_;
-};
-
 // What the executor records about one launch of `op`.
 KernelSample SampleOf(const Batch& batch, const PlannedOp& op) {
   KernelSample sample;
@@ -447,6 +424,167 @@ void Audit(DeterminismAudit& audit, Backend& backend, Workspace ws,
   audit.MaybeAudit(backend, ws, launch);
 }
 
+// Runs `op`, whose tensors are bound to backend memory: checks that its
+// layer is still current, launches it through the executor (which times
+// it), audits it when sampled and counts its gradient tokens.
+absl::Status LaunchOp(Executor& executor, Backend& backend, Workspace ws,
+                      const Batch& batch, const PlannedOp& op) {
+  MHC_RETURN_IF_ERROR(Annotate(op.layer->CheckCurrent(), op.context));
+  BoundOp bound;
+  bound.spec = &op.layer->spec();
+  bound.tokens = op.tokens;
+  bound.act_dtype = op.act_dtype;
+  bound.weights = op.layer->Weights();
+  if (op.accumulate) bound.grads = op.layer->Grads();
+  for (const PlannedInput& in : op.inputs) {
+    bound.in.push_back(!in.present      ? nullptr
+                       : in.source >= 0 ? batch.outputs[in.source]->data
+                                        : in.data);
+  }
+  for (int index : op.outputs) {
+    bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
+  }
+  absl::Status status = executor.Launch(
+      SampleOf(batch, op), [&] { return op.def->launch(backend, bound, ws); });
+  if (!status.ok()) {
+    absl::StatusCode code =
+        status.code() == absl::StatusCode::kResourceExhausted
+            ? status.code()
+            : absl::StatusCode::kInternal;
+    return absl::Status(
+        code, absl::StrCat(op.context, op.def->rpc, " on ",
+                           op.layer->Describe(), " failed in the ",
+                           backend.Name(), " backend: ", status.message()));
+  }
+  DeterminismAudit* audit = executor.audit();
+  if (audit != nullptr && audit->active()) {
+    Audit(*audit, backend, ws, batch, op, bound);
+  }
+  if (op.accumulate && op.def->counts_tokens) {
+    op.layer->AddGradientTokens(op.tokens);
+  }
+  return absl::OkStatus();
+}
+
+// Host backends: the ops read and write the request's memory in place
+// (PrepareHostInput/Output); only misaligned tensors are copied.
+absl::Status RunOnHost(Batch& batch, Executor& executor, Backend& backend,
+                       Workspace ws) {
+  for (const PlannedOp& op : batch.ops) {
+    MHC_RETURN_IF_ERROR(LaunchOp(executor, backend, ws, batch, op));
+    for (int index : op.outputs) {
+      if (index < 0) continue;
+      const PlannedOutput& out = *batch.outputs[index];
+      if (out.info.bytes == 0) continue;
+      if (out.copy_to_region) {
+        std::memcpy(out.span.data, out.data, out.info.bytes);
+      } else if (out.copy_to_dest) {
+        std::memcpy(out.dest->mutable_inline_data()->data(), out.data,
+                    out.info.bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Kernels write a CUDA-region output in place; every other output of a
+// device backend lives in staging memory first.
+bool WrittenInPlace(const PlannedOutput& out) {
+  return out.region.has_value() && out.span.device;
+}
+
+bool Staged(const PlannedInput& in) {
+  return in.present && in.source < 0 && !in.device;
+}
+
+// The staging memory `batch` takes on a backend without host access.
+uint64_t StagingBytes(const Batch& batch) {
+  uint64_t bytes = 0;
+  for (const PlannedOp& op : batch.ops) {
+    for (const PlannedInput& in : op.inputs) {
+      if (Staged(in)) bytes += StagingArena::Footprint(in.info.bytes);
+    }
+  }
+  for (const auto& out : batch.outputs) {
+    if (!WrittenInPlace(*out)) {
+      bytes += StagingArena::Footprint(out->info.bytes);
+    }
+  }
+  return bytes;
+}
+
+// Where the client reads `out` on the host, or null when it stays on the
+// device (a CUDA region, or an output of the batch nobody fetches).
+void* HostDestination(PlannedOutput& out) {
+  if (out.region.has_value()) return out.span.device ? nullptr : out.span.data;
+  if (out.dest != nullptr) return out.dest->mutable_inline_data()->data();
+  return nullptr;
+}
+
+// Backends without host access: binds every tensor to device memory and
+// queues the batch's copies and ops, without waiting for any of them.
+//
+// Every host input is uploaded up front, in op order, and each op waits
+// only for its own inputs' uploads: with page-locked sources (pinned
+// regions) the copy calls return at once, so the uploads of later ops run
+// while earlier ops compute. (Up front, because the executor's kernel timer
+// waits for each op before the next is issued: only work queued before an
+// op can overlap it.) An output bound for page-locked memory is
+// downloaded as soon as its op is issued, overlapping the ops after it; one
+// bound for pageable memory (inline bytes, an unpinned region) only after
+// the last op, since such a copy holds the host until it is done and would
+// delay issuing the rest.
+absl::Status IssueOnDevice(Batch& batch, Executor& executor, Backend& backend,
+                           Workspace ws, StagingArena& staging) {
+  for (PlannedOp& op : batch.ops) {
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      PlannedInput& in = op.inputs[i];
+      if (!Staged(in)) continue;
+      MHC_ASSIGN_OR_RETURN(void* device, staging.Take(in.info.bytes));
+      in.data = device;
+      absl::StatusOr<CopyTicket> ticket =
+          backend.CopyToDeviceAsync(device, in.bytes.data(), in.bytes.size());
+      if (!ticket.ok()) {
+        return Annotate(ticket.status(),
+                        absl::StrCat(op.context, op.def->inputs[i].name,
+                                     ": copy to the device: "));
+      }
+      // Tickets grow in queue order: the op waits for its last one.
+      if (*ticket != kNoCopy) op.upload = *ticket;
+    }
+  }
+  for (auto& out : batch.outputs) {
+    if (WrittenInPlace(*out)) {
+      out->data = out->span.data;
+    } else {
+      MHC_ASSIGN_OR_RETURN(out->data, staging.Take(out->info.bytes));
+    }
+  }
+  std::vector<std::pair<const PlannedOp*, PlannedOutput*>> deferred;
+  auto download = [&](const PlannedOp& op, PlannedOutput& out) {
+    return Annotate(
+        backend.CopyToHostAsync(HostDestination(out), out.data, out.info.bytes),
+        absl::StrCat(op.context, out.name, ": copy to the host: "));
+  };
+  for (const PlannedOp& op : batch.ops) {
+    MHC_RETURN_IF_ERROR(
+        Annotate(backend.OpsWaitForCopy(op.upload), op.context));
+    MHC_RETURN_IF_ERROR(LaunchOp(executor, backend, ws, batch, op));
+    for (int index : op.outputs) {
+      if (index < 0) continue;
+      PlannedOutput& out = *batch.outputs[index];
+      if (out.info.bytes == 0 || HostDestination(out) == nullptr) continue;
+      if (out.region.has_value() && out.span.pinned) {
+        MHC_RETURN_IF_ERROR(download(op, out));
+      } else {
+        deferred.emplace_back(&op, &out);
+      }
+    }
+  }
+  for (auto [op, out] : deferred) MHC_RETURN_IF_ERROR(download(*op, *out));
+  return absl::OkStatus();
+}
+
 absl::Status RunBatch(Batch& batch, Executor& executor) {
   const bool host = executor.HostAccessible();
   if (host) {
@@ -474,86 +612,24 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
     }
     return bytes;
   };
-  return executor.Run(workspace_bytes, [&](Backend& backend, Workspace ws) {
-    DeviceStaging staging(backend);
-    for (PlannedOp& op : batch.ops) {
-      MHC_RETURN_IF_ERROR(Annotate(op.layer->CheckCurrent(), op.context));
-      BoundOp bound;
-      bound.spec = &op.layer->spec();
-      bound.tokens = op.tokens;
-      bound.act_dtype = op.act_dtype;
-      bound.weights = op.layer->Weights();
-      if (op.accumulate) bound.grads = op.layer->Grads();
-      for (PlannedInput& in : op.inputs) {
-        if (in.present && in.source < 0 && !host && !in.device) {
-          MHC_ASSIGN_OR_RETURN(void* p, staging.Allocate(in.bytes.size()));
-          if (p != nullptr) {
-            MHC_RETURN_IF_ERROR(
-                backend.CopyToDevice(p, in.bytes.data(), in.bytes.size()));
-          }
-          in.data = p;
+  return executor.Run(
+      workspace_bytes, host ? 0 : StagingBytes(batch),
+      [&](Backend& backend, Workspace ws, StagingArena& staging) {
+        if (host) return RunOnHost(batch, executor, backend, ws);
+        absl::Status issued =
+            IssueOnDevice(batch, executor, backend, ws, staging);
+        // On every path, failures included: until the device is done its
+        // copies may read the request's memory and write the client's, and
+        // the next request reuses the staging memory.
+        absl::Status synced = backend.Synchronize();
+        if (!issued.ok()) return issued;
+        if (!synced.ok()) {
+          return absl::InternalError(absl::StrCat(
+              "the ", backend.Name(),
+              " backend failed to finish the request: ", synced.message()));
         }
-        bound.in.push_back(!in.present      ? nullptr
-                           : in.source >= 0 ? batch.outputs[in.source]->data
-                                            : in.data);
-      }
-      for (int index : op.outputs) {
-        if (index >= 0 && !host) {
-          PlannedOutput& out = *batch.outputs[index];
-          if (out.region.has_value() && out.span.device) {
-            out.data = out.span.data;  // kernels write the client's memory
-          } else {
-            MHC_ASSIGN_OR_RETURN(out.data, staging.Allocate(out.info.bytes));
-          }
-        }
-        bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
-      }
-      absl::Status status = executor.Launch(SampleOf(batch, op), [&] {
-        return op.def->launch(backend, bound, ws);
+        return absl::OkStatus();
       });
-      if (!status.ok()) {
-        absl::StatusCode code =
-            status.code() == absl::StatusCode::kResourceExhausted
-                ? status.code()
-                : absl::StatusCode::kInternal;
-        return absl::Status(
-            code, absl::StrCat(op.context, op.def->rpc, " on ",
-                               op.layer->Describe(), " failed in the ",
-                               backend.Name(), " backend: ", status.message()));
-      }
-      DeterminismAudit* audit = executor.audit();
-      if (audit != nullptr && audit->active()) {
-        Audit(*audit, backend, ws, batch, op, bound);
-      }
-      for (int index : op.outputs) {
-        if (index < 0) continue;
-        PlannedOutput& out = *batch.outputs[index];
-        if (out.info.bytes == 0) continue;
-        if (out.region.has_value()) {
-          if (!host && !out.span.device) {
-            MHC_RETURN_IF_ERROR(
-                backend.CopyToHost(out.span.data, out.data, out.info.bytes));
-          } else if (out.copy_to_region) {
-            std::memcpy(out.span.data, out.data, out.info.bytes);
-          }
-          continue;
-        }
-        if (out.dest == nullptr) continue;
-        if (!host) {
-          MHC_RETURN_IF_ERROR(
-              backend.CopyToHost(out.dest->mutable_inline_data()->data(),
-                                 out.data, out.info.bytes));
-        } else if (out.copy_to_dest) {
-          std::memcpy(out.dest->mutable_inline_data()->data(), out.data,
-                      out.info.bytes);
-        }
-      }
-      if (op.accumulate && op.def->counts_tokens) {
-        op.layer->AddGradientTokens(op.tokens);
-      }
-    }
-    return absl::OkStatus();
-  });
 }
 
 absl::Status ValidateOpId(absl::string_view id, absl::string_view field) {

@@ -11,14 +11,19 @@
 // scratch), and returned outputs are written directly into the response's
 // inline_data. Outputs of a batch that are not returned live in a
 // request-scoped arena, named "<op id>.<field>", which later ops read by
-// reference. Backends without host access get every tensor staged through
-// device buffers instead.
+// reference. Backends without host access stage every host tensor in the
+// executor's staging memory instead (no device allocation per request) and
+// overlap the copies with compute: uploads go ahead of the ops on a copy
+// queue, each op waits only for its own inputs, downloads run while later
+// ops compute, and one synchronization at the end of the request precedes
+// any output becoming visible to the client.
 //
 // Shared memory: tensors in a session's regions (TensorRef.shm, and outputs
-// named in output_regions) are pinned for the whole request by its
+// named in output_regions) are held for the whole request by its
 // RegionScope. Host backends read and write the mapped bytes in place (a
 // misaligned range goes through aligned scratch); device backends run on
-// CUDA-region memory directly and copy host regions to and from the device.
+// CUDA-region memory directly and copy host regions to and from the device,
+// asynchronously when the region is page-locked (see ShmRegistry).
 #ifndef MHC_SERVER_OP_RUNNER_H_
 #define MHC_SERVER_OP_RUNNER_H_
 
@@ -37,7 +42,7 @@ class OpRunner {
   OpRunner(LayerStore* store, RequestLimits limits);
 
   // `request` and `response` are the op's messages (e.g. PreRequest and
-  // PreResponse for kPreForward). `regions` resolves and pins the request's
+  // PreResponse for kPreForward). `regions` resolves and holds the request's
   // shared-memory tensors.
   absl::Status RunSingle(OpKind kind, const google::protobuf::Message& request,
                          google::protobuf::Message* response,

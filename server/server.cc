@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
         host_copy_bandwidth = MeasureHostCopyBandwidth();
       }
       executor->SetCopyBandwidth(host_copy_bandwidth);
-    } else {
+    } else if (device.cuda_index >= 0) {
 #ifdef MHC_HAVE_CUDA
       MHC_ASSIGN_OR_RETURN(double bandwidth,
                            MeasureCudaCopyBandwidth(device.cuda_index));
@@ -153,16 +153,24 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
       std::make_unique<LayerStore>(executors, config.service.limits);
   server->admission_ = std::make_unique<Admission>(config.service.max_inflight);
   // CUDA IPC regions need a CUDA device served by this daemon; host
-  // backends get none, so RegisterCudaSharedMemory is refused there.
+  // backends get none, so RegisterCudaSharedMemory is refused there. Host
+  // backends read system regions in place; CUDA devices copy them, which a
+  // page lock makes asynchronous and fast.
   std::unique_ptr<DeviceMemoryOpener> cuda_ipc;
+  std::unique_ptr<HostMemoryPinner> pinner;
 #ifdef MHC_HAVE_CUDA
-  if (std::any_of(executors.begin(), executors.end(),
-                  [](Executor* e) { return !e->HostAccessible(); })) {
+  auto first_cuda =
+      std::find_if(devices.begin(), devices.end(),
+                   [](const DeviceBackend& d) { return d.cuda_index >= 0; });
+  if (first_cuda != devices.end()) {
     cuda_ipc = MakeCudaIpcOpener();
+    if (config.service.shm.pin_host) {
+      pinner = MakeCudaHostPinner(first_cuda->cuda_index);
+    }
   }
 #endif
-  server->shm_ =
-      std::make_unique<ShmRegistry>(config.service.shm, std::move(cuda_ipc));
+  server->shm_ = std::make_unique<ShmRegistry>(
+      config.service.shm, std::move(cuda_ipc), std::move(pinner));
   server->service_ = std::make_unique<MhcService>(
       config.service, executors, server->store_.get(), server->admission_.get(),
       server->metrics_.get(), server->shm_.get());

@@ -35,6 +35,8 @@ void MhcService::PublishSharedMemory() {
     const auto [regions, bytes] = shm_->Totals(kind);
     metrics_->SetSharedMemory(label, regions, static_cast<double>(bytes));
   }
+  const auto [pinned, pinned_bytes] = shm_->PinnedTotals();
+  metrics_->SetPinnedSharedMemory(pinned, static_cast<double>(pinned_bytes));
 }
 
 grpc::Status MhcService::OpenSession(
@@ -76,7 +78,9 @@ grpc::Status MhcService::RegisterSystemSharedMemory(
     v1::RegisterSystemSharedMemoryResponse*) {
   return Handle("RegisterSystemSharedMemory", true, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_RETURN_IF_ERROR(shm_->RegisterSystem(SessionId(*context), *request));
+    MHC_ASSIGN_OR_RETURN(HostPinning pinning,
+                         shm_->RegisterSystem(SessionId(*context), *request));
+    if (pinning == HostPinning::kFailed) metrics_->RecordPinFailure();
     PublishSharedMemory();
     return absl::OkStatus();
   });

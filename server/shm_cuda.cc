@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <string>
 #include <utility>
@@ -142,10 +143,64 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
   std::map<std::string, Mapping> open_ ABSL_GUARDED_BY(mu_);
 };
 
+// Makes `device` current for the calling thread. Not restored afterwards:
+// every CUDA user in the daemon sets its device first (backends in each
+// call), and restoring a thread's default device 0 would create a context on
+// GPU 0 even where the daemon does not serve it.
+cudaError_t UseDevice(int device) {
+  const cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) cudaGetLastError();
+  return error;
+}
+
+class CudaHostPinner final : public HostMemoryPinner {
+ public:
+  explicit CudaHostPinner(int device) : device_(device) {}
+
+  absl::Status Pin(void* base, size_t bytes, bool read_only) override {
+    if (const cudaError_t error = UseDevice(device_); error != cudaSuccess) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot use CUDA device ", device_, ": ", cudaGetErrorString(error)));
+    }
+    // Portable: every device's executor copies from it at full speed.
+    unsigned int flags = cudaHostRegisterPortable;
+    if (read_only) flags |= cudaHostRegisterReadOnly;
+    const cudaError_t error = cudaHostRegister(base, bytes, flags);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // not sticky; keep it from later calls
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cudaHostRegister of ", bytes, " bytes failed: ",
+          cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Unpin(void* base) override {
+    UseDevice(device_);  // on failure the unregister below fails and says so
+    const cudaError_t error = cudaHostUnregister(base);
+    if (error != cudaSuccess) {
+      // The pages may stay locked until the process exits; nothing else is
+      // affected, and the caller is a destructor with no one to tell.
+      cudaGetLastError();
+      std::cerr << "mhcd: cudaHostUnregister of a shared-memory mapping "
+                   "failed: "
+                << cudaGetErrorName(error) << " (" << cudaGetErrorString(error)
+                << ")" << std::endl;
+    }
+  }
+
+ private:
+  const int device_;
+};
+
 }  // namespace
 
 std::unique_ptr<DeviceMemoryOpener> MakeCudaIpcOpener() {
   return std::make_unique<CudaIpcOpener>();
+}
+
+std::unique_ptr<HostMemoryPinner> MakeCudaHostPinner(int device) {
+  return std::make_unique<CudaHostPinner>(device);
 }
 
 }  // namespace mhc::server

@@ -1,5 +1,6 @@
 // CUDA IPC for RegisterCudaSharedMemory: opens another process's device
-// allocation from its cudaIpcMemHandle_t. Built only with the CUDA backend.
+// allocation from its cudaIpcMemHandle_t. And page locks for the mappings of
+// system regions. Built only with the CUDA backend.
 #ifndef MHC_SERVER_SHM_CUDA_H_
 #define MHC_SERVER_SHM_CUDA_H_
 
@@ -14,6 +15,13 @@ namespace mhc::server {
 // closes them with cudaIpcCloseMemHandle. Regions over the same handle share
 // one mapping, closed with the last of them.
 std::unique_ptr<DeviceMemoryOpener> MakeCudaIpcOpener();
+
+// Page-locks host memory with cudaHostRegister, portable across every device
+// of the process (read-only registrations where the mapping is), and
+// unregisters it with cudaHostUnregister. `device` is a device this daemon
+// serves: the one whose context registers, so that no other device gets a
+// context just for this.
+std::unique_ptr<HostMemoryPinner> MakeCudaHostPinner(int device);
 
 }  // namespace mhc::server
 

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -106,6 +107,8 @@ absl::Status NoSession() {
 }  // namespace
 
 Region::~Region() {
+  // Before munmap: a page lock outliving its mapping would leak the pages.
+  if (pinner_ != nullptr) pinner_->Unpin(map_base_);
   shm_guard::Unwatch(watch_slot_);
   if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
   if (fd_ >= 0) close(fd_);
@@ -116,9 +119,19 @@ bool Region::Broken() const {
   return watch_slot_ >= 0 && shm_guard::Faulted(watch_slot_);
 }
 
+bool Region::Shrunk() const {
+  if (fd_ < 0) return false;
+  struct stat st = {};
+  return fstat(fd_, &st) != 0 ||
+         static_cast<uint64_t>(st.st_size) < offset_ + byte_size_;
+}
+
 ShmRegistry::ShmRegistry(ShmOptions options,
-                         std::unique_ptr<DeviceMemoryOpener> cuda)
-    : options_(std::move(options)), cuda_(std::move(cuda)) {
+                         std::unique_ptr<DeviceMemoryOpener> cuda,
+                         std::unique_ptr<HostMemoryPinner> pinner)
+    : options_(std::move(options)),
+      cuda_(std::move(cuda)),
+      pinner_(std::move(pinner)) {
   if (options_.enabled) shm_guard::Install();
 }
 
@@ -162,7 +175,7 @@ void ShmRegistry::CloseSession(const std::string& id) {
     ended = std::move(it->second);
     sessions_.erase(it);
   }
-  // Regions are released here, outside the lock; pinned ones on their last
+  // Regions are released here, outside the lock; held ones on their last
   // request's exit.
 }
 
@@ -190,6 +203,19 @@ std::pair<int, uint64_t> ShmRegistry::Totals(v1::SharedMemoryKind kind) const {
       if (region->kind() != kind) continue;
       ++totals.first;
       totals.second += region->byte_size();
+    }
+  }
+  return totals;
+}
+
+std::pair<int, uint64_t> ShmRegistry::PinnedTotals() const {
+  absl::MutexLock lock(&mu_);
+  std::pair<int, uint64_t> totals{0, 0};
+  for (const auto& [id, session] : sessions_) {
+    for (const auto& [name, region] : session.regions) {
+      if (!region->pinned()) continue;
+      ++totals.first;
+      totals.second += region->pinned_bytes();
     }
   }
   return totals;
@@ -244,7 +270,29 @@ absl::Status ShmRegistry::Add(const std::string& session_id,
   return absl::OkStatus();
 }
 
-absl::Status ShmRegistry::RegisterSystem(
+HostPinning ShmRegistry::Pin(Region& region) {
+  if (pinner_ == nullptr) return HostPinning::kNotNeeded;
+  // The daemon maps every region read-write: outputs may land in any.
+  absl::Status pinned =
+      pinner_->Pin(region.map_base_, region.map_bytes_, /*read_only=*/false);
+  if (pinned.ok()) {
+    region.pinner_ = pinner_.get();
+    return HostPinning::kPinned;
+  }
+  if (!pin_failure_logged_.exchange(true)) {
+    std::cerr << "mhcd: cannot page-lock shared-memory region '" << region.name_
+              << "' (" << pinned.message()
+              << "); it is copied to and from the GPU through pageable "
+                 "memory, which is slower. Check the locked-memory limit "
+                 "(ulimit -l) and free host memory, or start mhcd with "
+                 "--shm_pin_host=false. Only this failure is logged; all are "
+                 "counted in mhcd_shm_pin_failures_total."
+              << std::endl;
+  }
+  return HostPinning::kFailed;
+}
+
+absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
     const std::string& session_id,
     const v1::RegisterSystemSharedMemoryRequest& r) {
   MHC_RETURN_IF_ERROR(CheckName(r.name()));
@@ -310,7 +358,10 @@ absl::Status ShmRegistry::RegisterSystem(
   }
   region->dev_ = static_cast<uint64_t>(st.st_dev);
   region->ino_ = static_cast<uint64_t>(st.st_ino);
-  return Add(session_id, std::move(region));
+  // Outside the lock: locking a large mapping faults in every page.
+  const HostPinning pinning = Pin(*region);
+  MHC_RETURN_IF_ERROR(Add(session_id, std::move(region)));
+  return pinning;
 }
 
 absl::StatusOr<uint64_t> ShmRegistry::RegisterCuda(
@@ -425,6 +476,7 @@ absl::Status ShmRegistry::Status(const std::string& session_id,
     status->set_byte_size(region->byte_size());
     status->set_device_id(region->device_id());
     status->set_in_use(region->in_use());
+    status->set_pinned(region->pinned());
   }
   return absl::OkStatus();
 }
@@ -446,7 +498,7 @@ absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
                                             absl::CEscape(name),
                                             "' in this session"));
   }
-  // Pinned under the lock, so Unregister's in-use check cannot miss it.
+  // Held under the lock, so Unregister's in-use check cannot miss it.
   it->second->uses_.fetch_add(1);
   return it->second;
 }
@@ -495,10 +547,7 @@ absl::StatusOr<RegionSpan> RegionScope::Acquire(const v1::SharedMemoryRef& ref,
   }
   const bool device = region->kind() == v1::SHARED_MEMORY_KIND_CUDA;
   if (!device) {
-    struct stat st = {};
-    if (fstat(region->fd_, &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) <
-            region->offset() + region->byte_size()) {
+    if (region->Shrunk()) {
       return absl::FailedPreconditionError(
           absl::StrCat(field, ": the object of region '", region->name(),
                        "' is now smaller than its registered range (it was "
@@ -531,12 +580,13 @@ absl::StatusOr<RegionSpan> RegionScope::Acquire(const v1::SharedMemoryRef& ref,
   span.bytes = bytes;
   span.device = device;
   span.device_id = region->device_id();
+  span.pinned = region->pinned();
   return span;
 }
 
 absl::Status RegionScope::CheckIntact() const {
   for (const Use& use : uses_) {
-    if (use.region->Broken()) {
+    if (use.region->Broken() || use.region->Shrunk()) {
       return absl::FailedPreconditionError(absl::StrCat(
           use.field, ": the object of region '", use.region->name(),
           "' was truncated while the request used it; its results are not "

@@ -4,13 +4,20 @@
 // their session's namespace; a region is a mapping (POSIX shm: mmap of the
 // registered range only, with the descriptor kept for size re-checks; CUDA
 // IPC: the opened device pointer) held by a shared_ptr, so a request that
-// pinned it keeps it mapped even after the session ends. Unregistering a
-// pinned region is refused instead of waiting: a request can run for long,
-// and the client that owns both the request and the region can simply retry.
+// holds it (in use) keeps it mapped even after the session ends.
+// Unregistering a region in use is refused instead of waiting: a request can
+// run for long, and the client that owns both the request and the region can
+// simply retry.
 //
-// Every failure path releases what it acquired (descriptor, mapping, watch
-// slot, IPC handle) through the Region destructor, and messages name
-// regions, never keys.
+// On a daemon serving CUDA devices the mapping of a system region is also
+// page-locked ("pinned" in CUDA's terms; HostMemoryPinner) for as long as it
+// is mapped, so that copies between it and a GPU run asynchronously by DMA.
+// That is an optimisation: when it fails the region is registered anyway
+// and copied through pageable memory.
+//
+// Every failure path releases what it acquired (descriptor, mapping, page
+// lock, watch slot, IPC handle) through the Region destructor, and messages
+// name regions, never keys.
 #ifndef MHC_SERVER_SHM_REGISTRY_H_
 #define MHC_SERVER_SHM_REGISTRY_H_
 
@@ -39,6 +46,9 @@ struct ShmOptions {
   int max_regions_per_session = 64;
   uint64_t max_bytes_per_session = uint64_t{64} << 30;
   int max_sessions = 64;  // each open session holds a server thread
+  // Page-lock system regions when a CUDA device is served (--shm_pin_host;
+  // MhcServer gives the registry a pinner then).
+  bool pin_host = true;
 };
 
 // Opens other processes' CUDA allocations. Only a daemon serving a CUDA
@@ -58,6 +68,27 @@ class DeviceMemoryOpener {
   virtual void Close(int device, void* ptr) = 0;
 };
 
+// Page-locks host memory for every CUDA device of the process, so that a
+// device copies from and to it by DMA: asynchronously, at full bandwidth,
+// and without the driver's pageable staging buffers. Only a daemon serving a
+// CUDA device has one; host backends read mappings in place.
+class HostMemoryPinner {
+ public:
+  virtual ~HostMemoryPinner() = default;
+  // Page-locks [base, base + bytes). `read_only`: the mapping is not
+  // writable, so the device may only read it.
+  virtual absl::Status Pin(void* base, size_t bytes, bool read_only) = 0;
+  // Undoes Pin(base, ...); called before the memory is unmapped.
+  virtual void Unpin(void* base) = 0;
+};
+
+// What became of page-locking a new system region.
+enum class HostPinning {
+  kNotNeeded,  // no pinner: no CUDA device served, or --shm_pin_host=false
+  kPinned,
+  kFailed,  // e.g. locked-memory limits; its copies use pageable memory
+};
+
 // One registered region. Immutable after registration except for the use
 // count.
 class Region {
@@ -74,6 +105,14 @@ class Region {
   int in_use() const { return uses_.load(); }
   // A fault was absorbed in the mapping: the object was truncated under it.
   bool Broken() const;
+  // SYSTEM: the object is now smaller than the registered range. Device
+  // copies into a page-locked mapping never fault, so this is how a
+  // truncation during a request is seen there.
+  bool Shrunk() const;
+  // SYSTEM: the mapping is page-locked for device copies.
+  bool pinned() const { return pinner_ != nullptr; }
+  // Host memory the page lock holds (the whole mapping), 0 when unpinned.
+  uint64_t pinned_bytes() const { return pinned() ? map_bytes_ : 0; }
 
  private:
   friend class ShmRegistry;
@@ -93,17 +132,20 @@ class Region {
   int watch_slot_ = -1;
   uint64_t dev_ = 0;
   uint64_t ino_ = 0;
+  // Set once the mapping is page-locked; unpins it before it is unmapped.
+  HostMemoryPinner* pinner_ = nullptr;
   // CUDA.
   DeviceMemoryOpener* opener_ = nullptr;
   std::atomic<int> uses_{0};
 };
 
-// A pinned byte range of a region, valid while its RegionScope lives.
+// A held byte range of a region, valid while its RegionScope lives.
 struct RegionSpan {
   void* data = nullptr;
   uint64_t bytes = 0;
   bool device = false;  // CUDA device memory
   int device_id = -1;
+  bool pinned = false;  // page-locked host memory (see HostMemoryPinner)
 };
 
 class ShmRegistry;
@@ -125,7 +167,8 @@ class RegionScope {
                                      uint64_t bytes, bool output,
                                      absl::string_view field);
   // After the request ran: FAILED_PRECONDITION when a region's object was
-  // truncated while the request used it (its results are not valid).
+  // truncated while the request used it (its results are not valid), seen
+  // by a fault or by the object's size.
   absl::Status CheckIntact() const;
 
  private:
@@ -143,7 +186,10 @@ class RegionScope {
 
 class ShmRegistry {
  public:
-  ShmRegistry(ShmOptions options, std::unique_ptr<DeviceMemoryOpener> cuda);
+  // `cuda` opens CUDA IPC regions and `pinner` page-locks system regions;
+  // either may be null (a daemon without CUDA devices has neither).
+  ShmRegistry(ShmOptions options, std::unique_ptr<DeviceMemoryOpener> cuda,
+              std::unique_ptr<HostMemoryPinner> pinner = nullptr);
   ~ShmRegistry();
 
   const ShmOptions& options() const { return options_; }
@@ -160,8 +206,11 @@ class ShmRegistry {
   // Ends every session's stream and refuses new sessions (drain, shutdown).
   void CancelAllSessions();
 
-  absl::Status RegisterSystem(const std::string& session_id,
-                              const v1::RegisterSystemSharedMemoryRequest& r);
+  // Registration never fails for want of a page lock: kFailed says that
+  // the region was registered unpinned.
+  absl::StatusOr<HostPinning> RegisterSystem(
+      const std::string& session_id,
+      const v1::RegisterSystemSharedMemoryRequest& r);
   // Returns the bytes registered (the whole allocation for byte_size 0).
   absl::StatusOr<uint64_t> RegisterCuda(
       const std::string& session_id,
@@ -172,7 +221,7 @@ class ShmRegistry {
   absl::Status Status(const std::string& session_id, const std::string& name,
                       v1::SharedMemoryStatusResponse* response);
 
-  // The caller's region `name`, pinned by the caller.
+  // The caller's region `name`, held for the caller (see in_use).
   absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& session_id,
                                                const std::string& name,
                                                absl::string_view field);
@@ -180,6 +229,8 @@ class ShmRegistry {
   int session_count() const;
   // Regions and registered bytes of `kind` across all sessions.
   std::pair<int, uint64_t> Totals(v1::SharedMemoryKind kind) const;
+  // Registered regions that are page-locked, and the host bytes locked.
+  std::pair<int, uint64_t> PinnedTotals() const;
 
  private:
   struct Session {
@@ -196,9 +247,14 @@ class ShmRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Add(const std::string& session_id,
                    std::shared_ptr<Region> region);
+  // Page-locks a new region's mapping when this daemon has a pinner.
+  HostPinning Pin(Region& region);
 
   const ShmOptions options_;
   const std::unique_ptr<DeviceMemoryOpener> cuda_;
+  const std::unique_ptr<HostMemoryPinner> pinner_;
+  // The first failure to page-lock is logged; later ones are counted.
+  std::atomic<bool> pin_failure_logged_{false};
   mutable absl::Mutex mu_;
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,5 +1,6 @@
 // The validating entry points of Backend: checked once here for every
-// backend, so implementations can assume well-formed params.
+// backend, so implementations can assume well-formed params. Also the
+// synchronous defaults of the overlapped copies.
 #include "mhc/backend.h"
 
 #include <initializer_list>
@@ -19,6 +20,22 @@ absl::string_view OpFamilyName(OpKind op) {
 
 absl::string_view OpDirectionName(OpKind op) {
   return static_cast<int>(op) % 2 == 0 ? "forward" : "backward";
+}
+
+absl::StatusOr<CopyTicket> Backend::CopyToDeviceAsync(void* dst,
+                                                      const void* host_src,
+                                                      size_t bytes) {
+  if (bytes == 0) return kNoCopy;
+  MHC_RETURN_IF_ERROR(CopyToDevice(dst, host_src, bytes));
+  return kNoCopy;  // already complete
+}
+
+absl::Status Backend::OpsWaitForCopy(CopyTicket) { return absl::OkStatus(); }
+
+absl::Status Backend::CopyToHostAsync(void* host_dst, const void* src,
+                                      size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  return CopyToHost(host_dst, src, bytes);
 }
 
 namespace {

@@ -1,5 +1,6 @@
-// The CUDA Backend: device selection, memory, copies on the backend's
-// stream, exact workspace sizes and the op dispatch to the launchers.
+// The CUDA Backend: device selection, memory, synchronous copies on the op
+// stream and overlapped ones on the copy streams, exact workspace sizes and
+// the op dispatch to the launchers.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,30 +25,41 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   cudaDeviceProp prop;
   MHC_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device),
                            "create backend", what);
-  unsigned* arrivals = nullptr;
-  MHC_CUDA_RETURN_IF_ERROR(cudaMalloc(&arrivals, sizeof(unsigned)),
+  // Owned from here on, so the destructor releases whatever was created.
+  std::unique_ptr<CudaBackend> backend(
+      new CudaBackend(device, absl::StrCat(prop.name, " (", device, ")")));
+  MHC_RETURN_IF_ERROR(backend->CreateResources());
+  return backend;
+}
+
+absl::Status CudaBackend::CreateResources() {
+  const std::string what = absl::StrCat("device ", device_);
+  for (cudaStream_t* stream : {&stream_, &upload_stream_, &download_stream_}) {
+    MHC_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking),
+        "create backend", what);
+  }
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&ops_done_, cudaEventDisableTiming),
+      "create backend", what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaMalloc(&arrivals_, sizeof(unsigned)),
                            "create backend", what);
-  cudaError_t error = cudaMemset(arrivals, 0, sizeof(unsigned));
-  cudaStream_t stream = nullptr;
-  if (error == cudaSuccess) {
-    error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  }
-  if (error == cudaSuccess) error = cudaDeviceSynchronize();  // the memset
-  if (error != cudaSuccess) {
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    cudaFree(arrivals);
-    MHC_CUDA_RETURN_IF_ERROR(error, "create backend", what);
-  }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(
-      device, stream, arrivals, absl::StrCat(prop.name, " (", device, ")")));
+  MHC_CUDA_RETURN_IF_ERROR(cudaMemset(arrivals_, 0, sizeof(unsigned)),
+                           "create backend", what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "create backend", what);
+  return absl::OkStatus();
 }
 
 CudaBackend::~CudaBackend() {
-  if (cudaSetDevice(device_) == cudaSuccess) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-    cudaFree(arrivals_);
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  for (cudaStream_t stream : {stream_, upload_stream_, download_stream_}) {
+    if (stream == nullptr) continue;
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
   }
+  if (ops_done_ != nullptr) cudaEventDestroy(ops_done_);
+  if (arrivals_ != nullptr) cudaFree(arrivals_);
+  for (cudaEvent_t event : upload_events_) cudaEventDestroy(event);
 }
 
 absl::Status CudaBackend::Activate(const char* what) const {
@@ -73,8 +85,11 @@ absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
 void CudaBackend::Free(void* pointer) {
   if (pointer == nullptr) return;
   if (cudaSetDevice(device_) != cudaSuccess) return;
-  // Pending work may still read the buffer.
-  cudaStreamSynchronize(stream_);
+  // Pending work may still read the buffer, copies included. A failure
+  // here is reported by the next call that returns a status.
+  for (cudaStream_t stream : {stream_, upload_stream_, download_stream_}) {
+    cudaStreamSynchronize(stream);
+  }
   cudaFree(pointer);
 }
 
@@ -113,10 +128,80 @@ absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SynchronizeStreams(const char* what) {
+  MHC_RETURN_IF_ERROR(Activate(what));
+  const std::string device = absl::StrCat("device ", device_);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(upload_stream_), what, device);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), what, device);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(download_stream_), what,
+                           device);
+  // Every upload is complete: tickets issued so far need no waiting, and
+  // their events may be recorded again.
+  first_pending_upload_ = next_upload_;
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Synchronize() {
-  MHC_RETURN_IF_ERROR(Activate("synchronize"));
-  MHC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "synchronize",
-                           absl::StrCat("device ", device_));
+  return SynchronizeStreams("synchronize");
+}
+
+absl::StatusOr<CopyTicket> CudaBackend::CopyToDeviceAsync(void* dst,
+                                                          const void* host_src,
+                                                          size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("copy to device async"));
+  if (bytes == 0) return kNoCopy;
+  const std::string what = absl::StrCat(bytes, " bytes");
+  const size_t index =
+      static_cast<size_t>(next_upload_ - first_pending_upload_);
+  if (index == upload_events_.size()) {
+    cudaEvent_t event = nullptr;
+    MHC_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+        "copy to device async", what);
+    upload_events_.push_back(event);
+  }
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+                      upload_stream_),
+      "copy to device async", what);
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(upload_events_[index], upload_stream_),
+      "copy to device async", what);
+  return next_upload_++;
+}
+
+absl::Status CudaBackend::OpsWaitForCopy(CopyTicket ticket) {
+  if (ticket < first_pending_upload_) return absl::OkStatus();  // complete
+  if (ticket >= next_upload_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda wait for copy: ticket ", ticket,
+                     " was never issued (next is ", next_upload_, ")"));
+  }
+  MHC_RETURN_IF_ERROR(Activate("wait for copy"));
+  // The stream waits for the event as recorded now; recording it again
+  // later (after a synchronization) does not affect this wait.
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaStreamWaitEvent(
+          stream_,
+          upload_events_[static_cast<size_t>(ticket - first_pending_upload_)],
+          0),
+      "wait for copy", absl::StrCat("ticket ", ticket));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
+                                          size_t bytes) {
+  MHC_RETURN_IF_ERROR(Activate("copy to host async"));
+  if (bytes == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(bytes, " bytes");
+  MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(ops_done_, stream_),
+                           "copy to host async", what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(download_stream_, ops_done_, 0),
+                           "copy to host async", what);
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                      download_stream_),
+      "copy to host async", what);
   return absl::OkStatus();
 }
 

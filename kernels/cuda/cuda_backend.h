@@ -1,6 +1,13 @@
 // mhc::Backend on one CUDA device: memory, copies and every op on the
 // backend's own stream. Ops never allocate: scratch comes from the caller's
 // Workspace, sized exactly by WorkspaceBytes.
+//
+// Overlapped copies run on two more streams, one per direction, because
+// host-to-device and device-to-host copies use separate copy engines: an
+// upload queued behind a download that waits for an op would wait for that
+// op too. Events order them with the op stream: each upload records one
+// (OpsWaitForCopy makes the op stream wait for it), and each download first
+// waits for an event recorded on the op stream.
 #ifndef MHC_KERNELS_CUDA_CUDA_BACKEND_H_
 #define MHC_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -8,6 +15,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "mhc/backend.h"
@@ -34,6 +43,11 @@ class CudaBackend final : public Backend {
                           size_t bytes) override;
   absl::Status Memset(void* dst, int value, size_t bytes) override;
   absl::Status Synchronize() override;
+  absl::StatusOr<CopyTicket> CopyToDeviceAsync(void* dst, const void* host_src,
+                                               size_t bytes) override;
+  absl::Status OpsWaitForCopy(CopyTicket ticket) override;
+  absl::Status CopyToHostAsync(void* host_dst, const void* src,
+                               size_t bytes) override;
   // CUDA events on this backend's stream (event_timer.cu).
   std::unique_ptr<DeviceTimer> MakeDeviceTimer() override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
@@ -75,23 +89,35 @@ class CudaBackend final : public Backend {
                                Workspace ws) override;
 
  private:
-  CudaBackend(int device, cudaStream_t stream, unsigned* arrivals,
-              std::string description)
-      : device_(device),
-        stream_(stream),
-        arrivals_(arrivals),
-        description_(std::move(description)) {}
+  CudaBackend(int device, std::string description)
+      : device_(device), description_(std::move(description)) {}
 
+  // The streams, the download event and the arrival counter; the device is
+  // current.
+  absl::Status CreateResources();
   // Makes this backend's device current for the calling thread.
   absl::Status Activate(const char* what) const;
+  // Waits for the op stream and both copy streams.
+  absl::Status SynchronizeStreams(const char* what);
 
   int device_;
-  cudaStream_t stream_;
-  // Zeroed once here; single-launch reductions count their finished blocks
-  // in it and the last block puts it back to 0. One per stream: kernels on
-  // one stream never overlap, so they can share it.
-  unsigned* arrivals_;
   std::string description_;
+  cudaStream_t stream_ = nullptr;  // ops and the synchronous copies
+  cudaStream_t upload_stream_ = nullptr;
+  cudaStream_t download_stream_ = nullptr;
+  // Zeroed once here; single-launch reductions count their finished blocks
+  // in it and the last block puts it back to 0. One per op stream: kernels
+  // on one stream never overlap, so they can share it.
+  unsigned* arrivals_ = nullptr;
+  // Recorded on the op stream for each download to wait for.
+  cudaEvent_t ops_done_ = nullptr;
+  // One event per upload since the last full synchronization: the upload
+  // with ticket t recorded upload_events_[t - first_pending_upload_]. A
+  // ticket below first_pending_upload_ is known complete. The pool only
+  // grows, to the most uploads one request queues.
+  std::vector<cudaEvent_t> upload_events_;
+  CopyTicket next_upload_ = 0;
+  CopyTicket first_pending_upload_ = 0;
 };
 
 }  // namespace mhc::cuda

@@ -60,9 +60,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
   d->dir_ = dir;
   d->address_ = absl::StrCat("unix:", d->dir_, "/mhcd.sock");
-  std::vector<std::string> argv = {MHC_MHCD_PATH, "--listen=" + d->address_,
-                                   "--metrics_listen=127.0.0.1:0",
-                                   "--backend=cpu", "--threads=2"};
+  // MHCD_PATH overrides the build's daemon: tests copied elsewhere (a
+  // GPU bundle, scripts/bundle.sh) run the daemon copied beside them.
+  const char* mhcd = std::getenv("MHCD_PATH");
+  std::vector<std::string> argv = {
+      mhcd != nullptr ? mhcd : MHC_MHCD_PATH, "--listen=" + d->address_,
+      "--metrics_listen=127.0.0.1:0", "--backend=cpu", "--threads=2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {

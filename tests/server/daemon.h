@@ -20,9 +20,10 @@ namespace mhc::testing {
 
 class Daemon {
  public:
-  // Starts mhcd with --listen=unix:<tmp>/mhcd.sock
-  // --metrics_listen=127.0.0.1:0 --backend=cpu plus `flags` (later flags
-  // win) and waits up to 30 s for its ready line.
+  // Starts mhcd (the build's, or $MHCD_PATH) with
+  // --listen=unix:<tmp>/mhcd.sock --metrics_listen=127.0.0.1:0
+  // --backend=cpu plus `flags` (later flags win) and waits up to 30 s for
+  // its ready line.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
       const std::vector<std::string>& flags = {});
   ~Daemon();

@@ -4,30 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "server_test_util.h"
 
 namespace mhc::testing {
 namespace {
-
-// Value of the first sample line starting with `prefix` and containing all
-// of `parts`; -1 when there is none.
-double Sample(const std::string& scrape, absl::string_view prefix,
-              const std::vector<std::string>& parts) {
-  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
-    if (!absl::StartsWith(line, prefix)) continue;
-    bool all = true;
-    for (const std::string& part : parts) all &= absl::StrContains(line, part);
-    double value = 0;
-    if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
-      return value;
-    }
-  }
-  return -1;
-}
 
 TEST(ObservabilityTest, AuditedDaemonReportsKernelsAndDeterminism) {
   MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
@@ -60,37 +41,44 @@ TEST(ObservabilityTest, AuditedDaemonReportsKernelsAndDeterminism) {
   MHC_ASSERT_OK_AND_ASSIGN(
       std::string scrape,
       HttpGet(daemon->metrics_host(), daemon->metrics_port(), "/metrics"));
-  EXPECT_EQ(Sample(scrape, "mhcd_kernel_duration_seconds_count{",
-                   {"op=\"pre\"", "direction=\"forward\"", "dtype=\"bf16\"",
-                    "n=\"4\"", "device=\"cpu\""}),
+  EXPECT_EQ(MetricSample(scrape, "mhcd_kernel_duration_seconds_count{",
+                         {"op=\"pre\"", "direction=\"forward\"",
+                          "dtype=\"bf16\"", "n=\"4\"", "device=\"cpu\""}),
             2);
-  EXPECT_EQ(Sample(scrape, "mhcd_kernel_tokens_sum{",
-                   {"op=\"post\"", "direction=\"backward\""}),
+  EXPECT_EQ(MetricSample(scrape, "mhcd_kernel_tokens_sum{",
+                         {"op=\"post\"", "direction=\"backward\""}),
             18);
-  EXPECT_GT(Sample(scrape, "mhcd_kernel_bytes_total{", {"op=\"pre\""}), 0);
-  EXPECT_GT(Sample(scrape, "mhcd_kernel_roofline_ratio_count{", {}), 0);
-  EXPECT_GT(Sample(scrape, "mhcd_device_copy_bandwidth_bytes_per_second{", {}),
-            1e8);
-  EXPECT_EQ(Sample(scrape, "mhcd_determinism_checks_total{",
-                   {"op=\"pre\"", "direction=\"backward\"",
-                    "check=\"batch_invariance\"", "result=\"match\""}),
-            2);
-  EXPECT_EQ(Sample(scrape, "mhcd_determinism_checks_total{",
-                   {"op=\"pre\"", "result=\"mismatch\""}),
+  EXPECT_GT(MetricSample(scrape, "mhcd_kernel_bytes_total{", {"op=\"pre\""}),
             0);
-  EXPECT_EQ(
-      Sample(scrape, "mhcd_determinism_last_mismatch_timestamp_seconds", {}),
-      0);
-  EXPECT_GT(Sample(scrape, "mhcd_queue_wait_seconds_count{", {}), 0);
-  EXPECT_GT(Sample(scrape, "mhcd_workspace_bytes{", {}), 0);
-  EXPECT_EQ(Sample(scrape, "mhcd_shm_regions{", {"kind=\"system\""}), 0);
-  EXPECT_EQ(Sample(scrape, "mhcd_build_info{",
-                   {"backend=\"cpu\"", "commit=\"", "cuda_version=\""}),
+  EXPECT_GT(MetricSample(scrape, "mhcd_kernel_roofline_ratio_count{", {}), 0);
+  EXPECT_GT(
+      MetricSample(scrape, "mhcd_device_copy_bandwidth_bytes_per_second{", {}),
+      1e8);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_determinism_checks_total{",
+                         {"op=\"pre\"", "direction=\"backward\"",
+                          "check=\"batch_invariance\"", "result=\"match\""}),
+            2);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_determinism_checks_total{",
+                         {"op=\"pre\"", "result=\"mismatch\""}),
+            0);
+  EXPECT_EQ(MetricSample(
+                scrape, "mhcd_determinism_last_mismatch_timestamp_seconds", {}),
+            0);
+  EXPECT_GT(MetricSample(scrape, "mhcd_queue_wait_seconds_count{", {}), 0);
+  EXPECT_GT(MetricSample(scrape, "mhcd_workspace_bytes{", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_shm_regions{", {"kind=\"system\""}), 0);
+  // A cpu daemon reads host memory in place: nothing staged, nothing locked.
+  EXPECT_EQ(MetricSample(scrape, "mhcd_staging_bytes{", {"device=\"cpu\""}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pinned_regions", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pinned_bytes", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_shm_pin_failures_total", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_build_info{",
+                         {"backend=\"cpu\"", "commit=\"", "cuda_version=\""}),
             1);
-  EXPECT_GT(Sample(scrape, "process_cpu_seconds_total", {}), 0);
-  EXPECT_GT(Sample(scrape, "process_resident_memory_bytes", {}), 1e6);
-  EXPECT_GT(Sample(scrape, "process_open_fds", {}), 2);
-  EXPECT_GT(Sample(scrape, "process_start_time_seconds", {}), 1.7e9);
+  EXPECT_GT(MetricSample(scrape, "process_cpu_seconds_total", {}), 0);
+  EXPECT_GT(MetricSample(scrape, "process_resident_memory_bytes", {}), 1e6);
+  EXPECT_GT(MetricSample(scrape, "process_open_fds", {}), 2);
+  EXPECT_GT(MetricSample(scrape, "process_start_time_seconds", {}), 1.7e9);
 }
 
 TEST(ObservabilityTest, LayerMemoryFollowsLayers) {
@@ -104,15 +92,17 @@ TEST(ObservabilityTest, LayerMemoryFollowsLayers) {
   MHC_ASSERT_OK_AND_ASSIGN(
       std::string scrape,
       HttpGet(daemon->metrics_host(), daemon->metrics_port(), "/metrics"));
-  EXPECT_EQ(Sample(scrape, "mhcd_layers{", {"device=\"cpu\""}), 1);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_layers{", {"device=\"cpu\""}), 1);
   // phi [24, 32] + alpha 3 + beta 24 floats, and as many gradients.
-  EXPECT_EQ(Sample(scrape, "mhcd_parameter_bytes{", {}), 4 * (24 * 32 + 27));
-  EXPECT_EQ(Sample(scrape, "mhcd_gradient_bytes{", {}), 4 * (24 * 32 + 27));
+  EXPECT_EQ(MetricSample(scrape, "mhcd_parameter_bytes{", {}),
+            4 * (24 * 32 + 27));
+  EXPECT_EQ(MetricSample(scrape, "mhcd_gradient_bytes{", {}),
+            4 * (24 * 32 + 27));
   MHC_ASSERT_OK(client->DeleteLayer("l1").status());
   MHC_ASSERT_OK_AND_ASSIGN(scrape, HttpGet(daemon->metrics_host(),
                                            daemon->metrics_port(), "/metrics"));
-  EXPECT_EQ(Sample(scrape, "mhcd_layers{", {}), 0);
-  EXPECT_EQ(Sample(scrape, "mhcd_parameter_bytes{", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_layers{", {}), 0);
+  EXPECT_EQ(MetricSample(scrape, "mhcd_parameter_bytes{", {}), 0);
 
   // Without the audit flags nothing is checked.
   MHC_ASSERT_OK_AND_ASSIGN(auto report, client->GetDeterminismReport());

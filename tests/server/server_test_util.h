@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/test_util.h"
 #include "daemon.h"
 #include "gtest/gtest.h"
@@ -85,6 +88,22 @@ inline v1::CreateLayerRequest LayerRequest(const std::string& name, int n,
   request.mutable_spec()->set_hidden(hidden);
   request.set_seed(7);
   return request;
+}
+
+// Value of the first sample line of a /metrics scrape that starts with
+// `prefix` and contains all of `parts`; -1 when there is none.
+inline double MetricSample(const std::string& scrape, absl::string_view prefix,
+                           const std::vector<std::string>& parts) {
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    bool all = true;
+    for (const std::string& part : parts) all &= absl::StrContains(line, part);
+    double value = 0;
+    if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      return value;
+    }
+  }
+  return -1;
 }
 
 // Checks shape, dtype and values of a daemon output against the reference.

@@ -1,6 +1,7 @@
 // The registry in process: faults on a truncated object are absorbed and
-// reported, pinned mappings outlive their session, and (with a GPU) CUDA IPC
-// handles open across two processes.
+// reported, mappings in use outlive their session, page locks last exactly
+// as long as their mappings, and (with a GPU) CUDA IPC handles open across
+// two processes and system regions are really page-locked.
 #include "server/shm_registry.h"
 
 #include <fcntl.h>
@@ -12,7 +13,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -111,6 +116,22 @@ TEST(ShmRegistryTest, TruncationDuringUseIsReportedNotFatal) {
   EXPECT_EQ(ShmMappings(), 0);
 }
 
+// A device copies into a page-locked mapping without ever faulting: the
+// object's size is what shows the truncation then.
+TEST(ShmRegistryTest, TruncationWithoutAFaultIsReported) {
+  ShmRegistry registry(Enabled(), nullptr);
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  Object object(8192);
+  ASSERT_TRUE(
+      registry.RegisterSystem(*id, Register("r", object.key(), 8192)).ok());
+  RegionScope scope(&registry, *id, true);
+  ASSERT_TRUE(scope.Acquire(Ref("r", 8192), 8192, true, "out").ok());
+  ASSERT_TRUE(scope.CheckIntact().ok());
+  object.Truncate(4096);
+  EXPECT_EQ(scope.CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(ShmRegistryTest, FaultsOutsideRegionsStillKill) {
   shm_guard::Install();
   EXPECT_EXIT(
@@ -129,7 +150,7 @@ TEST(ShmRegistryTest, FaultsOutsideRegionsStillKill) {
       ::testing::KilledBySignal(SIGBUS), "");
 }
 
-TEST(ShmRegistryTest, PinnedRegionOutlivesItsSession) {
+TEST(ShmRegistryTest, RegionInUseOutlivesItsSession) {
   constexpr size_t kBytes = 4096;
   ShmRegistry registry(Enabled(), nullptr);
   auto id = registry.OpenSession(nullptr);
@@ -149,6 +170,180 @@ TEST(ShmRegistryTest, PinnedRegionOutlivesItsSession) {
   }
   EXPECT_EQ(ShmMappings(), 0);
   EXPECT_EQ(registry.session_count(), 0);
+}
+
+// Records page locks instead of taking them, and checks that each is
+// released exactly once while its memory is still mapped. The log outlives
+// the registry, which owns the pinner.
+struct PinLog {
+  std::map<void*, size_t> locked;
+  int pins = 0;
+  int unpins = 0;
+  int bad_unpins = 0;  // unknown address, or memory no longer mapped
+};
+
+class FakePinner final : public HostMemoryPinner {
+ public:
+  FakePinner(std::shared_ptr<PinLog> log, absl::Status result,
+             std::function<void()> during_pin)
+      : log_(std::move(log)),
+        result_(std::move(result)),
+        during_pin_(std::move(during_pin)) {}
+
+  absl::Status Pin(void* base, size_t bytes, bool read_only) override {
+    ++log_->pins;
+    EXPECT_FALSE(read_only);  // the registry maps every region read-write
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % sysconf(_SC_PAGESIZE), 0u);
+    if (during_pin_) during_pin_();
+    if (!result_.ok()) return result_;
+    log_->locked[base] = bytes;
+    return absl::OkStatus();
+  }
+
+  void Unpin(void* base) override {
+    ++log_->unpins;
+    unsigned char resident = 0;
+    // mincore fails with ENOMEM on an address that is not mapped.
+    if (log_->locked.erase(base) != 1 || mincore(base, 1, &resident) != 0) {
+      ++log_->bad_unpins;
+    }
+  }
+
+ private:
+  std::shared_ptr<PinLog> log_;
+  absl::Status result_;
+  std::function<void()> during_pin_;
+};
+
+std::unique_ptr<HostMemoryPinner> Pinner(
+    std::shared_ptr<PinLog> log, absl::Status result = absl::OkStatus(),
+    std::function<void()> during_pin = nullptr) {
+  return std::make_unique<FakePinner>(std::move(log), std::move(result),
+                                      std::move(during_pin));
+}
+
+TEST(ShmRegistryTest, MappingIsPageLockedWhileRegistered) {
+  auto log = std::make_shared<PinLog>();
+  ShmRegistry registry(Enabled(), nullptr, Pinner(log));
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  Object object(3 * page);
+  // From mid-page: the lock covers the page-aligned mapping around it.
+  auto request = Register("r", object.key(), page + 100);
+  request.set_offset(page + 8);
+  auto pinning = registry.RegisterSystem(*id, request);
+  ASSERT_TRUE(pinning.ok()) << pinning.status();
+  EXPECT_EQ(*pinning, HostPinning::kPinned);
+  ASSERT_EQ(log->locked.size(), 1u);
+  EXPECT_EQ(log->locked.begin()->second, 8 + page + 100);
+  EXPECT_EQ(registry.PinnedTotals(),
+            (std::pair<int, uint64_t>{1, 8 + page + 100}));
+  v1::SharedMemoryStatusResponse status;
+  ASSERT_TRUE(registry.Status(*id, "", &status).ok());
+  ASSERT_EQ(status.regions_size(), 1);
+  EXPECT_TRUE(status.regions(0).pinned());
+  {
+    RegionScope scope(&registry, *id, true);
+    auto span = scope.Acquire(Ref("r", 64), 64, false, "x");
+    ASSERT_TRUE(span.ok()) << span.status();
+    EXPECT_TRUE(span->pinned);
+    const char* base = static_cast<const char*>(log->locked.begin()->first);
+    EXPECT_EQ(static_cast<const char*>(span->data), base + 8);
+  }
+  EXPECT_EQ(log->unpins, 0);
+  ASSERT_TRUE(registry.Unregister(*id, "r").ok());
+  EXPECT_EQ(log->unpins, 1);
+  EXPECT_EQ(log->bad_unpins, 0);
+  EXPECT_TRUE(log->locked.empty());
+  EXPECT_EQ(registry.PinnedTotals(), (std::pair<int, uint64_t>{0, 0}));
+  EXPECT_EQ(ShmMappings(), 0);
+}
+
+TEST(ShmRegistryTest, PageLockLastsUntilTheLastRequestLeaves) {
+  auto log = std::make_shared<PinLog>();
+  ShmRegistry registry(Enabled(), nullptr, Pinner(log));
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  Object a(4096), b(4096);
+  ASSERT_TRUE(registry.RegisterSystem(*id, Register("a", a.key(), 4096)).ok());
+  ASSERT_TRUE(registry.RegisterSystem(*id, Register("b", b.key(), 4096)).ok());
+  {
+    RegionScope scope(&registry, *id, true);
+    ASSERT_TRUE(scope.Acquire(Ref("a", 4096), 4096, true, "y").ok());
+    registry.CloseSession(*id);
+    // b had no user: released with the session; a stays for the request.
+    EXPECT_EQ(log->unpins, 1);
+    EXPECT_EQ(log->locked.size(), 1u);
+  }
+  EXPECT_EQ(log->unpins, 2);
+  EXPECT_EQ(log->bad_unpins, 0);
+  EXPECT_EQ(ShmMappings(), 0);
+}
+
+TEST(ShmRegistryTest, FailedPageLockRegistersPageable) {
+  auto log = std::make_shared<PinLog>();
+  ShmRegistry registry(
+      Enabled(), nullptr,
+      Pinner(log, absl::ResourceExhaustedError("locked-memory limit")));
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  Object object(4096);
+  auto pinning =
+      registry.RegisterSystem(*id, Register("r", object.key(), 4096));
+  ASSERT_TRUE(pinning.ok()) << pinning.status();
+  EXPECT_EQ(*pinning, HostPinning::kFailed);
+  EXPECT_EQ(log->pins, 1);
+  EXPECT_EQ(registry.PinnedTotals(), (std::pair<int, uint64_t>{0, 0}));
+  v1::SharedMemoryStatusResponse status;
+  ASSERT_TRUE(registry.Status(*id, "r", &status).ok());
+  EXPECT_FALSE(status.regions(0).pinned());
+  {
+    RegionScope scope(&registry, *id, true);
+    auto span = scope.Acquire(Ref("r", 4096), 4096, false, "x");
+    ASSERT_TRUE(span.ok()) << span.status();
+    EXPECT_FALSE(span->pinned);
+  }
+  ASSERT_TRUE(registry.Unregister(*id, "r").ok());
+  EXPECT_EQ(log->unpins, 0);  // nothing was locked
+}
+
+TEST(ShmRegistryTest, RegistrationFailingAfterThePageLockReleasesIt) {
+  auto log = std::make_shared<PinLog>();
+  ShmRegistry* registry_ptr = nullptr;
+  std::string session;
+  // The session ends while the mapping is being locked: the registration
+  // then fails, and everything it acquired is released.
+  ShmRegistry registry(Enabled(), nullptr, Pinner(log, absl::OkStatus(), [&] {
+                         registry_ptr->CloseSession(session);
+                       }));
+  registry_ptr = &registry;
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  session = *id;
+  Object object(4096);
+  EXPECT_EQ(registry.RegisterSystem(*id, Register("r", object.key(), 4096))
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(log->pins, 1);
+  EXPECT_EQ(log->unpins, 1);
+  EXPECT_EQ(log->bad_unpins, 0);
+  EXPECT_EQ(ShmMappings(), 0);
+}
+
+TEST(ShmRegistryTest, WithoutPinnerNothingIsLocked) {
+  ShmRegistry registry(Enabled(), nullptr);
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  Object object(4096);
+  auto pinning =
+      registry.RegisterSystem(*id, Register("r", object.key(), 4096));
+  ASSERT_TRUE(pinning.ok());
+  EXPECT_EQ(*pinning, HostPinning::kNotNeeded);
+  v1::SharedMemoryStatusResponse status;
+  ASSERT_TRUE(registry.Status(*id, "r", &status).ok());
+  EXPECT_FALSE(status.regions(0).pinned());
 }
 
 TEST(ShmRegistryTest, OutputsMayNotAliasThroughTwoRegionsOfOneObject) {
@@ -171,6 +366,73 @@ TEST(ShmRegistryTest, OutputsMayNotAliasThroughTwoRegionsOfOneObject) {
 }
 
 #ifdef MHC_HAVE_CUDA
+bool HaveCudaDevice() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+// Whether the CUDA driver holds `p` as page-locked host memory of this
+// process.
+bool CudaPageLocked(const void* p) {
+  unsigned int flags = 0;
+  const cudaError_t error = cudaHostGetFlags(&flags, const_cast<void*>(p));
+  cudaGetLastError();
+  return error == cudaSuccess;
+}
+
+// The daemon's real pinner: the mapping is registered with the driver
+// (portable) while the region is registered or used, and unregistered before
+// it is unmapped; copies through it reach the device and come back.
+TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  ShmRegistry registry(Enabled(), nullptr, MakeCudaHostPinner(0));
+  auto id = registry.OpenSession(nullptr);
+  ASSERT_TRUE(id.ok());
+  constexpr size_t kBytes = 8 << 20;
+  Object object(kBytes + 4096);
+  auto request = Register("r", object.key(), kBytes);
+  request.set_offset(4096 + 20);  // mid-page: the whole mapping is locked
+  request.set_byte_size(kBytes - 20);
+  auto pinning = registry.RegisterSystem(*id, request);
+  ASSERT_TRUE(pinning.ok()) << pinning.status();
+  ASSERT_EQ(*pinning, HostPinning::kPinned);
+  void* data = nullptr;
+  {
+    RegionScope scope(&registry, *id, true);
+    auto span = scope.Acquire(Ref("r", kBytes - 20), kBytes - 20, true, "y");
+    ASSERT_TRUE(span.ok()) << span.status();
+    ASSERT_TRUE(span->pinned);
+    data = span->data;
+    unsigned int flags = 0;
+    ASSERT_EQ(cudaHostGetFlags(&flags, data), cudaSuccess);
+    EXPECT_NE(flags & cudaHostRegisterPortable, 0u) << flags;
+    cudaPointerAttributes attributes;
+    ASSERT_EQ(cudaPointerGetAttributes(&attributes, data), cudaSuccess);
+    EXPECT_EQ(attributes.type, cudaMemoryTypeHost);
+    // Last byte too: the lock spans the registered range.
+    EXPECT_TRUE(CudaPageLocked(static_cast<char*>(data) + kBytes - 21));
+    std::memset(data, 0x5c, kBytes - 20);
+    void* device = nullptr;
+    ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(device, data, kBytes - 20, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(device, 0x3a, 4096), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(data, device, kBytes - 20, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    cudaFree(device);
+    EXPECT_EQ(static_cast<unsigned char*>(data)[0], 0x3a);
+    EXPECT_EQ(static_cast<unsigned char*>(data)[kBytes - 21], 0x5c);
+    registry.CloseSession(*id);
+    EXPECT_TRUE(CudaPageLocked(data));  // still in use by this "request"
+  }
+  EXPECT_FALSE(CudaPageLocked(data));
+  EXPECT_EQ(ShmMappings(), 0);
+}
+
 // The child half of CudaIpcAcrossProcesses: opens the parent's handle
 // through the daemon's opener, checks and rewrites the bytes.
 int CudaChild(const std::string& hex_handle, size_t bytes) {

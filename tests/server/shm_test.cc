@@ -384,7 +384,7 @@ TEST_F(ShmTest, HostileRegistrationsAndUsesFailCleanly) {
   EXPECT_EQ(status.regions(0).name(), "base");
 }
 
-// A long batch pins its region: unregistering it is refused while the batch
+// A long batch holds its region: unregistering it is refused while the batch
 // runs and succeeds after.
 TEST_F(ShmTest, UnregisterWhileInUseIsRefused) {
   MHC_ASSERT_OK_AND_ASSIGN(auto session, client::Session::Open(*client_));

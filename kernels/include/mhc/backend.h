@@ -16,6 +16,7 @@
 #define MHC_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -68,6 +69,11 @@ class DeviceTimer {
   virtual absl::StatusOr<double> StopSeconds() = 0;
 };
 
+// Names one CopyToDeviceAsync of a backend; tickets grow in queue order.
+using CopyTicket = int64_t;
+// The ticket of a copy that needs no waiting for (nothing was copied).
+inline constexpr CopyTicket kNoCopy = -1;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -88,8 +94,33 @@ class Backend {
   virtual absl::Status CopyToHost(void* host_dst, const void* src,
                                   size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
-  // Waits until all work issued so far is complete.
+  // Waits until all work issued so far, copies included, is complete.
   virtual absl::Status Synchronize() = 0;
+
+  // Copies that overlap compute. The copies above run in order with the
+  // ops and return when done; these are queued beside the ops, so that a
+  // request's transfers run while its other ops compute. They return as soon
+  // as the copy is queued when the host memory is page-locked; with pageable
+  // memory a copy to the device returns once the driver has staged the
+  // bytes, and a copy to the host only when it is done. The host memory must
+  // stay valid, and the host must not touch it, until Synchronize() returns.
+  // The defaults copy synchronously, which keeps the same contract for
+  // backends that have nothing to overlap.
+  //
+  // Queues a copy of host memory into `dst` and returns its ticket, or
+  // kNoCopy for 0 bytes. Ops do not wait for it until OpsWaitForCopy.
+  virtual absl::StatusOr<CopyTicket> CopyToDeviceAsync(void* dst,
+                                                       const void* host_src,
+                                                       size_t bytes);
+  // Everything issued in order with the ops after this call (ops, Memset,
+  // the synchronous copies) starts after the copy `ticket`, and every copy
+  // to the device queued before it, has completed.
+  virtual absl::Status OpsWaitForCopy(CopyTicket ticket);
+  // Queues a copy of `src` into host memory that starts once every op
+  // issued so far is complete. Ops issued later must not write `src` before
+  // Synchronize().
+  virtual absl::Status CopyToHostAsync(void* host_dst, const void* src,
+                                       size_t bytes);
   // A timer of this backend's device work, or null when the host clock
   // around a call is exact (backends whose ops return when they are done).
   virtual std::unique_ptr<DeviceTimer> MakeDeviceTimer() { return nullptr; }
