@@ -16,6 +16,7 @@
 #include "mix.cuh"
 #include "proj.cuh"
 #include "proj_mma.cuh"
+#include "sinkhorn4.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -29,6 +30,22 @@ struct ForwardDev {
   float* h_post;
   float* h_res;
 };
+
+// H_res of one token: sinkhorn4.cuh's single-thread form where it applies
+// (n = 4 LINEAR), the generic per-token form otherwise.
+template <int NT>
+__device__ __forceinline__ void PreSinkhorn(const DevSpec& s,
+                                            const float (&logits)[NT * NT],
+                                            float (&p)[NT * NT]) {
+  if constexpr (NT == 4) {
+    if (sk4::Applies(s, /*backward=*/false)) {
+      float p0[16];
+      sk4::Forward(s.iterations, s.eps_sk, logits, p0, p, sk4::NoKeep{});
+      return;
+    }
+  }
+  SinkhornForwardToken<NT>(s, logits, p);
+}
 
 template <typename T, int NT, int V, int VK>
 __global__ void __launch_bounds__(kTileThreads)
@@ -55,7 +72,7 @@ __global__ void __launch_bounds__(kTileThreads)
       }
       if (!s.head) {
         float p[NT * NT];
-        SinkhornForwardToken<NT>(s, logits, p);
+        PreSinkhorn<NT>(s, logits, p);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           if (i >= n) break;
@@ -130,7 +147,7 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
       }
       if (!s.head) {
         float p[NT * NT];
-        SinkhornForwardToken<NT>(s, logits, p);
+        PreSinkhorn<NT>(s, logits, p);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           if (i >= n) break;
@@ -212,11 +229,17 @@ struct Stage1Dev {
 // h_row [N] (dynamic layers), mean square and dh_pre [NT]: scale forward,
 // Sinkhorn forward (R for the dx kernel) and backward, scale backward.
 // Writes the per-token rows the dx kernel and the parameter reductions read.
+constexpr int kMixThreads = 64;  // 40 KB of kept Sinkhorn denominators
+
+// With `keep` (n = 4, sk4::Applies) the Sinkhorn runs as sinkhorn4.cuh's
+// single-pass forward and reverse with the denominators kept there.
+using MixKeep = sk4::SharedKeep<kMixThreads>;
 template <int NT>
 __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
                                                  const float* h_row, float ms,
                                                  const float (&dhp)[NT],
-                                                 const Stage1Dev& a) {
+                                                 const Stage1Dev& a,
+                                                 const MixKeep* keep) {
   const int n = StreamCount<NT>(s);
   float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
   ScaleForwardToken<NT>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
@@ -227,7 +250,27 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
   }
 #pragma unroll
   for (int e = 0; e < NT * NT; ++e) da[e] = 0.0f;
-  if (!s.head) {
+  if (!s.head && keep != nullptr) {
+    if constexpr (NT == 4) {
+      // One forward keeping its denominators, then the reverse from them.
+      float p0[16], p[16];
+      sk4::Forward(s.iterations, s.eps_sk, logits, p0, p, *keep);
+      if (a.r != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            a.r[(m * 4 + i) * 4 + j] =
+                s.dest_rows ? p[j * 4 + i] : p[i * 4 + j];
+          }
+        }
+      }
+      float dp[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) dp[e] = a.dh_res[m * 16 + e];
+      sk4::Backward(s.iterations, p0, p, dp, *keep, da);
+    }
+  } else if (!s.head) {
     if (a.r != nullptr) {
       float p[NT * NT];
       SinkhornForwardToken<NT>(s, logits, p);
@@ -299,7 +342,7 @@ __global__ void __launch_bounds__(kTileThreads)
   float dhp[NT];
 #pragma unroll
   for (int i = 0; i < NT; ++i) dhp[i] = sh.total[t * NT + i];
-  BackwardMixToken<NT>(s, m, sh.h + t * kMaxLogits, sh.ms[t], dhp, a);
+  BackwardMixToken<NT>(s, m, sh.h + t * kMaxLogits, sh.ms[t], dhp, a, nullptr);
 }
 
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
@@ -344,11 +387,10 @@ __global__ void __launch_bounds__(kDhPreWarps * 32)
 // Stage 1 with the logits already computed (tensor-core projection) or not
 // needed (static layers): the reverse mode with one thread per token, so
 // every token's Sinkhorn runs at once instead of a few per block.
-constexpr int kMixThreads = 64;
 template <int NT>
 __global__ void __launch_bounds__(kMixThreads)
     fused_backward_mix_kernel(DevSpec s, int64_t tokens, const float* dh_pre,
-                              Stage1Dev a) {
+                              Stage1Dev a, bool sinkhorn4) {
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
   if (m >= tokens) return;
@@ -358,7 +400,13 @@ __global__ void __launch_bounds__(kMixThreads)
   for (int i = 0; i < NT; ++i) dhp[i] = i < n ? dh_pre[m * n + i] : 0.0f;
   const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
-  BackwardMixToken<NT>(s, m, h_row, ms, dhp, a);
+  if constexpr (NT == 4) {
+    __shared__ float4 kept[2 * kLaneMaxIterations * kMixThreads];
+    const MixKeep keep{kept, static_cast<int>(threadIdx.x)};
+    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, sinkhorn4 ? &keep : nullptr);
+  } else {
+    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, nullptr);
+  }
 }
 
 // Workspace slices of the fused backward, in order.
@@ -489,7 +537,8 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
         GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
     DispatchMix(s.n, [&](auto nt) {
       fused_backward_mix_kernel<decltype(nt)::value>
-          <<<mix_grid, kMixThreads, 0, stream>>>(s, a.tokens, at(b.dh_pre), d);
+          <<<mix_grid, kMixThreads, 0, stream>>>(
+              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
     });
   } else {
     const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);

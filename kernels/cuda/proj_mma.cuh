@@ -169,21 +169,29 @@ __device__ __forceinline__ float* ProjectClusterTile(
   float* phi_hi = reinterpret_cast<float*>(smem + MmaXBytes<T>());
   float* phi_lo = phi_hi + 2 * kMmaCols * kMmaRow;
 
+  // The 16-byte copies of a stage: this thread always takes column vcol of
+  // rows vrow + r * kVecRowStep, so the row pointers are set up once and a
+  // stage only adds its k offset.
+  constexpr int kVecPer = 16 / sizeof(T);
+  constexpr int kVecPerRow = kMmaBk / kVecPer;
+  constexpr int kVecRowStep = kMmaThreads / kVecPerRow;
+  const int vrow = tid / kVecPerRow;
+  const int vcol = (tid % kVecPerRow) * kVecPer;
+  const T* vsrc = x + (m0 + vrow) * s.K + kbeg + vcol;
+  const int64_t vrow_stride = kVecRowStep * s.K;
   auto load_x = [&](int kb) {
     if (kb >= nkb) return;
     const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
     T* dst = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow;
     if (vec_x) {
-      constexpr int kPer = 16 / sizeof(T);
-      constexpr int kPerRow = kMmaBk / kPer;
+      const bool k_ok = k0 + vcol < kend;
+      const T* src = vsrc + static_cast<int64_t>(kb) * kMmaBk;
+      T* d = dst + vrow * kMmaRow + vcol;
 #pragma unroll
-      for (int c = tid; c < kMmaTokens * kPerRow; c += kMmaThreads) {
-        const int row = c / kPerRow;
-        const int col = (c % kPerRow) * kPer;
-        const int64_t m = m0 + row;
-        const int64_t k = k0 + col;
-        const bool ok = m < tokens && k < kend;
-        CpAsync16(dst + row * kMmaRow + col, ok ? x + m * s.K + k : x, ok);
+      for (int r = 0; r < kMmaTokens / kVecRowStep; ++r) {
+        const bool ok = k_ok && m0 + vrow + r * kVecRowStep < tokens;
+        CpAsync16(d + r * kVecRowStep * kMmaRow, ok ? src + r * vrow_stride : x,
+                  ok);
       }
     } else {
       for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {

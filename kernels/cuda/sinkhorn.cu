@@ -154,24 +154,6 @@ __global__ void __launch_bounds__(kSk4Threads)
   StoreTile<kVec>(p, tile, h_res, m0, tokens, lane);
 }
 
-// The denominators of every step of the thread's token, [T][row / column]
-// x kSk4BwdThreads float4s: consecutive threads hit consecutive 16 bytes.
-struct SharedKeep {
-  float4* base;
-  int tid;
-  __device__ __forceinline__ void Put(int t, int which, float d0, float d1,
-                                      float d2, float d3) const {
-    base[(2 * t + which) * kSk4BwdThreads + tid] = make_float4(d0, d1, d2, d3);
-  }
-  __device__ __forceinline__ void Get(int t, int which, float (&d)[4]) const {
-    const float4 v = base[(2 * t + which) * kSk4BwdThreads + tid];
-    d[0] = v.x;
-    d[1] = v.y;
-    d[2] = v.z;
-    d[3] = v.w;
-  }
-};
-
 template <bool kVec>
 __global__ void __launch_bounds__(kSk4BwdThreads)
     sinkhorn4_backward_kernel(int iterations, float eps, int64_t tokens,
@@ -191,20 +173,14 @@ __global__ void __launch_bounds__(kSk4BwdThreads)
   FetchTile<kVec>(dh_res, m0, tokens, lane, fg);
   float a[16], p0[16], y[16];
   SpreadTile<kVec>(fa, tile, lane, a);
-  const SharedKeep keep{kept, static_cast<int>(threadIdx.x)};
+  const sk4::SharedKeep<kSk4BwdThreads> keep{kept,
+                                             static_cast<int>(threadIdx.x)};
   sk4::Forward(iterations, eps, a, p0, y, keep);
   float g[16];
   __syncwarp();  // every lane has read its logits from the tile
   SpreadTile<kVec>(fg, tile, lane, g);
   sk4::Backward(iterations, p0, y, g, keep, a);
   StoreTile<kVec>(a, tile, dlogits, m0, tokens, lane);
-}
-
-// n = 4 LINEAR with denominators that stay normal (eps_sk >= FLT_MIN);
-// the reverse mode keeps at most kLaneMaxIterations steps.
-bool UseSinkhorn4(const DevSpec& s, bool backward) {
-  return s.n == 4 && !s.log_mode && s.iterations >= 1 && s.eps_sk >= FLT_MIN &&
-         (!backward || s.iterations <= kLaneMaxIterations);
 }
 
 // Lane kernels: token m = global thread / L; a lane past the last token
@@ -351,7 +327,7 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
-  if (UseSinkhorn4(s, /*backward=*/false)) {
+  if (sk4::Applies(s, /*backward=*/false)) {
     const unsigned grid = Sk4Grid(p.tokens, kSk4Threads);
     if (Aligned16(p.logits) && Aligned16(p.h_res)) {
       sinkhorn4_forward_kernel<true><<<grid, kSk4Threads, 0, stream>>>(
@@ -386,7 +362,7 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
-  if (UseSinkhorn4(s, /*backward=*/true)) {
+  if (sk4::Applies(s, /*backward=*/true)) {
     const unsigned grid = Sk4Grid(p.tokens, kSk4BwdThreads);
     if (Aligned16(p.logits) && Aligned16(p.dh_res) && Aligned16(p.dlogits)) {
       sinkhorn4_backward_kernel<true><<<grid, kSk4BwdThreads, 0, stream>>>(

@@ -24,9 +24,40 @@
 #ifndef MHC_KERNELS_CUDA_SINKHORN4_CUH_
 #define MHC_KERNELS_CUDA_SINKHORN4_CUH_
 
+#include <cfloat>
 #include <cmath>
 
+#include "common.cuh"
+#include "sinkhorn_lanes.cuh"
+
 namespace mhc::cuda::sk4 {
+
+// n = 4 LINEAR with denominators that stay normal (eps_sk >= FLT_MIN); the
+// reverse mode keeps at most kLaneMaxIterations steps.
+__host__ __device__ inline bool Applies(const DevSpec& s, bool backward) {
+  return s.n == 4 && !s.log_mode && s.iterations >= 1 && s.eps_sk >= FLT_MIN &&
+         (!backward || s.iterations <= kLaneMaxIterations);
+}
+
+// The denominators of every step of a thread's token in shared memory,
+// [T][row / column] x kThreads float4s: consecutive threads hit consecutive
+// 16 bytes.
+template <int kThreads>
+struct SharedKeep {
+  float4* base;
+  int tid;
+  __device__ __forceinline__ void Put(int t, int which, float d0, float d1,
+                                      float d2, float d3) const {
+    base[(2 * t + which) * kThreads + tid] = make_float4(d0, d1, d2, d3);
+  }
+  __device__ __forceinline__ void Get(int t, int which, float (&d)[4]) const {
+    const float4 v = base[(2 * t + which) * kThreads + tid];
+    d[0] = v.x;
+    d[1] = v.y;
+    d[2] = v.z;
+    d[3] = v.w;
+  }
+};
 
 // 1 / d for a normal d: one MUFU op, <= 1 ulp.
 __device__ __forceinline__ float Rcp(float d) {
