@@ -1,7 +1,9 @@
 // Compile-time dispatch of the activation dtype and the stream shape. n == 4
 // (the production case) gets its own instantiation with 16-byte accesses when
-// the rows are aligned; every other n (or an unaligned n == 4 call) runs the
-// generic path: stream capacity 16, runtime n, element accesses.
+// the rows are aligned; every other n runs the generic path with runtime n
+// and element accesses, at the smallest stream capacity that holds it (2, 8
+// or 16): the row kernels keep NT + NT^2 per-thread sums, so capacity 16 for
+// n = 2 would cost 272 registers' worth of local memory per thread.
 #ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
 #define MHC_KERNELS_CUDA_DISPATCH_CUH_
 
@@ -51,7 +53,7 @@ bool CanVectorize(const LayerSpec& spec, DType dtype, P... pointers) {
   return (... && (pointers == nullptr || Aligned16(pointers)));
 }
 
-// f(TypeTag<T>, IntTag<NT>, IntTag<V>).
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>); NT == 4 means n == 4 exactly.
 template <typename F>
 void DispatchStreams(DType dtype, int n, bool vec, F&& f) {
   DispatchDType(dtype, [&](auto type_tag) {
@@ -61,6 +63,10 @@ void DispatchStreams(DType dtype, int n, bool vec, F&& f) {
       f(type_tag, IntTag<4>{}, IntTag<kV>{});
     } else if (n == 4) {
       f(type_tag, IntTag<4>{}, IntTag<1>{});
+    } else if (n <= 2) {
+      f(type_tag, IntTag<2>{}, IntTag<1>{});
+    } else if (n <= 8) {
+      f(type_tag, IntTag<8>{}, IntTag<1>{});
     } else {
       f(type_tag, IntTag<kMaxStreams>{}, IntTag<1>{});
     }

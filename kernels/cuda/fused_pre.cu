@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kTileThreads)
 template <typename T, int NT, int V>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     fused_forward_mma_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
-                             ForwardDev a, bool ieee, bool vec_x,
+                             ForwardDev a, bool ieee, int x_bytes,
                              bool vec_phi) {
   extern __shared__ __align__(16) char mma_smem[];
   namespace cg = cooperative_groups;
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
   const int n = StreamCount<NT>(s);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
   const float* fin = ProjectClusterTile<T>(s, x, a.phi, a.gamma, tokens, m0,
-                                           ieee, vec_x, vec_phi, mma_smem);
+                                           ieee, x_bytes, vec_phi, mma_smem);
   float* hp_s = reinterpret_cast<float*>(mma_smem + MmaHpOffset<T>());
   const int t = threadIdx.x;
   if (t < kMmaTokens && t % splits == rank) {
@@ -469,7 +469,7 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a,
           fused_forward_mma_kernel<T, decltype(nt)::value, decltype(vt)::value>,
           plan.splits, tiles, MmaSmemBytes<T>(), stream, s, a.tokens,
           static_cast<const T*>(a.x), static_cast<T*>(a.y), d, ieee,
-          MmaVecX<T>(s.K, a.x), vec_phi);
+          MmaCopyBytes<T>(s.K, a.x), vec_phi);
     });
     MHC_CUDA_RETURN_IF_ERROR(err, s.head ? "head forward" : "pre forward",
                              ShapeString(*a.spec, a.tokens, a.act_dtype));

@@ -76,10 +76,17 @@ static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__half>(),
 static_assert(size_t{kMmaTokens} * kPartRow * 4 <= 2 * kMmaPhiBytes,
               "totals alias the phi stages");
 
-// True when the tile kernels may use 16-byte copies of x rows / phi rows.
+// The widest copy (16 or 8 bytes, 0: element copies) that every x row of
+// the tile kernels allows: an odd C still leaves rows of 4 C elements 8-byte
+// aligned.
 template <typename T>
-inline bool MmaVecX(int64_t K, const void* x) {
-  return K % (16 / static_cast<int64_t>(sizeof(T))) == 0 && Aligned16(x);
+inline int MmaCopyBytes(int64_t K, const void* x) {
+  const auto addr = reinterpret_cast<uintptr_t>(x);
+  for (int bytes : {16, 8}) {
+    if (K % (bytes / static_cast<int64_t>(sizeof(T))) == 0 && addr % bytes == 0)
+      return bytes;
+  }
+  return 0;
 }
 
 __device__ __forceinline__ float RoundTf32(float v) {
@@ -103,6 +110,13 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src,
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int bytes = valid ? 16 : 0;  // 0: zero fill
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+               "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsync8(void* dst, const void* src,
+                                         bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int bytes = valid ? 8 : 0;  // 0: zero fill
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s),
                "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void CpAsyncCommit() {
@@ -147,7 +161,7 @@ template <typename T>
 __device__ __forceinline__ float* ProjectClusterTile(
     const DevSpec& s, const T* __restrict__ x, const float* __restrict__ phi,
     const float* __restrict__ gamma, int64_t tokens, int64_t m0, bool ieee,
-    bool vec_x, bool vec_phi, char* smem) {
+    int x_bytes, bool vec_phi, char* smem) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -169,30 +183,37 @@ __device__ __forceinline__ float* ProjectClusterTile(
   float* phi_hi = reinterpret_cast<float*>(smem + MmaXBytes<T>());
   float* phi_lo = phi_hi + 2 * kMmaCols * kMmaRow;
 
-  // The 16-byte copies of a stage: this thread always takes column vcol of
-  // rows vrow + r * kVecRowStep, so the row pointers are set up once and a
-  // stage only adds its k offset.
-  constexpr int kVecPer = 16 / sizeof(T);
-  constexpr int kVecPerRow = kMmaBk / kVecPer;
-  constexpr int kVecRowStep = kMmaThreads / kVecPerRow;
-  const int vrow = tid / kVecPerRow;
-  const int vcol = (tid % kVecPerRow) * kVecPer;
-  const T* vsrc = x + (m0 + vrow) * s.K + kbeg + vcol;
-  const int64_t vrow_stride = kVecRowStep * s.K;
+  // The vector copies of a stage: this thread always takes column vcol of
+  // rows vrow + r * step, so a stage only adds its k offset.
+  auto copy_vectors = [&](auto width, int kb, T* dst) {
+    constexpr int kBytes = decltype(width)::value;
+    constexpr int kPer = kBytes / sizeof(T);
+    constexpr int kPerRow = kMmaBk / kPer;
+    constexpr int kRowStep = kMmaThreads / kPerRow;
+    const int vrow = tid / kPerRow;
+    const int vcol = (tid % kPerRow) * kPer;
+    const int64_t k = kbeg + static_cast<int64_t>(kb) * kMmaBk + vcol;
+    const T* src = x + (m0 + vrow) * s.K + k;
+    T* d = dst + vrow * kMmaRow + vcol;
+#pragma unroll
+    for (int r = 0; r < kMmaTokens / kRowStep; ++r) {
+      const bool ok = k < kend && m0 + vrow + r * kRowStep < tokens;
+      const T* from = ok ? src + r * kRowStep * s.K : x;
+      if constexpr (kBytes == 16) {
+        CpAsync16(d + r * kRowStep * kMmaRow, from, ok);
+      } else {
+        CpAsync8(d + r * kRowStep * kMmaRow, from, ok);
+      }
+    }
+  };
   auto load_x = [&](int kb) {
     if (kb >= nkb) return;
     const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
     T* dst = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow;
-    if (vec_x) {
-      const bool k_ok = k0 + vcol < kend;
-      const T* src = vsrc + static_cast<int64_t>(kb) * kMmaBk;
-      T* d = dst + vrow * kMmaRow + vcol;
-#pragma unroll
-      for (int r = 0; r < kMmaTokens / kVecRowStep; ++r) {
-        const bool ok = k_ok && m0 + vrow + r * kVecRowStep < tokens;
-        CpAsync16(d + r * kVecRowStep * kMmaRow, ok ? src + r * vrow_stride : x,
-                  ok);
-      }
+    if (x_bytes == 16) {
+      copy_vectors(std::integral_constant<int, 16>{}, kb, dst);
+    } else if (x_bytes == 8) {
+      copy_vectors(std::integral_constant<int, 8>{}, kb, dst);
     } else {
       for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {
         const int row = c / kMmaBk;

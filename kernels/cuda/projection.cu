@@ -40,7 +40,7 @@ template <typename T>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     projection_mma_kernel(DevSpec s, int64_t tokens, const T* x,
                           const float* phi, const float* gamma, float* h,
-                          float* mean_square, bool ieee, bool vec_x,
+                          float* mean_square, bool ieee, int x_bytes,
                           bool vec_phi) {
   extern __shared__ __align__(16) char mma_smem[];
   namespace cg = cooperative_groups;
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
   const int rank = static_cast<int>(cluster.block_rank());
   const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
   const float* fin = ProjectClusterTile<T>(s, x, phi, gamma, tokens, m0, ieee,
-                                           vec_x, vec_phi, mma_smem);
+                                           x_bytes, vec_phi, mma_smem);
   for (int idx = threadIdx.x; idx < kMmaTokens * kPartRow; idx += kMmaThreads) {
     const int t = idx / kPartRow;
     const int col = idx % kPartRow;
@@ -257,10 +257,10 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
-    err = LaunchTileClusters(projection_mma_kernel<T>, plan.splits, tiles,
-                             MmaSmemBytes<T>(), stream, s, tokens,
-                             static_cast<const T*>(x), phi, gamma, h,
-                             mean_square, ieee, MmaVecX<T>(s.K, x), vec_phi);
+    err = LaunchTileClusters(
+        projection_mma_kernel<T>, plan.splits, tiles, MmaSmemBytes<T>(), stream,
+        s, tokens, static_cast<const T*>(x), phi, gamma, h, mean_square, ieee,
+        MmaCopyBytes<T>(s.K, x), vec_phi);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (mma)",
                            ShapeString(spec, tokens, dtype));

@@ -626,6 +626,11 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   cudaError_t e = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total);
   if (e != cudaSuccess) return e;
+  // Two CTAs per SM need nearly all of its shared memory.
+  e = cudaFuncSetAttribute(kernel,
+                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
   const int wc = kCols / s.n;
   const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
   kernel<<<grid, kThreads, plan.total, stream>>>(s, tokens,

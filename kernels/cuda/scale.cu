@@ -321,16 +321,24 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
   if (threadIdx.x == 0) *arrivals = 0;  // ready for the next launch
 }
 
-__global__ void column_partial_kernel(const float* rows, int64_t tokens,
-                                      int width, float* partial) {
-  const int w = blockIdx.y * blockDim.x + threadIdx.x;
+// One warp per (chunk, column): lane l adds tokens l, l + 32, ... of the
+// chunk in order, then a fixed xor tree; the order depends on the chunk's
+// token count alone.
+constexpr int kColumnWarps = 4;
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    column_partial_kernel(const float* rows, int64_t tokens, int width,
+                          float* partial) {
+  const int lane = threadIdx.x & 31;
+  const int w = blockIdx.y * kColumnWarps + (threadIdx.x >> 5);
   if (w >= width) return;
   const int64_t chunk = blockIdx.x;
   const int64_t begin = chunk * kTokenChunk;
   const int64_t end = min(tokens, begin + kTokenChunk);
   float sum = 0.0f;
-  for (int64_t m = begin; m < end; ++m) sum += rows[m * width + w];
-  partial[chunk * width + w] = sum;
+  for (int64_t m = begin + lane; m < end; m += 32) sum += rows[m * width + w];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) partial[chunk * width + w] = sum;
 }
 
 __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
@@ -358,8 +366,10 @@ absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
                              float* out_b, cudaStream_t stream) {
   if (out_a == nullptr && out_b == nullptr) return absl::OkStatus();
   const int64_t chunks = NumChunks(tokens);
-  const dim3 grid(GridSize(chunks), GridSize((width + 127) / 128));
-  column_partial_kernel<<<grid, 128, 0, stream>>>(rows, tokens, width, partial);
+  const dim3 grid(GridSize(chunks),
+                  GridSize((width + kColumnWarps - 1) / kColumnWarps));
+  column_partial_kernel<<<grid, kColumnWarps * 32, 0, stream>>>(rows, tokens,
+                                                                width, partial);
   MHC_CUDA_CHECK_LAUNCH("column sum",
                         absl::StrCat("[M=", tokens, " W=", width, "]"));
   chunk_sum_kernel<<<GridSize((width + 127) / 128), 128, 0, stream>>>(
