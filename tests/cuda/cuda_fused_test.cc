@@ -64,30 +64,13 @@ Grads MakeGrads(Harness& h, const LayerSpec& spec) {
   return gr;
 }
 
-// An accumulated gradient against the reference's, relative to the larger of
-// its magnitude and its starting value's: the sum added into the buffer may
-// cancel that value (a single dalpha, say), and fp32 accumulation cannot be
-// finer than the operands it adds.
+// An accumulated gradient relative to the larger of its magnitude and its
+// starting value's: the sum added into the buffer may cancel that value (a
+// single dalpha, say), and fp32 accumulation cannot be finer than the
+// operands it adds.
 void ExpectAccumulated(Harness& h, const Pair& out, const float* init,
                        int64_t count, double tol, const std::string& what) {
-  const std::vector<uint8_t> got = h.Fetch(out);
-  double scale = 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    scale = std::max(scale, std::fabs(static_cast<double>(init[i])));
-  }
-  double max_ref = 0.0, max_diff = 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    const double want = ElementAt(out.host, DType::kF32, i);
-    const double have = ElementAt(got, DType::kF32, i);
-    if (std::isnan(want) != std::isnan(have)) {
-      ADD_FAILURE() << what << ": NaN mismatch at " << i;
-      return;
-    }
-    if (std::isnan(want)) continue;
-    max_ref = std::max(max_ref, std::fabs(want));
-    max_diff = std::max(max_diff, std::fabs(have - want));
-  }
-  EXPECT_LE(max_diff / std::max({max_ref, scale, 1e-30}), tol) << what;
+  ExpectCloseWithFloor(h, out, count, MaxAbs(init, count), tol, what);
 }
 
 void ExpectGrads(Harness& h, Grads& gr, const LayerSpec& spec, double tol) {

@@ -200,6 +200,36 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
   EXPECT_LE(RelativeError(got, out.host, dtype, count), tol) << what;
 }
 
+// An fp32 result against the reference relative to max(its largest
+// magnitude, floor): for sums that can cancel far below their terms (a single
+// accumulated gradient, a Sinkhorn dlogits row) the floor is the terms'
+// scale, e.g. the incoming gradient or the accumulator's starting value.
+inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
+                                 double floor, double tol,
+                                 const std::string& what) {
+  const std::vector<uint8_t> got = h.Fetch(out);
+  double max_ref = 0.0, max_diff = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double want = ElementAt(out.host, DType::kF32, i);
+    const double have = ElementAt(got, DType::kF32, i);
+    if (std::isnan(want) != std::isnan(have)) {
+      ADD_FAILURE() << what << ": NaN mismatch at " << i;
+      return;
+    }
+    if (std::isnan(want)) continue;
+    max_ref = std::max(max_ref, std::fabs(want));
+    max_diff = std::max(max_diff, std::fabs(have - want));
+  }
+  EXPECT_LE(max_diff / std::max({max_ref, floor, 1e-30}), tol) << what;
+}
+
+// The largest magnitude of n floats.
+inline double MaxAbs(const float* v, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(double{v[i]}));
+  return m;
+}
+
 // Tests parameterised by (preset, activation dtype); skipped without a GPU.
 class CudaPresetDtypeTest
     : public ::testing::TestWithParam<std::tuple<std::string, DType>> {

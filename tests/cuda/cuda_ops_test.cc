@@ -303,8 +303,12 @@ TEST_P(CudaOpsTest, MixingOps) {
       MHC_RUN_BOTH(SinkhornBackward, sb, OpKind::kSinkhornBackward, spec, M);
       ExpectClose(h, hres, DType::kF32, M * n * n, 1e-5, false,
                   "sinkhorn h_res");
-      ExpectClose(h, dlg, DType::kF32, M * n * n, 1e-4, false,
-                  "sinkhorn dlogits");
+      // dlogits rows sum terms of dh_res times entries of P <= 1 that can
+      // cancel far below dh_res (one token, n = 2: a handful of values).
+      ExpectCloseWithFloor(
+          h, dlg, M * n * n,
+          MaxAbs(reinterpret_cast<const float*>(dhres.host.data()), M * n * n),
+          1e-4, "sinkhorn dlogits");
     }
   }
 }
