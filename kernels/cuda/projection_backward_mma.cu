@@ -41,7 +41,7 @@ constexpr int kThreads = 256;                 // 8 warps x 16 columns
 constexpr int kStages = 4;                    // stages in flight
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 constexpr int kMaxTiles = 3;  // N <= 24 (n <= 4 layers, n <= 16 heads)
-// dh of the current stage, rounded to tf32 once per CTA in two layouts so
+// dh of the current stage, rounded to tf32 once for all warps in two layouts so
 // every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
 // as the dx product's A, [token][40] with logits 8 kt + u and 8 kt + u + 4
 // side by side; as the dphi product's B, [token pair][72] holding
