@@ -7,7 +7,10 @@
 // Determinism / batch invariance: a token's h and mean square come from
 // one of those two paths (chosen by the spec alone), its mixing values from
 // one thread, its y / dx from elementwise code with fixed-order sums, and
-// dh_pre from the fixed-shape BlockSum; nothing depends on M. Parameter
+// dh_pre from a fixed reduction tree (a warp per token, or the block's
+// BlockSum on the FFMA path); nothing depends on M. The backward: projection
+// recompute, dh_pre, the per-token reverse mode, then the dx / dphi kernel
+// (projection_backward_mma.cu where it applies). Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
 // summed in a fixed order (launch.h), never with atomics.
 #include "common.cuh"
