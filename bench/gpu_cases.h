@@ -1,0 +1,354 @@
+// The cases of the GPU benchmark (bench/gpu_bench.cc): every tensor an op
+// reads or writes, what each case runs through the Backend interface, the
+// bytes per token it must move and the outputs checked against the
+// reference.
+#ifndef MHC_BENCH_GPU_CASES_H_
+#define MHC_BENCH_GPU_CASES_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "mhc/backend.h"
+#include "mhc/dtype.h"
+
+namespace mhc::bench {
+
+inline constexpr DType kAct = DType::kBF16;
+
+// Every buffer an op reads or writes. Activations are bf16, the rest fp32.
+// Per-token tensors hold M rows; parameters and gradients are per layer.
+// clang-format off
+enum Tid : int {
+  kX, kF, kDy, kDxNext, kE, kY, kXNext, kDx, kDf, kDe,   // activations
+  kH, kMs, kHPre, kHPost, kHRes, kLogits, kDhPre, kDhPost, kDhRes, kDlogits,
+  kDh, kDms, kMix,                                        // per-token fp32
+  kPhi, kAlpha, kBeta, kHeadPhi, kHeadAlpha, kHeadBeta,   // parameters
+  kGPhi, kGAlpha, kGBeta, kGHeadPhi, kGHeadAlpha, kGHeadBeta,  // gradients
+  kNumTensors
+};
+// clang-format on
+inline const char* const kTensorNames[kNumTensors] = {
+    "x",       "f",       "dy",         "dx_next",      "e",          "y",
+    "x_next",  "dx",      "df",         "de",           "h",          "ms",
+    "h_pre",   "h_post",  "h_res",      "logits",       "dh_pre",     "dh_post",
+    "dh_res",  "dlogits", "dh",         "dms",          "mix",        "phi",
+    "alpha",   "beta",    "head_phi",   "head_alpha",   "head_beta",  "g_phi",
+    "g_alpha", "g_beta",  "g_head_phi", "g_head_alpha", "g_head_beta"};
+
+inline bool IsAct(int t) { return t <= kDe; }
+inline bool PerToken(int t) { return t <= kMix; }
+inline bool IsGrad(int t) { return t >= kGPhi; }
+inline size_t ElemSize(int t) { return IsAct(t) ? DTypeSize(kAct) : 4; }
+
+// Elements per token (per-token tensors) or in all (parameters).
+inline int64_t Elements(int t, const LayerSpec& s) {
+  const int64_t n = s.n, C = s.hidden, K = s.K(), N = s.NumLogits();
+  // clang-format off
+  switch (t) {
+    case kX: case kDxNext: case kXNext: case kDx: return K;
+    case kF: case kDy: case kE: case kY: case kDf: case kDe: return C;
+    case kH: case kDh: return N;
+    case kMs: case kDms: return 1;
+    case kHPre: case kHPost: case kDhPre: case kDhPost: case kMix: return n;
+    case kHRes: case kLogits: case kDhRes: case kDlogits: return n * n;
+    case kPhi: case kGPhi: return N * K;
+    case kAlpha: case kGAlpha: return 3;
+    case kBeta: case kGBeta: return N;
+    case kHeadPhi: case kGHeadPhi: return n * K;
+    case kHeadAlpha: case kGHeadAlpha: return 1;
+    case kHeadBeta: case kGHeadBeta: return n;
+  }
+  // clang-format on
+  return 0;
+}
+
+// Range of the random values of an fp32 tensor (mean squares must be > 0).
+inline std::pair<float, float> Range(int t) {
+  if (t == kMs) return {0.5f, 1.5f};
+  if (t == kHPre || t == kHRes) return {0.0f, 1.0f};
+  if (t == kHPost) return {0.0f, 2.0f};
+  if (t == kLogits) return {-2.0f, 2.0f};
+  return {-1.0f, 1.0f};
+}
+
+// Pointers to every tensor, in device memory or (for the reference) host
+// memory, plus what the ops need besides.
+struct Tensors {
+  void* p[kNumTensors] = {};
+  Workspace ws;
+  template <typename T = float>
+  T* f(int t) const {
+    return static_cast<T*>(p[t]);
+  }
+  LayerWeights Weights() const {
+    LayerWeights w;
+    w.phi = f(kPhi);
+    w.alpha = f(kAlpha);
+    w.beta = f(kBeta);
+    return w;
+  }
+  LayerWeights HeadWeights() const {
+    LayerWeights w;
+    w.phi = f(kHeadPhi);
+    w.alpha = f(kHeadAlpha);
+    w.beta = f(kHeadBeta);
+    return w;
+  }
+};
+
+// clang-format off
+enum CaseId : int {
+  kProjFwd, kProjBwd, kScaleFwd, kScaleBwd, kSinkFwd, kSinkBwd, kAggFwd,
+  kAggBwd, kPostFwd, kPostBwd, kExpandFwd, kExpandBwd, kPreFwd, kPreBwd,
+  kHeadFwd, kHeadBwd, kLayerFwd, kLayerFwdBwd, kNumCases
+};
+// clang-format on
+
+struct Check {
+  int tensor;
+  double tol;  // max |got - ref| / max |ref|; 0: within one bf16 ulp instead
+};
+
+struct CaseInfo {
+  const char* op;
+  const char* direction;
+  std::vector<Check> checks;
+};
+
+// Tolerances of SPEC section 7: one ulp for element-wise bf16 results, 1e-2
+// for anything downstream of the (tf32) projection, fp32 mixing math tight.
+inline const CaseInfo& Info(int c) {
+  static const std::vector<CaseInfo>* infos = new std::vector<CaseInfo>{
+      {"projection", "forward", {{kH, 1e-2}, {kMs, 1e-4}}},
+      {"projection", "backward", {{kDx, 1e-2}}},
+      {"scale", "forward", {{kHPre, 1e-4}, {kHPost, 1e-4}, {kLogits, 1e-4}}},
+      {"scale", "backward", {{kDh, 1e-4}, {kDms, 1e-3}}},
+      {"sinkhorn", "forward", {{kHRes, 1e-4}}},
+      {"sinkhorn", "backward", {{kDlogits, 1e-3}}},
+      {"aggregate", "forward", {{kY, 0}}},
+      {"aggregate", "backward", {{kDx, 0}, {kDhPre, 1e-4}}},
+      {"post", "forward", {{kXNext, 0}}},
+      {"post",
+       "backward",
+       {{kDf, 0}, {kDx, 0}, {kDhPost, 1e-4}, {kDhRes, 1e-4}}},
+      {"expand", "forward", {{kXNext, 0}}},
+      {"expand", "backward", {{kDe, 0}}},
+      {"pre", "forward", {{kY, 1e-2}, {kHPost, 1e-2}, {kHRes, 1e-2}}},
+      {"pre", "backward", {{kDx, 1e-2}}},
+      {"head", "forward", {{kY, 1e-2}, {kMix, 1e-2}}},
+      {"head", "backward", {{kDx, 1e-2}}},
+      {"layer", "forward", {{kY, 1e-2}, {kXNext, 1e-2}}},
+      {"layer",
+       "forward_backward",
+       {{kXNext, 1e-2}, {kDf, 1e-2}, {kDhRes, 1e-3}, {kDx, 1e-2}}},
+  };
+  return (*infos)[c];
+}
+
+// Bytes per token that must move (PERFORMANCE.md, counted exactly: every
+// per-token input read once and every output written once; parameters are
+// per layer and left out).
+inline double BytesPerToken(int c, const LayerSpec& s) {
+  const double n = s.n, C = s.hidden, K = static_cast<double>(s.K()),
+               N = static_cast<double>(s.NumLogits());
+  const double a = 2.0;                  // bf16
+  const double mix = 4.0 * (n + n * n);  // H_post and H_res
+  // clang-format off
+  switch (c) {
+    case kProjFwd: return a * K + 4 * N + 4;
+    case kProjBwd: return 2 * a * K + 4 * N + 4;
+    case kScaleFwd: return 4 * (N + 1) + 4 * (2 * n + n * n);
+    case kScaleBwd: return 8 * (N + 1) + 4 * (2 * n + n * n);
+    case kSinkFwd: return 8 * n * n;
+    case kSinkBwd: return 12 * n * n;
+    case kAggFwd: return a * K + 4 * n + a * C;
+    case kAggBwd: return a * C + 2 * a * K + 8 * n;
+    case kPostFwd: return a * C + 2 * a * K + mix;
+    case kPostBwd: return 3 * a * K + 2 * a * C + 2 * mix;
+    case kExpandFwd: case kExpandBwd: return a * C + a * K;
+    case kPreFwd: return a * K + a * C + mix;
+    case kPreBwd: return 2 * a * K + a * C + mix;
+    case kHeadFwd: return a * K + a * C + 4 * n;
+    case kHeadBwd: return 2 * a * K + a * C;
+    // pre fwd + post fwd.
+    case kLayerFwd: return 3 * a * K + 2 * a * C + 2 * mix;
+    // + post bwd without dx (dx_next, f, x, H -> df, dH) + pre bwd folding
+    // in the residual path (x, dy, dx_next, dH -> dx).
+    case kLayerFwdBwd: return 8 * a * K + 5 * a * C + 5 * mix;
+  }
+  // clang-format on
+  return 0;
+}
+
+// The post and pre backward of the single-op cases; the layer case adjusts
+// them to fold the residual path into the pre backward.
+inline PostBackwardParams PostBackwardOf(const LayerSpec& spec, int64_t M,
+                                         const Tensors& t) {
+  PostBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
+  p.dx_next = t.p[kDxNext], p.f = t.p[kF], p.x = t.p[kX];
+  p.h_post = t.f(kHPost), p.h_res = t.f(kHRes), p.df = t.p[kDf];
+  p.dx = t.p[kDx], p.dh_post = t.f(kDhPost), p.dh_res = t.f(kDhRes);
+  return p;
+}
+inline PreBackwardParams PreBackwardOf(const LayerSpec& spec, int64_t M,
+                                       const Tensors& t) {
+  PreBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.Weights(), p.dy = t.p[kDy], p.dh_post = t.f(kDhPost);
+  p.dh_res = t.f(kDhRes), p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
+  p.grads.alpha = t.f(kGAlpha), p.grads.beta = t.f(kGBeta);
+  return p;
+}
+
+// Runs one case on `be` over `M` tokens of `t`.
+inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
+                            const LayerSpec& head, const Tensors& t,
+                            int64_t M) {
+  switch (c) {
+    case kProjFwd: {
+      ProjectionForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.h = t.f(kH), p.mean_square = t.f(kMs);
+      return be.ProjectionForward(p, t.ws);
+    }
+    case kProjBwd: {
+      ProjectionBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.dh = t.f(kDh), p.dmean_square = t.f(kDms);
+      p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
+      return be.ProjectionBackward(p, t.ws);
+    }
+    case kScaleFwd: {
+      ScaleForwardParams p;
+      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+      p.weights = t.Weights(), p.h_pre = t.f(kHPre), p.h_post = t.f(kHPost);
+      p.logits = t.f(kLogits);
+      return be.ScaleForward(p, t.ws);
+    }
+    case kScaleBwd: {
+      ScaleBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+      p.weights = t.Weights(), p.dh_pre = t.f(kDhPre);
+      p.dh_post = t.f(kDhPost), p.dlogits = t.f(kDlogits), p.dh = t.f(kDh);
+      p.dmean_square = t.f(kDms), p.grads.alpha = t.f(kGAlpha);
+      p.grads.beta = t.f(kGBeta);
+      return be.ScaleBackward(p, t.ws);
+    }
+    case kSinkFwd: {
+      SinkhornForwardParams p;
+      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+      p.h_res = t.f(kHRes);
+      return be.SinkhornForward(p, t.ws);
+    }
+    case kSinkBwd: {
+      SinkhornBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+      p.dh_res = t.f(kDhRes), p.dlogits = t.f(kDlogits);
+      return be.SinkhornBackward(p, t.ws);
+    }
+    case kAggFwd: {
+      AggregateForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.h_pre = t.f(kHPre), p.y = t.p[kY];
+      return be.AggregateForward(p, t.ws);
+    }
+    case kAggBwd: {
+      AggregateBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.h_pre = t.f(kHPre), p.dy = t.p[kDy], p.dx = t.p[kDx];
+      p.dh_pre = t.f(kDhPre);
+      return be.AggregateBackward(p, t.ws);
+    }
+    case kPostFwd: {
+      PostForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.f = t.p[kF];
+      p.x = t.p[kX], p.h_post = t.f(kHPost), p.h_res = t.f(kHRes);
+      p.x_next = t.p[kXNext];
+      return be.PostForward(p, t.ws);
+    }
+    case kPostBwd:
+      return be.PostBackward(PostBackwardOf(spec, M, t), t.ws);
+    case kExpandFwd: {
+      ExpandForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.e = t.p[kE];
+      p.x = t.p[kXNext];
+      return be.ExpandForward(p, t.ws);
+    }
+    case kExpandBwd: {
+      ExpandBackwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
+      p.dx = t.p[kDxNext], p.de = t.p[kDe];
+      return be.ExpandBackward(p, t.ws);
+    }
+    case kPreFwd: {
+      PreForwardParams p;
+      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.Weights(), p.y = t.p[kY], p.h_post = t.f(kHPost);
+      p.h_res = t.f(kHRes);
+      return be.PreForward(p, t.ws);
+    }
+    case kPreBwd:
+      return be.PreBackward(PreBackwardOf(spec, M, t), t.ws);
+    case kHeadFwd: {
+      HeadForwardParams p;
+      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.HeadWeights(), p.y = t.p[kY], p.mix = t.f(kMix);
+      return be.HeadForward(p, t.ws);
+    }
+    case kHeadBwd: {
+      HeadBackwardParams p;
+      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+      p.weights = t.HeadWeights(), p.dy = t.p[kDy], p.dx = t.p[kDx];
+      p.grads.phi = t.f(kGHeadPhi), p.grads.alpha = t.f(kGHeadAlpha);
+      p.grads.beta = t.f(kGHeadBeta);
+      return be.HeadBackward(p, t.ws);
+    }
+    case kLayerFwd:
+    case kLayerFwdBwd: {
+      absl::Status st = RunCase(kPreFwd, be, spec, head, t, M);
+      if (st.ok()) st = RunCase(kPostFwd, be, spec, head, t, M);
+      if (!st.ok() || c == kLayerFwd) return st;
+      // The post's dx is left to the pre backward, which folds it in.
+      PostBackwardParams pb = PostBackwardOf(spec, M, t);
+      pb.dx = nullptr;
+      st = be.PostBackward(pb, t.ws);
+      if (!st.ok()) return st;
+      PreBackwardParams qb = PreBackwardOf(spec, M, t);
+      qb.dx_next = t.p[kDxNext];
+      return be.PreBackward(qb, t.ws);
+    }
+  }
+  return absl::InvalidArgumentError("unknown case");
+}
+
+inline const OpKind kWorkspaceOps[] = {
+    OpKind::kProjectionForward, OpKind::kProjectionBackward,
+    OpKind::kScaleForward,      OpKind::kScaleBackward,
+    OpKind::kSinkhornForward,   OpKind::kSinkhornBackward,
+    OpKind::kAggregateForward,  OpKind::kAggregateBackward,
+    OpKind::kPostForward,       OpKind::kPostBackward,
+    OpKind::kExpandForward,     OpKind::kExpandBackward,
+    OpKind::kPreForward,        OpKind::kPreBackward};
+
+inline size_t WorkspaceFor(const Backend& be, const LayerSpec& spec,
+                           const LayerSpec& head, int64_t M) {
+  size_t bytes = 0;
+  for (OpKind op : kWorkspaceOps) {
+    for (DType dt : {kAct, DType::kF32}) {
+      bytes = std::max(bytes, be.WorkspaceBytes(op, spec, M, dt));
+    }
+  }
+  for (OpKind op : {OpKind::kHeadForward, OpKind::kHeadBackward}) {
+    bytes = std::max(bytes, be.WorkspaceBytes(op, head, M, kAct));
+  }
+  return bytes;
+}
+
+}  // namespace mhc::bench
+
+#endif  // MHC_BENCH_GPU_CASES_H_
