@@ -127,11 +127,12 @@ inline float ElementAt(const std::vector<uint8_t>& bytes, DType dtype,
   return LoadActivation(bytes.data(), dtype, i);
 }
 
-// Max |a - b| over max |b| (norm-wise relative error); a NaN where the
-// reference is finite (an unwritten or broken element) counts as infinite.
+// Max |a - b| over max |b| (norm-wise relative error), or over `floor` when
+// that is larger; a NaN where the reference is finite (an unwritten or
+// broken element) counts as infinite.
 inline double RelativeError(const std::vector<uint8_t>& got,
                             const std::vector<uint8_t>& want, DType dtype,
-                            int64_t count) {
+                            int64_t count, double floor = 0.0) {
   double max_diff = 0.0;
   double scale = 0.0;
   for (int64_t i = 0; i < count; ++i) {
@@ -145,7 +146,7 @@ inline double RelativeError(const std::vector<uint8_t>& got,
     max_diff = std::max(max_diff, std::fabs(a - b));
     scale = std::max(scale, std::fabs(b));
   }
-  return max_diff / std::max(scale, 1e-30);
+  return max_diff / std::max({scale, floor, 1e-30});
 }
 
 inline int64_t MaxUlp(const std::vector<uint8_t>& got,
@@ -207,20 +208,9 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
                                  double floor, double tol,
                                  const std::string& what) {
-  const std::vector<uint8_t> got = h.Fetch(out);
-  double max_ref = 0.0, max_diff = 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    const double want = ElementAt(out.host, DType::kF32, i);
-    const double have = ElementAt(got, DType::kF32, i);
-    if (std::isnan(want) != std::isnan(have)) {
-      ADD_FAILURE() << what << ": NaN mismatch at " << i;
-      return;
-    }
-    if (std::isnan(want)) continue;
-    max_ref = std::max(max_ref, std::fabs(want));
-    max_diff = std::max(max_diff, std::fabs(have - want));
-  }
-  EXPECT_LE(max_diff / std::max({max_ref, floor, 1e-30}), tol) << what;
+  EXPECT_LE(RelativeError(h.Fetch(out), out.host, DType::kF32, count, floor),
+            tol)
+      << what;
 }
 
 // The largest magnitude of n floats.
