@@ -209,6 +209,11 @@ size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
                                    int64_t tokens, DType /*act_dtype*/) const {
   if (tokens <= 0) return 0;
   switch (op) {
+    case OpKind::kProjectionForward:
+      return ProjectionForwardWorkspace(spec, tokens);
+    case OpKind::kPreForward:
+    case OpKind::kHeadForward:
+      return FusedForwardWorkspace(spec, tokens);
     case OpKind::kProjectionBackward:
       return ProjectionBackwardWorkspace(spec, tokens);
     case OpKind::kScaleBackward:
@@ -228,8 +233,8 @@ size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
   return launch
 
 absl::Status CudaBackend::RunProjectionForward(const ProjectionForwardParams& p,
-                                               Workspace) {
-  MHC_CUDA_RUN_(LaunchProjectionForward(p, stream_));
+                                               Workspace ws) {
+  MHC_CUDA_RUN_(LaunchProjectionForward(p, ws, stream_));
 }
 absl::Status CudaBackend::RunProjectionBackward(
     const ProjectionBackwardParams& p, Workspace ws) {
@@ -275,16 +280,17 @@ absl::Status CudaBackend::RunExpandBackward(const ExpandBackwardParams& p,
                                             Workspace) {
   MHC_CUDA_RUN_(LaunchExpandBackward(p, stream_));
 }
-absl::Status CudaBackend::RunPreForward(const PreForwardParams& p, Workspace) {
-  MHC_CUDA_RUN_(LaunchPreForward(p, stream_));
+absl::Status CudaBackend::RunPreForward(const PreForwardParams& p,
+                                        Workspace ws) {
+  MHC_CUDA_RUN_(LaunchPreForward(p, ws, stream_));
 }
 absl::Status CudaBackend::RunPreBackward(const PreBackwardParams& p,
                                          Workspace ws) {
   MHC_CUDA_RUN_(LaunchPreBackward(p, ws, stream_));
 }
 absl::Status CudaBackend::RunHeadForward(const HeadForwardParams& p,
-                                         Workspace) {
-  MHC_CUDA_RUN_(LaunchHeadForward(p, stream_));
+                                         Workspace ws) {
+  MHC_CUDA_RUN_(LaunchHeadForward(p, ws, stream_));
 }
 absl::Status CudaBackend::RunHeadBackward(const HeadBackwardParams& p,
                                           Workspace ws) {

@@ -1,9 +1,11 @@
 // Fused pre forward (projection + sum of squares + scale + Sinkhorn +
-// aggregate in one kernel) and the fused pre backward; the head ops (head.cu)
-// run the same kernels with the kHead kind. Layers with at most 32 logits use
-// the tensor-core cluster tiles (proj_mma.cuh: the K split depends on K
-// only, partials are added in rank order), wider or static layers the
-// kTileTokens FFMA tiles (ProjectTile, order fixed by K and the block shape).
+// aggregate) and the fused pre backward; the head ops (head.cu) run the same
+// kernels with the kHead kind. Layers with at most 32 logits use the
+// tensor-core units (proj_mma.cuh: the K split depends on K only, chunk
+// partials are added in order), then a thread per token for the mixing math
+// and the aggregate kernel; wider or static layers run everything in one
+// kernel of kTileTokens FFMA tiles (ProjectTile, order fixed by K and the
+// block shape).
 // Determinism / batch invariance: a token's h and mean square come from
 // one of those two paths (chosen by the spec alone), its mixing values from
 // one thread, its y / dx from elementwise code with fixed-order sums, and
@@ -114,101 +116,45 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
-// The cluster version: projection over the K splits of a kMmaTokens tile,
-// the per-token mixing math by the rank owning the token, H_pre shared with
-// every rank through distributed shared memory, then each rank aggregates
-// its slice of the channels for the whole tile (re-reading x).
-template <typename T, int NT, int V>
-__global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
-    fused_forward_mma_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
-                             ForwardDev a, bool ieee, int x_bytes,
-                             bool vec_phi) {
-  extern __shared__ __align__(16) char mma_smem[];
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int splits = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+// The mixing math of the tensor-core path, a thread per token: h and the
+// mean square from the chunk partials, then scale and Sinkhorn; H_pre goes
+// to h_pre (the caller's, or workspace for the aggregate kernel).
+constexpr int kPreMixThreads = 64;
+
+template <int NT>
+__global__ void __launch_bounds__(kPreMixThreads)
+    pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
+                           ForwardDev a, float* h_pre) {
+  __shared__ float h_s[kPreMixThreads][kPartRow];
+  const int64_t m =
+      static_cast<int64_t>(blockIdx.x) * kPreMixThreads + threadIdx.x;
+  if (m >= tokens) return;
   const int n = StreamCount<NT>(s);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
-  const float* fin = ProjectClusterTile<T>(s, x, a.phi, a.gamma, tokens, m0,
-                                           ieee, x_bytes, vec_phi, mma_smem);
-  float* hp_s = reinterpret_cast<float*>(mma_smem + MmaHpOffset<T>());
-  const int t = threadIdx.x;
-  if (t < kMmaTokens && t % splits == rank) {
-    const int64_t m = m0 + t;
-    float hp[NT], hq[NT], logits[NT * NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) hp[i] = 0.0f;
-    if (m < tokens) {
-      const float ms = fin[t * kPartRow + kMmaCols] / static_cast<float>(s.K);
-      ScaleForwardToken<NT>(s, fin + t * kPartRow, ms, a.alpha, a.beta, hp, hq,
-                            logits);
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i >= n) break;
-        if (a.h_pre != nullptr) a.h_pre[m * n + i] = hp[i];
-      }
-      if (!s.head) {
-        float p[NT * NT];
-        PreSinkhorn<NT>(s, logits, p);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          if (i >= n) break;
-          a.h_post[m * n + i] = hq[i];
-        }
-#pragma unroll
-        for (int e = 0; e < NT * NT; ++e) {
-          if (e >= n * n) break;
-          a.h_res[m * n * n + e] = p[e];
-        }
-      }
-    }
-    for (int q = 0; q < splits; ++q) {
-      float* dst = cluster.map_shared_rank(hp_s, q) + t * kHpStride;
-#pragma unroll
-      for (int i = 0; i < NT; ++i) dst[i] = i < n ? hp[i] : 0.0f;
-    }
+  const int chunks = PlanChunks(s.K).chunks;
+  float* h = h_s[threadIdx.x];
+  for (int col = 0; col <= s.N; ++col) {
+    h[col] = SumChunks(partial, chunks, s.N + 1, m, col);
   }
-  cluster.sync();
-  int64_t cchunk = (s.C + splits - 1) / splits;
-  cchunk = (cchunk + V - 1) / V * V;
-  const int64_t c0 = rank * cchunk;
-  const int64_t c1 = min(s.C, c0 + cchunk);
-  if (c0 >= c1) return;
-  const int64_t vecs = (c1 - c0 + V - 1) / V;
-  const int64_t rows = min(static_cast<int64_t>(kMmaTokens), tokens - m0);
-  // Four vectors per thread per step keep more loads in flight.
-  constexpr int kUnroll = 4;
-  for (int64_t base = threadIdx.x; base < rows * vecs;
-       base += kMmaThreads * kUnroll) {
-    float xv[kUnroll][NT][V];
+  float hp[NT], hq[NT], logits[NT * NT];
+  ScaleForwardToken<NT>(s, h, h[s.N] / static_cast<float>(s.K), a.alpha,
+                        a.beta, hp, hq, logits);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t idx = base + u * kMmaThreads;
-      if (idx >= rows * vecs) break;
-      const int64_t m = m0 + idx / vecs;
-      LoadStreams<T, NT, V>(s, n, x + m * s.K, c0 + (idx % vecs) * V, xv[u]);
-    }
+  for (int i = 0; i < NT; ++i) {
+    if (i >= n) break;
+    h_pre[m * n + i] = hp[i];
+  }
+  if (s.head) return;
+  float p[NT * NT];
+  PreSinkhorn<NT>(s, logits, p);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t idx = base + u * kMmaThreads;
-      if (idx >= rows * vecs) break;
-      const int tt = static_cast<int>(idx / vecs);
-      const int64_t c = c0 + (idx % vecs) * V;
-      float acc[V];
+  for (int i = 0; i < NT; ++i) {
+    if (i >= n) break;
+    a.h_post[m * n + i] = hq[i];
+  }
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-      const float* hrow = hp_s + tt * kHpStride;
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i >= n) break;
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[v] = fmaf(hrow[i], xv[u][i][v], acc[v]);
-        }
-      }
-      StoreVec<T, V>(y + (m0 + tt) * s.C + c, acc);
-    }
+  for (int e = 0; e < NT * NT; ++e) {
+    if (e >= n * n) break;
+    a.h_res[m * n * n + e] = p[e];
   }
 }
 
@@ -415,7 +361,7 @@ __global__ void __launch_bounds__(kMixThreads)
 // Workspace slices of the fused backward, in order.
 struct BackwardSlices {
   size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd,
-      total;
+      proj_partial, total;
 };
 
 BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
@@ -440,19 +386,30 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
   const bool mma = UseMmaProjection(spec);
   b.h_fwd = take(mma ? tokens * rows : 0);
   b.ms_fwd = take(mma ? tokens : 0);
+  b.proj_partial = offset;
+  offset += MmaProjectionWorkspace(spec, tokens);
   b.total = offset;
   return b;
 }
 
 }  // namespace
 
+// The tensor-core path's chunk partials, then H_pre for the aggregate kernel.
+size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens) {
+  const size_t partial = MmaProjectionWorkspace(spec, tokens);
+  if (partial == 0) return 0;
+  return partial + AlignBytes(sizeof(float) * tokens * spec.n);
+}
+
 size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
   return Slices(spec, tokens).total;
 }
 
-absl::Status LaunchFusedForward(const FusedForwardArgs& a,
+absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
+  const char* op = s.head ? "head forward" : "pre forward";
+  const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
   const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.y) &&
                    (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
@@ -460,25 +417,46 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a,
   ForwardDev d{a.weights.phi, gamma,    a.weights.alpha, a.weights.beta,
                a.h_pre,       a.h_post, a.h_res};
   if (UseMmaProjection(*a.spec)) {
-    const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
-    const bool vec_phi = s.K % 4 == 0 && Aligned16(a.weights.phi) &&
-                         (gamma == nullptr || Aligned16(gamma));
-    const SplitPlan plan = PlanSplits(s.K);
-    const int64_t tiles = (a.tokens + kMmaTokens - 1) / kMmaTokens;
-    cudaError_t err = cudaSuccess;
-    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-      using T = typename decltype(tt)::type;
-      err = LaunchTileClusters(
-          fused_forward_mma_kernel<T, decltype(nt)::value, decltype(vt)::value>,
-          plan.splits, tiles, MmaSmemBytes<T>(), stream, s, a.tokens,
-          static_cast<const T*>(a.x), static_cast<T*>(a.y), d, ieee,
-          MmaCopyBytes<T>(s.K, a.x), vec_phi);
-    });
-    MHC_CUDA_RETURN_IF_ERROR(err, s.head ? "head forward" : "pre forward",
-                             ShapeString(*a.spec, a.tokens, a.act_dtype));
-    MHC_CUDA_CHECK_LAUNCH(s.head ? "head forward" : "pre forward",
-                          ShapeString(*a.spec, a.tokens, a.act_dtype));
-    return absl::OkStatus();
+    if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
+    }
+    float* partial = static_cast<float*>(ws.data);
+    float* h_pre = a.h_pre;
+    if (h_pre == nullptr) {
+      h_pre = reinterpret_cast<float*>(
+          static_cast<char*>(ws.data) +
+          MmaProjectionWorkspace(*a.spec, a.tokens));
+    }
+    MHC_RETURN_IF_ERROR(LaunchProjectionPartials(*a.spec, a.tokens,
+                                                 a.act_dtype, a.x,
+                                                 a.weights.phi, gamma, partial,
+                                                 stream));
+    const unsigned grid =
+        GridSize((a.tokens + kPreMixThreads - 1) / kPreMixThreads);
+    auto mix = [&](auto nt) {
+      pre_mix_forward_kernel<decltype(nt)::value>
+          <<<grid, kPreMixThreads, 0, stream>>>(s, a.tokens, partial, d, h_pre);
+    };
+    // Per-thread arrays sized to n (mixing state lives in registers).
+    if (s.n == 4) {
+      mix(IntTag<4>{});
+    } else if (s.n <= 2) {
+      mix(IntTag<2>{});
+    } else if (s.n <= 8) {
+      mix(IntTag<8>{});
+    } else {
+      mix(IntTag<kMaxStreams>{});
+    }
+    MHC_CUDA_CHECK_LAUNCH(op, shape);
+    AggregateForwardParams agg;
+    agg.spec = a.spec;
+    agg.tokens = a.tokens;
+    agg.act_dtype = a.act_dtype;
+    agg.x = a.x;
+    agg.h_pre = h_pre;
+    agg.y = a.y;
+    return LaunchAggregateForward(agg, stream);
   }
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
   DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
@@ -488,8 +466,7 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a,
         <<<grid, kTileThreads, 0, stream>>>(
             s, a.tokens, static_cast<const T*>(a.x), static_cast<T*>(a.y), d);
   });
-  MHC_CUDA_CHECK_LAUNCH(s.head ? "head forward" : "pre forward",
-                        ShapeString(*a.spec, a.tokens, a.act_dtype));
+  MHC_CUDA_CHECK_LAUNCH(op, shape);
   return absl::OkStatus();
 }
 
@@ -517,9 +494,9 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
               at(b.contrib),   nullptr,
               nullptr};
   if (UseMmaProjection(*a.spec)) {
-    MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype, a.x,
-                                            a.weights.phi, gamma, at(b.h_fwd),
-                                            at(b.ms_fwd), stream));
+    MHC_RETURN_IF_ERROR(LaunchMmaProjection(
+        *a.spec, a.tokens, a.act_dtype, a.x, a.weights.phi, gamma,
+        at(b.proj_partial), at(b.h_fwd), at(b.ms_fwd), stream));
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }
@@ -585,7 +562,8 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                          s.dynamic ? a.grads.alpha : nullptr, stream);
 }
 
-absl::Status LaunchPreForward(const PreForwardParams& p, cudaStream_t stream) {
+absl::Status LaunchPreForward(const PreForwardParams& p, Workspace ws,
+                              cudaStream_t stream) {
   FusedForwardArgs a;
   a.spec = p.spec;
   a.tokens = p.tokens;
@@ -596,7 +574,7 @@ absl::Status LaunchPreForward(const PreForwardParams& p, cudaStream_t stream) {
   a.h_pre = p.h_pre;
   a.h_post = p.h_post;
   a.h_res = p.h_res;
-  return LaunchFusedForward(a, stream);
+  return LaunchFusedForward(a, ws, stream);
 }
 
 absl::Status LaunchPreBackward(const PreBackwardParams& p, Workspace ws,

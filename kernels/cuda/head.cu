@@ -7,7 +7,7 @@
 
 namespace mhc::cuda {
 
-absl::Status LaunchHeadForward(const HeadForwardParams& p,
+absl::Status LaunchHeadForward(const HeadForwardParams& p, Workspace ws,
                                cudaStream_t stream) {
   FusedForwardArgs a;
   a.spec = p.spec;
@@ -17,7 +17,7 @@ absl::Status LaunchHeadForward(const HeadForwardParams& p,
   a.weights = p.weights;
   a.y = p.y;
   a.h_pre = p.mix;
-  return LaunchFusedForward(a, stream);
+  return LaunchFusedForward(a, ws, stream);
 }
 
 absl::Status LaunchHeadBackward(const HeadBackwardParams& p, Workspace ws,

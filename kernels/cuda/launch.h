@@ -25,13 +25,17 @@ namespace mhc::cuda {
 // Rounds a byte count up so that every workspace slice stays 256-B aligned.
 inline size_t AlignBytes(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
+// The tensor-core projection's chunk partials (0 where it does not apply).
+size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
-                                     cudaStream_t stream);
+                                     Workspace ws, cudaStream_t stream);
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
                                       Workspace ws, cudaStream_t stream);
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
@@ -56,10 +60,12 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream);
 absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                                   cudaStream_t stream);
-absl::Status LaunchPreForward(const PreForwardParams& p, cudaStream_t stream);
+absl::Status LaunchPreForward(const PreForwardParams& p, Workspace ws,
+                              cudaStream_t stream);
 absl::Status LaunchPreBackward(const PreBackwardParams& p, Workspace ws,
                                cudaStream_t stream);
-absl::Status LaunchHeadForward(const HeadForwardParams& p, cudaStream_t stream);
+absl::Status LaunchHeadForward(const HeadForwardParams& p, Workspace ws,
+                               cudaStream_t stream);
 absl::Status LaunchHeadBackward(const HeadBackwardParams& p, Workspace ws,
                                 cudaStream_t stream);
 
@@ -89,17 +95,23 @@ struct FusedBackwardArgs {
   void* dx = nullptr;
   LayerGrads grads;
 };
-absl::Status LaunchFusedForward(const FusedForwardArgs& a, cudaStream_t stream);
+absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
+                                cudaStream_t stream);
 absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                                  cudaStream_t stream);
 
 // Shared pieces (projection.cu) used by the fused launchers.
 
-// h [M, N] and mean_square [M] through the tensor-core tiles; only for
-// layers where UseMmaProjection (proj_mma.cuh) holds.
+// The tensor-core projection, only for layers where UseMmaProjection
+// (proj_mma.cuh) holds: the chunk partials into partial
+// (MmaProjectionWorkspace bytes), then h [M, N] and mean_square [M].
+absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
+                                      DType dtype, const void* x,
+                                      const float* phi, const float* gamma,
+                                      float* partial, cudaStream_t stream);
 absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
                                  DType dtype, const void* x, const float* phi,
-                                 const float* gamma, float* h,
+                                 const float* gamma, float* partial, float* h,
                                  float* mean_square, cudaStream_t stream);
 
 // Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g

@@ -1,80 +1,91 @@
-// Tensor-core projection h = phi' v (N <= 32 logits) with the sum of squares,
-// for a tile of kMmaTokens tokens. The K axis is split into a fixed number of
-// chunks (PlanSplits: a function of K only), one CTA per chunk, and the CTAs
-// of one tile form a thread-block cluster: each writes its partial sums to
-// its own shared memory and the owner of a token adds the partials of ranks
-// 0, 1, ... in order through distributed shared memory. No atomics, no
-// workspace, and a token's h depends only on K (never on M, the SM count or
-// the token's slot in the tile: mma rows are independent dot products).
+// Tensor-core projection h = phi' v (N <= 32 logits) with the sum of squares.
+// The work is split into units: a tile of kMmaTokens tokens times one chunk
+// of K (PlanChunks: a function of K only). Persistent CTAs take the units in
+// turn (ProjectUnit) and write each unit's partial sums to workspace; the
+// chunks of a token are then added in chunk order by one thread. No atomics,
+// and a token's h depends only on K (never on M, the grid or the token's slot
+// in the tile: mma rows are independent dot products). Small units keep the
+// GPU evenly loaded at any M (a tile-per-cluster split lost up to half a
+// wave to cluster placement).
 //
-// Numerics: 16-bit x converts to tf32 exactly. phi' is split into a tf32
-// high part and a tf32 low part; MATMUL_PRECISION_IEEE issues both MMAs
+// Numerics: bf16 x goes to bf16 mmas against a bf16 split of phi'
+// (proj_mma_bf16.cuh). fp16 x converts to tf32 exactly. phi' is split into a
+// tf32 high part and a tf32 low part; MATMUL_PRECISION_IEEE issues both MMAs
 // (error ~2^-21 relative), tf32 only the high one. fp32 x under IEEE is split
 // too (hi*hi + lo*hi + hi*lo), under tf32 it is rounded to tf32.
 #ifndef MHC_KERNELS_CUDA_PROJ_MMA_CUH_
 #define MHC_KERNELS_CUDA_PROJ_MMA_CUH_
 
-#include <cooperative_groups.h>
-
 #include <utility>
 
 #include "common.cuh"
+#include "proj_mma_bf16.cuh"
 #include "mhc/types.h"
 
 namespace mhc::cuda {
 
-inline constexpr int kMmaTokens = 128;   // 8 warps x 16 tokens
+inline constexpr int kMmaTokens = 128;   // tokens per unit
 inline constexpr int kMmaThreads = 256;  // fixed: the reduction trees use it
 inline constexpr int kMmaBk = 64;        // k per pipeline stage
 inline constexpr int kMmaCols = 32;      // logits per tile
 inline constexpr int kMmaRow = kMmaBk + 16;    // padded smem row (no conflicts)
 inline constexpr int kPartRow = kMmaCols + 1;  // + sum of squares
-inline constexpr int kMaxSplits = 8;           // portable cluster size
-inline constexpr int64_t kSplitTarget = 4096;  // k per split before the cap
-inline constexpr int kHpStride = kMaxStreams;
+// At most 16 chunks of at least 2048 k: enough units to fill the GPU at M =
+// 2048, and partials of (N + 1) floats per chunk stay under 2.5 % of a bf16
+// n = 4 layer's x bytes.
+inline constexpr int kMaxChunks = 16;
+inline constexpr int64_t kChunkTarget = 2048;
 
-struct SplitPlan {
-  int splits;
+struct ChunkPlan {
+  int chunks;
   int64_t chunk;  // multiple of kMmaBk
 };
 
-// Depends on K alone, so every token of a layer sees the same split.
-__host__ __device__ inline SplitPlan PlanSplits(int64_t K) {
-  int64_t s = (K + kSplitTarget - 1) / kSplitTarget;
-  if (s < 1) s = 1;
-  if (s > kMaxSplits) s = kMaxSplits;
-  int64_t chunk = (K + s - 1) / s;
+// Depends on K alone, so every token of a layer sees the same chunks.
+__host__ __device__ inline ChunkPlan PlanChunks(int64_t K) {
+  int64_t c = (K + kChunkTarget - 1) / kChunkTarget;
+  if (c < 1) c = 1;
+  if (c > kMaxChunks) c = kMaxChunks;
+  int64_t chunk = (K + c - 1) / c;
   chunk = (chunk + kMmaBk - 1) / kMmaBk * kMmaBk;
-  SplitPlan p;
+  ChunkPlan p;
   p.chunk = chunk;
-  p.splits = static_cast<int>((K + chunk - 1) / chunk);
+  p.chunks = static_cast<int>((K + chunk - 1) / chunk);
   return p;
 }
 
+template <typename T>
+inline constexpr bool kBf16Mma = std::is_same<T, __nv_bfloat16>::value;
+
 // Pipeline depth. Three stages at two CTAs per SM (16-bit x) measured faster
 // than six stages at one CTA per SM: the second CTA hides the per-stage
-// barrier and mma latency.
+// barrier and mma latency. The bf16 tiles are small enough for four.
 template <typename T>
 __host__ __device__ constexpr int MmaStages() {
-  return 3;
+  return kBf16Mma<T> ? 4 : 3;
+}
+// Elements per staged x row.
+template <typename T>
+__host__ __device__ constexpr int MmaRow() {
+  return kBf16Mma<T> ? kBf16Row : kMmaRow;
 }
 template <typename T>
 __host__ __device__ constexpr size_t MmaXBytes() {
-  return size_t{MmaStages<T>()} * kMmaTokens * kMmaRow * sizeof(T);
+  return size_t{MmaStages<T>()} * kMmaTokens * MmaRow<T>() * sizeof(T);
 }
 inline constexpr size_t kMmaPhiBytes = size_t{2} * kMmaCols * kMmaRow * 4;
+// phi' stages: tf32 hi and lo rows, or the bf16 fragment planes.
 template <typename T>
-__host__ __device__ constexpr size_t MmaHpOffset() {
-  return MmaXBytes<T>() + 2 * kMmaPhiBytes;
+__host__ __device__ constexpr size_t MmaPhiRegionBytes() {
+  return kBf16Mma<T> ? kBf16PhiBytes : 2 * kMmaPhiBytes;
 }
 template <typename T>
 __host__ __device__ constexpr size_t MmaSmemBytes() {
-  return MmaHpOffset<T>() + size_t{kMmaTokens} * kHpStride * 4;
+  return MmaXBytes<T>() + MmaPhiRegionBytes<T>();
 }
-static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__half>(),
+static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__nv_bfloat16>(),
               "partials alias the x stages");
-static_assert(size_t{kMmaTokens} * kPartRow * 4 <= 2 * kMmaPhiBytes,
-              "totals alias the phi stages");
+
 
 // The widest copy (16 or 8 bytes, 0: element copies) that every x row of
 // the tile kernels allows: an odd C still leaves rows of 4 C elements 8-byte
@@ -152,32 +163,26 @@ __device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
   v[3] = u.w;
 }
 
-// Runs the tile's projection over this CTA's K chunk and the cluster
-// reduction. On return, for every token t of the tile with t % splits ==
-// rank, fin[t * kPartRow + g] holds h_g (g < N) and fin[t * kPartRow +
-// kMmaCols] the sum of squares; the caller must cluster.sync() before exit
-// (other ranks read this CTA's partials until then).
-template <typename T>
-__device__ __forceinline__ float* ProjectClusterTile(
+// The partial sums of one unit: tokens m0 .. m0 + kMmaTokens - 1 over k in
+// [kbeg, kend). Returns part (in smem) with part[t * kPartRow + g] = h_g (g <
+// N) and part[t * kPartRow + kMmaCols] = the sum of squares of token t; the
+// caller must __syncthreads() after reading it and before the next unit.
+template <typename T, bool kIeee>
+__device__ __forceinline__ const float* ProjectUnit(
     const DevSpec& s, const T* __restrict__ x, const float* __restrict__ phi,
-    const float* __restrict__ gamma, int64_t tokens, int64_t m0, bool ieee,
-    int x_bytes, bool vec_phi, char* smem) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int splits = static_cast<int>(cluster.num_blocks());
+    const float* __restrict__ gamma, int64_t tokens, int64_t m0, int64_t kbeg,
+    int64_t kend, int x_bytes, bool vec_phi, char* smem) {
+  constexpr bool ieee = kIeee;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t4 = lane & 3;
-  const SplitPlan plan = PlanSplits(s.K);
-  const int64_t kbeg = rank * plan.chunk;
-  const int64_t kend = min(s.K, kbeg + plan.chunk);
   const int nkb = static_cast<int>((kend - kbeg + kMmaBk - 1) / kMmaBk);
   const int nj = (s.N + 7) / 8;
   constexpr bool kSplitX = std::is_same<T, float>::value;
   constexpr int kMmaStages = MmaStages<T>();
+  constexpr int kPitch = MmaRow<T>();
 
   T* xs = reinterpret_cast<T*>(smem);
   float* phi_hi = reinterpret_cast<float*>(smem + MmaXBytes<T>());
@@ -194,22 +199,22 @@ __device__ __forceinline__ float* ProjectClusterTile(
     const int vcol = (tid % kPerRow) * kPer;
     const int64_t k = kbeg + static_cast<int64_t>(kb) * kMmaBk + vcol;
     const T* src = x + (m0 + vrow) * s.K + k;
-    T* d = dst + vrow * kMmaRow + vcol;
+    T* d = dst + vrow * kPitch + vcol;
 #pragma unroll
     for (int r = 0; r < kMmaTokens / kRowStep; ++r) {
       const bool ok = k < kend && m0 + vrow + r * kRowStep < tokens;
       const T* from = ok ? src + r * kRowStep * s.K : x;
       if constexpr (kBytes == 16) {
-        CpAsync16(d + r * kRowStep * kMmaRow, from, ok);
+        CpAsync16(d + r * kRowStep * kPitch, from, ok);
       } else {
-        CpAsync8(d + r * kRowStep * kMmaRow, from, ok);
+        CpAsync8(d + r * kRowStep * kPitch, from, ok);
       }
     }
   };
   auto load_x = [&](int kb) {
     if (kb >= nkb) return;
     const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
-    T* dst = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow;
+    T* dst = xs + (kb % kMmaStages) * kMmaTokens * kPitch;
     if (x_bytes == 16) {
       copy_vectors(std::integral_constant<int, 16>{}, kb, dst);
     } else if (x_bytes == 8) {
@@ -220,7 +225,7 @@ __device__ __forceinline__ float* ProjectClusterTile(
         const int col = c % kMmaBk;
         const int64_t m = m0 + row;
         const int64_t k = k0 + col;
-        dst[row * kMmaRow + col] =
+        dst[row * kPitch + col] =
             m < tokens && k < kend ? x[m * s.K + k] : FromFloat<T>(0.0f);
       }
     }
@@ -258,20 +263,25 @@ __device__ __forceinline__ float* ProjectClusterTile(
     }
   };
   auto store_phi = [&](int buf) {
-    float* hi = phi_hi + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
-    float* lo = phi_lo + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
+    if constexpr (kBf16Mma<T>) {
+      Bf16TileMath::StorePhi(pv, prow, pk, ieee,
+                             reinterpret_cast<uint32_t*>(phi_hi), buf);
+    } else {
+      float* hi = phi_hi + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
+      float* lo = phi_lo + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
 #pragma unroll
-    for (int e = 0; e < 8; e += 4) {
-      float h4[4], l4[4];
+      for (int e = 0; e < 8; e += 4) {
+        float h4[4], l4[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        h4[q] = RoundTf32(pv[e + q]);
-        l4[q] = RoundTf32(pv[e + q] - h4[q]);
+        for (int q = 0; q < 4; ++q) {
+          h4[q] = RoundTf32(pv[e + q]);
+          l4[q] = RoundTf32(pv[e + q] - h4[q]);
+        }
+        *reinterpret_cast<float4*>(hi + e) =
+            make_float4(h4[0], h4[1], h4[2], h4[3]);
+        *reinterpret_cast<float4*>(lo + e) =
+            make_float4(l4[0], l4[1], l4[2], l4[3]);
       }
-      *reinterpret_cast<float4*>(hi + e) =
-          make_float4(h4[0], h4[1], h4[2], h4[3]);
-      *reinterpret_cast<float4*>(lo + e) =
-          make_float4(l4[0], l4[1], l4[2], l4[3]);
     }
   };
 
@@ -288,68 +298,77 @@ __device__ __forceinline__ float* ProjectClusterTile(
   // Each stage starts the mma accumulators at zero and adds them to acc with
   // a rounded fp32 add: the tensor cores' accumulation truncates against the
   // running sum, which over long K costs more than the 1e-5 IEEE budget.
+  Bf16TileMath bf16_math;
+  if constexpr (kBf16Mma<T>) bf16_math.Init();
   auto compute = [&](int kb) {
-    float st[4][4];
+    if constexpr (kBf16Mma<T>) {
+      bf16_math.Compute(
+          reinterpret_cast<const __nv_bfloat16*>(xs) +
+              (kb % kMmaStages) * kMmaTokens * kPitch,
+          reinterpret_cast<const uint32_t*>(phi_hi), kb & 1, nj, ieee);
+    } else {
+      float st[4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 4; ++j) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) st[j][q] = 0.0f;
-    }
-    const T* xa = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow +
-                  (warp * 16 + g) * kMmaRow + 4 * t4;
-    const T* xb = xa + 8 * kMmaRow;
-    const int buf = kb & 1;
-    const float* ph = phi_hi + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
-    const float* pl = phi_lo + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
-#pragma unroll
-    for (int kk = 0; kk < kMmaBk; kk += 16) {
-      float a[4], b[4];
-      LoadX4(xa + kk, a);
-      LoadX4(xb + kk, b);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        ss0 = fmaf(a[q], a[q], ss0);
-        ss1 = fmaf(b[q], b[q], ss1);
+        for (int q = 0; q < 4; ++q) st[j][q] = 0.0f;
       }
-      uint32_t ah[2][4], al[2][4];
+      const T* xa = xs + (kb % kMmaStages) * kMmaTokens * kMmaRow +
+                    (warp * 16 + g) * kMmaRow + 4 * t4;
+      const T* xb = xa + 8 * kMmaRow;
+      const int buf = kb & 1;
+      const float* ph = phi_hi + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
+      const float* pl = phi_lo + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float v[4] = {a[2 * u], b[2 * u], a[2 * u + 1], b[2 * u + 1]};
+      for (int kk = 0; kk < kMmaBk; kk += 16) {
+        float a[4], b[4];
+        LoadX4(xa + kk, a);
+        LoadX4(xb + kk, b);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          if (kSplitX) {
-            const float h = RoundTf32(v[q]);
-            ah[u][q] = __float_as_uint(h);
-            al[u][q] = __float_as_uint(RoundTf32(v[q] - h));
-          } else {
-            ah[u][q] = __float_as_uint(v[q]);
-            al[u][q] = 0u;
+          ss0 = fmaf(a[q], a[q], ss0);
+          ss1 = fmaf(b[q], b[q], ss1);
+        }
+        uint32_t ah[2][4], al[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float v[4] = {a[2 * u], b[2 * u], a[2 * u + 1], b[2 * u + 1]};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (kSplitX) {
+              const float h = RoundTf32(v[q]);
+              ah[u][q] = __float_as_uint(h);
+              al[u][q] = __float_as_uint(RoundTf32(v[q] - h));
+            } else {
+              ah[u][q] = __float_as_uint(v[q]);
+              al[u][q] = 0u;
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nj) break;
+          const float4 bh =
+              *reinterpret_cast<const float4*>(ph + j * 8 * kMmaRow + kk);
+          Mma1688(st[j], ah[0], bh.x, bh.y);
+          Mma1688(st[j], ah[1], bh.z, bh.w);
+          if (ieee) {
+            const float4 bl =
+                *reinterpret_cast<const float4*>(pl + j * 8 * kMmaRow + kk);
+            Mma1688(st[j], ah[0], bl.x, bl.y);
+            Mma1688(st[j], ah[1], bl.z, bl.w);
+            if (kSplitX) {
+              Mma1688(st[j], al[0], bh.x, bh.y);
+              Mma1688(st[j], al[1], bh.z, bh.w);
+            }
           }
         }
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (j >= nj) break;
-        const float4 bh =
-            *reinterpret_cast<const float4*>(ph + j * 8 * kMmaRow + kk);
-        Mma1688(st[j], ah[0], bh.x, bh.y);
-        Mma1688(st[j], ah[1], bh.z, bh.w);
-        if (ieee) {
-          const float4 bl =
-              *reinterpret_cast<const float4*>(pl + j * 8 * kMmaRow + kk);
-          Mma1688(st[j], ah[0], bl.x, bl.y);
-          Mma1688(st[j], ah[1], bl.z, bl.w);
-          if (kSplitX) {
-            Mma1688(st[j], al[0], bh.x, bh.y);
-            Mma1688(st[j], al[1], bh.z, bh.w);
-          }
-        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] += st[j][q];
       }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[j][q] += st[j][q];
     }
   };
 
@@ -377,68 +396,81 @@ __device__ __forceinline__ float* ProjectClusterTile(
   __syncthreads();
 
   float* part = reinterpret_cast<float*>(smem);
-  const int r0 = (warp * 16 + g) * kPartRow;
-  const int r1 = r0 + 8 * kPartRow;
+  if constexpr (kBf16Mma<T>) {
+    bf16_math.WritePartials(part, kPartRow, kMmaCols, nj);
+  } else {
+    const int r0 = (warp * 16 + g) * kPartRow;
+    const int r1 = r0 + 8 * kPartRow;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (j >= nj) break;
-    const int col = j * 8 + 2 * t4;
-    part[r0 + col] = acc[j][0];
-    part[r0 + col + 1] = acc[j][1];
-    part[r1 + col] = acc[j][2];
-    part[r1 + col + 1] = acc[j][3];
-  }
-  if (t4 == 0) {
-    part[r0 + kMmaCols] = ss0;
-    part[r1 + kMmaCols] = ss1;
-  }
-  cluster.sync();
-  float* fin = phi_hi;
-  for (int idx = tid; idx < kMmaTokens * kPartRow; idx += kMmaThreads) {
-    const int t = idx / kPartRow;
-    const int col = idx % kPartRow;
-    if (t % splits != rank || (col >= s.N && col != kMmaCols)) continue;
-    float sum = 0.0f;
-    for (int q = 0; q < splits; ++q)
-      sum += cluster.map_shared_rank(part, q)[idx];
-    fin[idx] = sum;
+    for (int j = 0; j < 4; ++j) {
+      if (j >= nj) break;
+      const int col = j * 8 + 2 * t4;
+      part[r0 + col] = acc[j][0];
+      part[r0 + col + 1] = acc[j][1];
+      part[r1 + col] = acc[j][2];
+      part[r1 + col + 1] = acc[j][3];
+    }
+    if (t4 == 0) {
+      part[r0 + kMmaCols] = ss0;
+      part[r1 + kMmaCols] = ss1;
+    }
   }
   __syncthreads();
-  return fin;
+  return part;
+}
+
+__host__ __device__ inline int64_t MmaTiles(int64_t tokens) {
+  return (tokens + kMmaTokens - 1) / kMmaTokens;
+}
+
+// Column col (h_col, or the sum of squares at col = N) of token m from the
+// partials of its chunks ([unit][kMmaTokens][width]), added in chunk order.
+__device__ __forceinline__ float SumChunks(const float* partial, int chunks,
+                                           int width, int64_t m, int col) {
+  const int64_t tile = m / kMmaTokens;
+  const float* p = partial +
+                   (tile * chunks * kMmaTokens + m % kMmaTokens) * width + col;
+  float sum = 0.0f;
+  for (int c = 0; c < chunks; ++c) sum += p[c * kMmaTokens * width];
+  return sum;
+}
+
+// Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the
+// units in turn.
+template <typename... Exp, typename... Act>
+cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units,
+                             size_t smem, cudaStream_t stream, Act&&... args) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(kernel,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  }
+  int device = 0, sms = 0, per_sm = 0;
+  if (e == cudaSuccess) e = cudaGetDevice(&device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (e == cudaSuccess) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                      kMmaThreads, smem);
+  }
+  if (e != cudaSuccess) return e;
+  const int64_t resident = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(units < resident ? units : resident));
+  cfg.blockDim = dim3(kMmaThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
 // The tensor-core path takes layers with at most kMmaCols logits (n <= 4 for
 // mHC layers, n <= 16 for heads); wider layers use ProjectTile.
 inline bool UseMmaProjection(const LayerSpec& spec) {
   return spec.dynamic && spec.NumLogits() <= kMmaCols;
-}
-
-// Launches tiles * splits CTAs of kMmaThreads in clusters of `splits`.
-template <typename... Exp, typename... Act>
-cudaError_t LaunchTileClusters(void (*kernel)(Exp...), int splits,
-                               int64_t tiles, size_t smem, cudaStream_t stream,
-                               Act&&... args) {
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(kernel,
-                           cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles * splits));
-  cfg.blockDim = dim3(kMmaThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
 }  // namespace mhc::cuda

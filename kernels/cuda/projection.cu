@@ -1,9 +1,9 @@
 // Projection h = phi' v with the sum of squares, and its backward (dx and
 // the phi / gamma gradients); also the dx kernel the fused backward ops
 // reuse. Determinism / batch invariance: the forward reduces each token over
-// k in an order fixed by K and the block shape (tensor-core tiles with a
-// K-only split reduced in rank order through the cluster, proj_mma.cuh, or
-// ProjectTile for layers with more than 32 logits); the backward
+// k in an order fixed by K and the block shape (tensor-core units over a
+// K-only split, added in chunk order, proj_mma.cuh, or ProjectTile for
+// layers with more than 32 logits); the backward
 // computes dx per element with sums over g in order; phi / gamma gradients
 // are partial sums over fixed chunks of kTokenChunk tokens (token order) in
 // workspace, added over chunks in order by a second kernel. No atomics.
@@ -36,32 +36,48 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
-template <typename T>
+// Persistent CTAs over the units of PlanChunks (unit u: tile u / chunks,
+// chunk u % chunks), each unit's partials to partial[u][t][0 .. N].
+template <typename T, bool kIeee>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
-    projection_mma_kernel(DevSpec s, int64_t tokens, const T* x,
-                          const float* phi, const float* gamma, float* h,
-                          float* mean_square, bool ieee, int x_bytes,
-                          bool vec_phi) {
+    projection_partials_kernel(DevSpec s, int64_t tokens, const T* x,
+                               const float* phi, const float* gamma,
+                               float* partial, int x_bytes, bool vec_phi) {
   extern __shared__ __align__(16) char mma_smem[];
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int splits = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x / splits) * kMmaTokens;
-  const float* fin = ProjectClusterTile<T>(s, x, phi, gamma, tokens, m0, ieee,
-                                           x_bytes, vec_phi, mma_smem);
-  for (int idx = threadIdx.x; idx < kMmaTokens * kPartRow; idx += kMmaThreads) {
-    const int t = idx / kPartRow;
-    const int col = idx % kPartRow;
-    const int64_t m = m0 + t;
-    if (t % splits != rank || m >= tokens) continue;
-    if (col < s.N) {
-      h[m * s.N + col] = fin[idx];
-    } else if (col == kMmaCols) {
-      mean_square[m] = fin[idx] / static_cast<float>(s.K);
+  const ChunkPlan plan = PlanChunks(s.K);
+  const int64_t units = MmaTiles(tokens) * plan.chunks;
+  const int width = s.N + 1;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t tile = u / plan.chunks;
+    const int64_t kbeg = (u % plan.chunks) * plan.chunk;
+    const float* part = ProjectUnit<T, kIeee>(
+        s, x, phi, gamma, tokens, tile * kMmaTokens, kbeg,
+        min(s.K, kbeg + plan.chunk), x_bytes, vec_phi, mma_smem);
+    float* out = partial + u * kMmaTokens * width;
+    for (int idx = threadIdx.x; idx < kMmaTokens * width; idx += kMmaThreads) {
+      const int t = idx / width;
+      const int col = idx % width;
+      out[idx] = part[t * kPartRow + (col < s.N ? col : kMmaCols)];
     }
+    __syncthreads();
   }
-  cluster.sync();
+}
+
+__global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
+                                         const float* partial, float* h,
+                                         float* mean_square) {
+  const int chunks = PlanChunks(s.K).chunks;
+  const int width = s.N + 1;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= tokens * width) return;
+  const int64_t m = idx / width;
+  const int col = static_cast<int>(idx % width);
+  const float sum = SumChunks(partial, chunks, width, m, col);
+  if (col < s.N) {
+    h[m * s.N + col] = sum;
+  } else {
+    mean_square[m] = sum / static_cast<float>(s.K);
+  }
 }
 
 struct DxDev {
@@ -243,24 +259,40 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
                     spec.K());
 }
 
-absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
-                                 DType dtype, const void* x, const float* phi,
-                                 const float* gamma, float* h,
-                                 float* mean_square, cudaStream_t stream) {
+size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens) {
+  if (!UseMmaProjection(spec)) return 0;
+  return AlignBytes(sizeof(float) * MmaTiles(tokens) *
+                    PlanChunks(spec.K()).chunks * kMmaTokens *
+                    (spec.NumLogits() + 1));
+}
+
+size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens) {
+  return MmaProjectionWorkspace(spec, tokens);
+}
+
+absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
+                                      DType dtype, const void* x,
+                                      const float* phi, const float* gamma,
+                                      float* partial, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   if (!s.has_gamma) gamma = nullptr;
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   const bool vec_phi =
       s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
-  const SplitPlan plan = PlanSplits(s.K);
-  const int64_t tiles = (tokens + kMmaTokens - 1) / kMmaTokens;
+  const int64_t units = MmaTiles(tokens) * PlanChunks(s.K).chunks;
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
-    err = LaunchTileClusters(
-        projection_mma_kernel<T>, plan.splits, tiles, MmaSmemBytes<T>(), stream,
-        s, tokens, static_cast<const T*>(x), phi, gamma, h, mean_square, ieee,
-        MmaCopyBytes<T>(s.K, x), vec_phi);
+    auto launch = [&](auto kernel) {
+      err = LaunchPersistent(kernel, units, MmaSmemBytes<T>(), stream, s,
+                             tokens, static_cast<const T*>(x), phi, gamma,
+                             partial, MmaCopyBytes<T>(s.K, x), vec_phi);
+    };
+    if (ieee) {
+      launch(projection_partials_kernel<T, true>);
+    } else {
+      launch(projection_partials_kernel<T, false>);
+    }
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (mma)",
                            ShapeString(spec, tokens, dtype));
@@ -269,11 +301,33 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
   return absl::OkStatus();
 }
 
+absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
+                                 DType dtype, const void* x, const float* phi,
+                                 const float* gamma, float* partial, float* h,
+                                 float* mean_square, cudaStream_t stream) {
+  MHC_RETURN_IF_ERROR(LaunchProjectionPartials(spec, tokens, dtype, x, phi,
+                                               gamma, partial, stream));
+  const DevSpec s = MakeDevSpec(spec);
+  const int64_t elements = tokens * (s.N + 1);
+  projection_finish_kernel<<<GridSize((elements + 255) / 256), 256, 0,
+                             stream>>>(s, tokens, partial, h, mean_square);
+  MHC_CUDA_CHECK_LAUNCH("projection forward (chunk sum)",
+                        ShapeString(spec, tokens, dtype));
+  return absl::OkStatus();
+}
+
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
-                                     cudaStream_t stream) {
+                                     Workspace ws, cudaStream_t stream) {
   if (UseMmaProjection(*p.spec)) {
+    if (ws.bytes < MmaProjectionWorkspace(*p.spec, p.tokens)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda projection forward ",
+                       ShapeString(*p.spec, p.tokens, p.act_dtype),
+                       ": workspace too small"));
+    }
     return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
-                               p.weights.phi, p.weights.gamma, p.h,
+                               p.weights.phi, p.weights.gamma,
+                               static_cast<float*>(ws.data), p.h,
                                p.mean_square, stream);
   }
   const DevSpec s = MakeDevSpec(*p.spec);

@@ -79,7 +79,10 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     q.x = static_cast<const char*>(x.dev) + first * K * DTypeSize(c.dt);
     q.h = hs.f(1);
     q.mean_square = mss.f(1);
-    ASSERT_TRUE(h.cuda().ProjectionForward(q, Workspace{}).ok());
+    ASSERT_TRUE(h.cuda()
+                    .ProjectionForward(q, h.Scratch(1, OpKind::kProjectionForward,
+                                                    spec, count, c.dt))
+                    .ok());
     ASSERT_TRUE(h.cuda().Synchronize().ok());
     const std::vector<uint8_t> full = h.Fetch(hh), part = h.Fetch(hs);
     const std::vector<uint8_t> full_ms = h.Fetch(ms), part_ms = h.Fetch(mss);
