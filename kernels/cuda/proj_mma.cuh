@@ -306,6 +306,7 @@ __device__ __forceinline__ const float* ProjectUnit(
           reinterpret_cast<const __nv_bfloat16*>(xs) +
               (kb % kMmaStages) * kMmaTokens * kPitch,
           reinterpret_cast<const uint32_t*>(phi_hi), kb & 1, nj, ieee);
+      if ((kb & 3) == 3) bf16_math.Flush();
     } else {
       float st[4][4];
 #pragma unroll
@@ -467,10 +468,10 @@ cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
-// The tensor-core path takes layers with at most kMmaCols logits (n <= 4 for
-// mHC layers, n <= 16 for heads); wider layers use ProjectTile.
+// The tensor-core path takes layers with at most 24 logits (n <= 4 for mHC
+// layers, n <= 16 for heads); wider layers use ProjectTile.
 inline bool UseMmaProjection(const LayerSpec& spec) {
-  return spec.dynamic && spec.NumLogits() <= kMmaCols;
+  return spec.dynamic && spec.NumLogits() <= kBf16Tiles * 8;
 }
 
 }  // namespace mhc::cuda

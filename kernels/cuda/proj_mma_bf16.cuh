@@ -2,9 +2,11 @@
 // from HBM to the tensor cores (ldmatrix + mma.m16n8k16), and phi' is split
 // into bf16 terms whose products with x are exact in fp32: hi + mid under
 // tf32 (16 significant bits, more than tf32's 11) and hi + mid + lo under
-// IEEE (24 bits, fp32's own precision). No per-element conversion of x is
-// left on the hot loop but the sum of squares, so the tile streams x at a
-// few instructions per 16-byte vector (the tf32 path spends ~40).
+// IEEE (24 bits, fp32's own precision). The sum of squares comes from the
+// same fragments: mma(x, x^T) puts each token's x.x on the diagonal, exact
+// products added in fp32. No per-element conversion of x is left, so the
+// tile streams x at a few instructions per 16-byte vector (the tf32 path
+// spends ~40).
 //
 // Work split of a stage (kMmaBk = 64 k of kMmaTokens = 128 tokens): warp w
 // takes tokens 32 (w % 4) .. +31 (two 16-token mma rows) and k half w / 4,
@@ -23,7 +25,9 @@ namespace mhc::cuda {
 // phase on distinct banks.
 inline constexpr int kBf16Row = 72;
 inline constexpr int kBf16Steps = 4;   // 16-k mma steps per stage
-inline constexpr int kBf16Tiles = 4;   // 8-logit mma columns (32 logits)
+// 8-logit mma columns: 24 logits, the most of any tensor-core layer (n = 4
+// mHC: N = 24; heads: N = n <= 16).
+inline constexpr int kBf16Tiles = 3;
 // Shared phi' per stage buffer, in mma fragment order: a uint4 per (step,
 // column tile, lane) holding hi (b0, b1) and mid (b0, b1), and a uint2 with
 // lo (b0, b1), read under IEEE only.
@@ -59,18 +63,17 @@ __device__ __forceinline__ uint32_t SplitPair(float& v0, float& v1) {
   return bits;
 }
 
-__device__ __forceinline__ void AddSquares(uint32_t pair, float& ss) {
-  const float lo = __uint_as_float(pair << 16);
-  const float hi = __uint_as_float(pair & 0xffff0000u);
-  ss = fmaf(lo, lo, ss);
-  ss = fmaf(hi, hi, ss);
-}
-
-// Per-thread state of one tile: accumulators of 2 mma rows x 4 column tiles
-// and the sum of squares of the thread's 2 x 2 token rows.
+// Per-thread state of one tile, for 2 mma rows (16 tokens each): the
+// tensor cores accumulate a few stages into st / gram, which Flush adds to
+// acc / ss with rounded fp32 adds (the tensor cores truncate against a long
+// running sum, which over long K would cost more than the 1e-5 IEEE budget).
+// gram[r][h] is mma(x, x^T) against tokens 8h .. 8h + 7 of row r: the lane
+// with t4 == g / 2 holds token g's x.x (h = 0) and token g + 8's (h = 1).
 struct Bf16TileMath {
   int lane, token_group, k_half;
   float acc[2][kBf16Tiles][4];
+  float st[2][kBf16Tiles][4];
+  float gram[2][2][4];
   float ss[2][2];
 
   __device__ void Init() {
@@ -83,9 +86,30 @@ struct Bf16TileMath {
 #pragma unroll
       for (int j = 0; j < kBf16Tiles; ++j) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[r][j][q] = 0.0f;
+        for (int q = 0; q < 4; ++q) acc[r][j][q] = st[r][j][q] = 0.0f;
       }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) gram[r][0][q] = gram[r][1][q] = 0.0f;
       ss[r][0] = ss[r][1] = 0.0f;
+    }
+  }
+
+  __device__ void Flush() {
+    const int diag = (lane >> 2) & 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int j = 0; j < kBf16Tiles; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[r][j][q] += st[r][j][q];
+          st[r][j][q] = 0.0f;
+        }
+      }
+      ss[r][0] += diag ? gram[r][0][1] : gram[r][0][0];
+      ss[r][1] += diag ? gram[r][1][3] : gram[r][1][2];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) gram[r][0][q] = gram[r][1][q] = 0.0f;
     }
   }
 
@@ -95,6 +119,7 @@ struct Bf16TileMath {
   __device__ static void StorePhi(const float (&pv)[8], int prow, int pk,
                                   bool ieee, uint32_t* planes, int buf) {
     const int tile = prow >> 3;
+    if (tile >= kBf16Tiles) return;  // rows past every layer's N
     const int step = pk >> 4;
     const int half = (pk >> 3) & 1;
     const int slot = ((buf * kBf16Steps + step) * kBf16Tiles + tile) * 32 +
@@ -113,15 +138,6 @@ struct Bf16TileMath {
   // One stage: xs is the stage's [kMmaTokens][kBf16Row] bf16 tile.
   __device__ void Compute(const __nv_bfloat16* xs, const uint32_t* planes,
                           int buf, int tiles, bool ieee) {
-    float st[2][kBf16Tiles][4];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int j = 0; j < kBf16Tiles; ++j) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) st[r][j][q] = 0.0f;
-      }
-    }
     // ldmatrix.x4 rows: lanes 0-15 give rows 0-15 at k 0, lanes 16-31 the
     // same rows at k 8, so a[0..3] come out in mma A order.
     const __nv_bfloat16* base = xs +
@@ -133,10 +149,10 @@ struct Bf16TileMath {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         LdMatrixX4(a[r], base + r * 16 * kBf16Row + s * 16);
-        AddSquares(a[r][0], ss[r][0]);
-        AddSquares(a[r][2], ss[r][0]);
-        AddSquares(a[r][1], ss[r][1]);
-        AddSquares(a[r][3], ss[r][1]);
+        // As B operands the same registers are x^T: tokens 0-7 in a[0],
+        // a[2], tokens 8-15 in a[1], a[3].
+        Mma16816(gram[r][0], a[r], a[r][0], a[r][2]);
+        Mma16816(gram[r][1], a[r], a[r][1], a[r][3]);
       }
       const int slot =
           ((buf * kBf16Steps + k_half * 2 + s) * kBf16Tiles) * 32 + lane;
@@ -159,16 +175,6 @@ struct Bf16TileMath {
         }
       }
     }
-    // Stage sums join the running sums with rounded fp32 adds (see the tf32
-    // path: the tensor cores truncate against a long running sum).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int j = 0; j < kBf16Tiles; ++j) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[r][j][q] += st[r][j][q];
-      }
-    }
   }
 
   // part[token * row + col] = h partial (col < 8 tiles), part[token * row +
@@ -177,14 +183,7 @@ struct Bf16TileMath {
   __device__ void WritePartials(float* part, int row, int ss_col, int tiles) {
     const int g = lane >> 2;
     const int t4 = lane & 3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        ss[r][h] += __shfl_xor_sync(0xffffffffu, ss[r][h], 1);
-        ss[r][h] += __shfl_xor_sync(0xffffffffu, ss[r][h], 2);
-      }
-    }
+    Flush();
     for (int pass = 1; pass >= 0; --pass) {
       if (k_half == pass) {
         // Half 0 adds to what half 1 left; half 1 never reads (stale smem).
@@ -202,7 +201,7 @@ struct Bf16TileMath {
             put(p1 + col, acc[r][j][2]);
             put(p1 + col + 1, acc[r][j][3]);
           }
-          if (t4 == 0) {
+          if (t4 == g >> 1) {
             put(p0 + ss_col, ss[r][0]);
             put(p1 + ss_col, ss[r][1]);
           }
