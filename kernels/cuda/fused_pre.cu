@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kPreMixThreads)
   const int chunks = PlanChunks(s.K).chunks;
   float* h = h_s[threadIdx.x];
   for (int col = 0; col <= s.N; ++col) {
-    h[col] = SumChunks(partial, chunks, s.N + 1, m, col);
+    h[col] = SumChunks(partial, tokens, chunks, s.N + 1, m, col);
   }
   float hp[NT], hq[NT], logits[NT * NT];
   ScaleForwardToken<NT>(s, h, h[s.N] / static_cast<float>(s.K), a.alpha,

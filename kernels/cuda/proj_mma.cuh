@@ -30,9 +30,9 @@ inline constexpr int kMmaBk = 64;        // k per pipeline stage
 inline constexpr int kMmaCols = 32;      // logits per tile
 inline constexpr int kMmaRow = kMmaBk + 16;    // padded smem row (no conflicts)
 inline constexpr int kPartRow = kMmaCols + 1;  // + sum of squares
-// At most 16 chunks of at least 2048 k: enough units to fill the GPU at M =
-// 2048, and partials of (N + 1) floats per chunk stay under 2.5 % of a bf16
-// n = 4 layer's x bytes.
+// At most 16 chunks of about 2048 k: enough units to fill the GPU at M =
+// 2048, and the partials ((N + 1) floats per token and chunk) stay under
+// 2.5 % of the x bytes of a bf16 n = 4 layer with K >= 2048.
 inline constexpr int kMaxChunks = 16;
 inline constexpr int64_t kChunkTarget = 2048;
 
@@ -190,6 +190,9 @@ __device__ __forceinline__ const float* ProjectUnit(
 
   // The vector copies of a stage: this thread always takes column vcol of
   // rows vrow + r * step, so a stage only adds its k offset.
+  // Rows of the unit that hold tokens (the rest are zero filled).
+  const int live_rows =
+      static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
   auto copy_vectors = [&](auto width, int kb, T* dst) {
     constexpr int kBytes = decltype(width)::value;
     constexpr int kPer = kBytes / sizeof(T);
@@ -198,17 +201,20 @@ __device__ __forceinline__ const float* ProjectUnit(
     const int vrow = tid / kPerRow;
     const int vcol = (tid % kPerRow) * kPer;
     const int64_t k = kbeg + static_cast<int64_t>(kb) * kMmaBk + vcol;
+    const bool k_ok = k < kend;
     const T* src = x + (m0 + vrow) * s.K + k;
+    const int64_t row_step = kRowStep * s.K;
     T* d = dst + vrow * kPitch + vcol;
 #pragma unroll
     for (int r = 0; r < kMmaTokens / kRowStep; ++r) {
-      const bool ok = k < kend && m0 + vrow + r * kRowStep < tokens;
-      const T* from = ok ? src + r * kRowStep * s.K : x;
+      const bool ok = k_ok && vrow + r * kRowStep < live_rows;
+      const T* from = ok ? src : x;
       if constexpr (kBytes == 16) {
         CpAsync16(d + r * kRowStep * kPitch, from, ok);
       } else {
         CpAsync8(d + r * kRowStep * kPitch, from, ok);
       }
+      src += row_step;
     }
   };
   auto load_x = [&](int kb) {
@@ -424,15 +430,29 @@ __host__ __device__ inline int64_t MmaTiles(int64_t tokens) {
   return (tokens + kMmaTokens - 1) / kMmaTokens;
 }
 
-// Column col (h_col, or the sum of squares at col = N) of token m from the
-// partials of its chunks ([unit][kMmaTokens][width]), added in chunk order.
-__device__ __forceinline__ float SumChunks(const float* partial, int chunks,
-                                           int width, int64_t m, int col) {
+// Chunk partials in workspace: per tile, per chunk, one row of width = N + 1
+// floats (h, then the sum of squares) for each of the tile's tokens, so the
+// whole is tokens * chunks * width floats. The offset of (tile, chunk):
+__host__ __device__ inline int64_t PartialOffset(int64_t tokens, int chunks,
+                                                 int width, int64_t tile,
+                                                 int chunk) {
+  const int64_t m0 = tile * kMmaTokens;
+  const int64_t rows = tokens - m0 < kMmaTokens ? tokens - m0 : kMmaTokens;
+  return (m0 * chunks + chunk * rows) * width;
+}
+
+// Column col (h_col, or the sum of squares at col = N) of token m, its
+// chunks added in chunk order.
+__device__ __forceinline__ float SumChunks(const float* partial, int64_t tokens,
+                                           int chunks, int width, int64_t m,
+                                           int col) {
   const int64_t tile = m / kMmaTokens;
-  const float* p = partial +
-                   (tile * chunks * kMmaTokens + m % kMmaTokens) * width + col;
+  const float* p = partial + PartialOffset(tokens, chunks, width, tile, 0) +
+                   (m % kMmaTokens) * width + col;
+  const int64_t step = PartialOffset(tokens, chunks, width, tile, 1) -
+                       PartialOffset(tokens, chunks, width, tile, 0);
   float sum = 0.0f;
-  for (int c = 0; c < chunks; ++c) sum += p[c * kMmaTokens * width];
+  for (int c = 0; c < chunks; ++c) sum += p[c * step];
   return sum;
 }
 

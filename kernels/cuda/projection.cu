@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 // Persistent CTAs over the units of PlanChunks (unit u: tile u / chunks,
-// chunk u % chunks), each unit's partials to partial[u][t][0 .. N].
+// chunk u % chunks), each unit's partials to its PartialOffset.
 template <typename T, bool kIeee>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     projection_partials_kernel(DevSpec s, int64_t tokens, const T* x,
@@ -49,12 +49,16 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
   const int width = s.N + 1;
   for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
     const int64_t tile = u / plan.chunks;
-    const int64_t kbeg = (u % plan.chunks) * plan.chunk;
+    const int chunk = static_cast<int>(u % plan.chunks);
+    const int64_t m0 = tile * kMmaTokens;
+    const int64_t kbeg = chunk * plan.chunk;
     const float* part = ProjectUnit<T, kIeee>(
-        s, x, phi, gamma, tokens, tile * kMmaTokens, kbeg,
-        min(s.K, kbeg + plan.chunk), x_bytes, vec_phi, mma_smem);
-    float* out = partial + u * kMmaTokens * width;
-    for (int idx = threadIdx.x; idx < kMmaTokens * width; idx += kMmaThreads) {
+        s, x, phi, gamma, tokens, m0, kbeg, min(s.K, kbeg + plan.chunk),
+        x_bytes, vec_phi, mma_smem);
+    float* out =
+        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk);
+    const int rows = static_cast<int>(min(int64_t{kMmaTokens}, tokens - m0));
+    for (int idx = threadIdx.x; idx < rows * width; idx += kMmaThreads) {
       const int t = idx / width;
       const int col = idx % width;
       out[idx] = part[t * kPartRow + (col < s.N ? col : kMmaCols)];
@@ -72,7 +76,7 @@ __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
   if (idx >= tokens * width) return;
   const int64_t m = idx / width;
   const int col = static_cast<int>(idx % width);
-  const float sum = SumChunks(partial, chunks, width, m, col);
+  const float sum = SumChunks(partial, tokens, chunks, width, m, col);
   if (col < s.N) {
     h[m * s.N + col] = sum;
   } else {
@@ -261,8 +265,7 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 
 size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens) {
   if (!UseMmaProjection(spec)) return 0;
-  return AlignBytes(sizeof(float) * MmaTiles(tokens) *
-                    PlanChunks(spec.K()).chunks * kMmaTokens *
+  return AlignBytes(sizeof(float) * tokens * PlanChunks(spec.K()).chunks *
                     (spec.NumLogits() + 1));
 }
 
