@@ -206,14 +206,14 @@ absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
 }
 
 size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
-                                   int64_t tokens, DType /*act_dtype*/) const {
+                                   int64_t tokens, DType act_dtype) const {
   if (tokens <= 0) return 0;
   switch (op) {
     case OpKind::kProjectionForward:
-      return ProjectionForwardWorkspace(spec, tokens);
+      return ProjectionForwardWorkspace(spec, tokens, act_dtype);
     case OpKind::kPreForward:
     case OpKind::kHeadForward:
-      return FusedForwardWorkspace(spec, tokens);
+      return FusedForwardWorkspace(spec, tokens, act_dtype);
     case OpKind::kProjectionBackward:
       return ProjectionBackwardWorkspace(spec, tokens);
     case OpKind::kScaleBackward:
@@ -222,7 +222,7 @@ size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
       return PostBackwardWorkspace(spec, tokens);
     case OpKind::kPreBackward:
     case OpKind::kHeadBackward:
-      return FusedBackwardWorkspace(spec, tokens);
+      return FusedBackwardWorkspace(spec, tokens, act_dtype);
     default:
       return 0;
   }

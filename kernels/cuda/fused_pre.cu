@@ -364,7 +364,7 @@ struct BackwardSlices {
       proj_partial, total;
 };
 
-BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
+BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   const int64_t n = spec.n;
   const int64_t rows = spec.NumLogits();
   const int64_t width = rows + spec.NumAlpha();
@@ -387,7 +387,7 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
   b.h_fwd = take(mma ? tokens * rows : 0);
   b.ms_fwd = take(mma ? tokens : 0);
   b.proj_partial = offset;
-  offset += MmaProjectionWorkspace(spec, tokens);
+  offset += MmaProjectionWorkspace(spec, tokens, dtype);
   b.total = offset;
   return b;
 }
@@ -395,14 +395,16 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens) {
 }  // namespace
 
 // The tensor-core path's chunk partials, then H_pre for the aggregate kernel.
-size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens) {
-  const size_t partial = MmaProjectionWorkspace(spec, tokens);
-  if (partial == 0) return 0;
-  return partial + AlignBytes(sizeof(float) * tokens * spec.n);
+size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                             DType dtype) {
+  const size_t projection = MmaProjectionWorkspace(spec, tokens, dtype);
+  if (projection == 0) return 0;
+  return projection + AlignBytes(sizeof(float) * tokens * spec.n);
 }
 
-size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
-  return Slices(spec, tokens).total;
+size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                              DType dtype) {
+  return Slices(spec, tokens, dtype).total;
 }
 
 absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
@@ -417,20 +419,20 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
   ForwardDev d{a.weights.phi, gamma,    a.weights.alpha, a.weights.beta,
                a.h_pre,       a.h_post, a.h_res};
   if (UseMmaProjection(*a.spec)) {
-    if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens)) {
+    if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens, a.act_dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
     }
-    float* partial = static_cast<float*>(ws.data);
+    const float* partial = static_cast<const float*>(ws.data);
     float* h_pre = a.h_pre;
     if (h_pre == nullptr) {
       h_pre = reinterpret_cast<float*>(
           static_cast<char*>(ws.data) +
-          MmaProjectionWorkspace(*a.spec, a.tokens));
+          MmaProjectionWorkspace(*a.spec, a.tokens, a.act_dtype));
     }
     MHC_RETURN_IF_ERROR(LaunchProjectionPartials(*a.spec, a.tokens,
                                                  a.act_dtype, a.x,
-                                                 a.weights.phi, gamma, partial,
+                                                 a.weights.phi, gamma, ws.data,
                                                  stream));
     const unsigned grid =
         GridSize((a.tokens + kPreMixThreads - 1) / kPreMixThreads);
@@ -475,7 +477,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   const DevSpec s = MakeDevSpec(*a.spec);
   const char* op = s.head ? "head backward" : "pre backward";
   const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
-  const BackwardSlices b = Slices(*a.spec, a.tokens);
+  const BackwardSlices b = Slices(*a.spec, a.tokens, a.act_dtype);
   if (ws.bytes < b.total) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
@@ -496,7 +498,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   if (UseMmaProjection(*a.spec)) {
     MHC_RETURN_IF_ERROR(LaunchMmaProjection(
         *a.spec, a.tokens, a.act_dtype, a.x, a.weights.phi, gamma,
-        at(b.proj_partial), at(b.h_fwd), at(b.ms_fwd), stream));
+        base + b.proj_partial, at(b.h_fwd), at(b.ms_fwd), stream));
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }

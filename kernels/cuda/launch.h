@@ -26,13 +26,17 @@ namespace mhc::cuda {
 inline size_t AlignBytes(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 // The tensor-core projection's chunk partials (0 where it does not apply).
-size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens);
-size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
+                              DType dtype);
+size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                                  DType dtype);
 size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
-size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens);
-size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                             DType dtype);
+size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                              DType dtype);
 
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream);
@@ -103,15 +107,16 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
 // Shared pieces (projection.cu) used by the fused launchers.
 
 // The tensor-core projection, only for layers where UseMmaProjection
-// (proj_mma.cuh) holds: the chunk partials into partial
-// (MmaProjectionWorkspace bytes), then h [M, N] and mean_square [M].
+// (proj_mma.cuh) holds, in workspace of MmaProjectionWorkspace bytes: the
+// chunk partials (at its start; SumChunks reads them), then h [M, N] and
+// mean_square [M].
 absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                       DType dtype, const void* x,
                                       const float* phi, const float* gamma,
-                                      float* partial, cudaStream_t stream);
+                                      void* workspace, cudaStream_t stream);
 absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
                                  DType dtype, const void* x, const float* phi,
-                                 const float* gamma, float* partial, float* h,
+                                 const float* gamma, void* workspace, float* h,
                                  float* mean_square, cudaStream_t stream);
 
 // Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g

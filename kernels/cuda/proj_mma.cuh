@@ -167,11 +167,14 @@ __device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
 // [kbeg, kend). Returns part (in smem) with part[t * kPartRow + g] = h_g (g <
 // N) and part[t * kPartRow + kMmaCols] = the sum of squares of token t; the
 // caller must __syncthreads() after reading it and before the next unit.
+// bf16 x only: phi_split, when given, is phi' already split for every stage
+// of K (phi_split_kernel), copied in with x instead of split per tile.
 template <typename T, bool kIeee>
 __device__ __forceinline__ const float* ProjectUnit(
     const DevSpec& s, const T* __restrict__ x, const float* __restrict__ phi,
-    const float* __restrict__ gamma, int64_t tokens, int64_t m0, int64_t kbeg,
-    int64_t kend, int x_bytes, bool vec_phi, char* smem) {
+    const float* __restrict__ gamma, const uint32_t* __restrict__ phi_split,
+    int64_t tokens, int64_t m0, int64_t kbeg, int64_t kend, int x_bytes,
+    bool vec_phi, char* smem) {
   constexpr bool ieee = kIeee;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -187,6 +190,9 @@ __device__ __forceinline__ const float* ProjectUnit(
   T* xs = reinterpret_cast<T*>(smem);
   float* phi_hi = reinterpret_cast<float*>(smem + MmaXBytes<T>());
   float* phi_lo = phi_hi + 2 * kMmaCols * kMmaRow;
+  uint32_t* planes = reinterpret_cast<uint32_t*>(phi_hi);
+  static_assert(!kBf16Mma<T> || kMmaStages <= kBf16PhiBuffers,
+                "a phi' block per x stage");
 
   // The vector copies of a stage: this thread always takes column vcol of
   // rows vrow + r * step, so a stage only adds its k offset.
@@ -219,6 +225,14 @@ __device__ __forceinline__ const float* ProjectUnit(
   };
   auto load_x = [&](int kb) {
     if (kb >= nkb) return;
+    if (kBf16Mma<T> && phi_split != nullptr) {
+      const int words = Bf16SplitWords(ieee);
+      const uint32_t* src = phi_split + (kbeg / kMmaBk + kb) * int64_t{words};
+      uint32_t* dst = planes + (kb % kMmaStages) * kBf16StageWords;
+      for (int w = tid * 4; w < words; w += kMmaThreads * 4) {
+        CpAsync16(dst + w, src + w, true);
+      }
+    }
     const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
     T* dst = xs + (kb % kMmaStages) * kMmaTokens * kPitch;
     if (x_bytes == 16) {
@@ -256,14 +270,15 @@ __device__ __forceinline__ const float* ProjectUnit(
       if (gamma != nullptr) {
         const float4 c = __ldg(reinterpret_cast<const float4*>(gamma + k0));
         const float4 d = __ldg(reinterpret_cast<const float4*>(gamma + k0) + 1);
-        pv[0] *= c.x, pv[1] *= c.y, pv[2] *= c.z, pv[3] *= c.w;
-        pv[4] *= d.x, pv[5] *= d.y, pv[6] *= d.z, pv[7] *= d.w;
+        const float g8[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) pv[e] = __fmul_rn(pv[e], g8[e]);
       }
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         if (k0 + e < kend) {
-          pv[e] = src[e] * (gamma != nullptr ? gamma[k0 + e] : 1.0f);
+          pv[e] = __fmul_rn(src[e], gamma != nullptr ? gamma[k0 + e] : 1.0f);
         }
       }
     }
@@ -271,7 +286,7 @@ __device__ __forceinline__ const float* ProjectUnit(
   auto store_phi = [&](int buf) {
     if constexpr (kBf16Mma<T>) {
       Bf16TileMath::StorePhi(pv, prow, pk, ieee,
-                             reinterpret_cast<uint32_t*>(phi_hi), buf);
+                             planes + buf * kBf16StageWords);
     } else {
       float* hi = phi_hi + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
       float* lo = phi_lo + buf * kMmaCols * kMmaRow + prow * kMmaRow + pk;
@@ -311,7 +326,10 @@ __device__ __forceinline__ const float* ProjectUnit(
       bf16_math.Compute(
           reinterpret_cast<const __nv_bfloat16*>(xs) +
               (kb % kMmaStages) * kMmaTokens * kPitch,
-          reinterpret_cast<const uint32_t*>(phi_hi), kb & 1, nj, ieee);
+          planes +
+              (phi_split != nullptr ? kb % kMmaStages : kb & 1) *
+                  kBf16StageWords,
+          nj, ieee);
       if ((kb & 3) == 3) bf16_math.Flush();
     } else {
       float st[4][4];
@@ -379,21 +397,26 @@ __device__ __forceinline__ const float* ProjectUnit(
     }
   };
 
-  fetch_phi(0);
-  store_phi(0);
+  // phi' is split here (two buffers, one stage ahead, through registers)
+  // unless it arrives pre-split with x.
+  const bool split_here = !(kBf16Mma<T> && phi_split != nullptr);
+  if (split_here) {
+    fetch_phi(0);
+    store_phi(0);
+  }
 #pragma unroll
   for (int st = 0; st < kMmaStages - 1; ++st) {
     load_x(st);
     CpAsyncCommit();
   }
   for (int kb = 0; kb < nkb; ++kb) {
-    fetch_phi(kb + 1);
+    if (split_here) fetch_phi(kb + 1);
     CpAsyncWait<kMmaStages - 2>();
     __syncthreads();
     load_x(kb + kMmaStages - 1);
     CpAsyncCommit();
     compute(kb);
-    store_phi((kb + 1) & 1);
+    if (split_here) store_phi((kb + 1) & 1);
   }
   CpAsyncWait<0>();
   ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);

@@ -28,13 +28,21 @@ inline constexpr int kBf16Steps = 4;   // 16-k mma steps per stage
 // 8-logit mma columns: 24 logits, the most of any tensor-core layer (n = 4
 // mHC: N = 24; heads: N = n <= 16).
 inline constexpr int kBf16Tiles = 3;
-// Shared phi' per stage buffer, in mma fragment order: a uint4 per (step,
-// column tile, lane) holding hi (b0, b1) and mid (b0, b1), and a uint2 with
-// lo (b0, b1), read under IEEE only.
+// phi' of one stage in mma fragment order: a uint4 per (step, column tile,
+// lane) holding hi (b0, b1) and mid (b0, b1), then a uint2 per (step, tile,
+// lane) with lo (b0, b1), read under IEEE only. Shared memory holds a ring
+// of these (as many as x stages); the pre-split copy in workspace
+// (ProjectUnit's phi_split) is the same blocks for every stage of K, without
+// the lo part unless IEEE (Bf16SplitWords).
 inline constexpr int kBf16HiMidWords = kBf16Steps * kBf16Tiles * 32 * 4;
 inline constexpr int kBf16LoWords = kBf16Steps * kBf16Tiles * 32 * 2;
+inline constexpr int kBf16StageWords = kBf16HiMidWords + kBf16LoWords;
+inline constexpr int kBf16PhiBuffers = 4;
 inline constexpr size_t kBf16PhiBytes =
-    size_t{2} * (kBf16HiMidWords + kBf16LoWords) * 4;  // two buffers
+    size_t{kBf16PhiBuffers} * kBf16StageWords * 4;
+__host__ __device__ inline int Bf16SplitWords(bool ieee) {
+  return ieee ? kBf16StageWords : kBf16HiMidWords;
+}
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -54,12 +62,13 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4],
 }
 
 // Two floats as bf16x2 (v0 in the low half: the lower k of an mma pair) and
-// what rounding left of each.
+// what rounding left of each (explicitly rounded: the pre-split and in-tile
+// splits must agree bit for bit).
 __device__ __forceinline__ uint32_t SplitPair(float& v0, float& v1) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
   const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
-  v0 -= __uint_as_float(bits << 16);
-  v1 -= __uint_as_float(bits & 0xffff0000u);
+  v0 = __fsub_rn(v0, __uint_as_float(bits << 16));
+  v1 = __fsub_rn(v1, __uint_as_float(bits & 0xffff0000u));
   return bits;
 }
 
@@ -114,18 +123,17 @@ struct Bf16TileMath {
   }
 
   // Stores phi' of row prow, stage k pk .. pk + 7 (pk a multiple of 8) into
-  // fragment order: b0 of lane 4 g + t takes k 2t, 2t + 1 of row g of its
-  // column tile, b1 the same k + 8.
+  // the stage block's fragment order: b0 of lane 4 g + t takes k 2t, 2t + 1
+  // of row g of its column tile, b1 the same k + 8.
   __device__ static void StorePhi(const float (&pv)[8], int prow, int pk,
-                                  bool ieee, uint32_t* planes, int buf) {
+                                  bool ieee, uint32_t* stage) {
     const int tile = prow >> 3;
     if (tile >= kBf16Tiles) return;  // rows past every layer's N
     const int step = pk >> 4;
     const int half = (pk >> 3) & 1;
-    const int slot = ((buf * kBf16Steps + step) * kBf16Tiles + tile) * 32 +
-                     (prow & 7) * 4;
-    uint32_t* hi_mid = planes + slot * 4 + half;
-    uint32_t* lo = planes + 2 * kBf16HiMidWords + slot * 2 + half;
+    const int slot = (step * kBf16Tiles + tile) * 32 + (prow & 7) * 4;
+    uint32_t* hi_mid = stage + slot * 4 + half;
+    uint32_t* lo = stage + kBf16HiMidWords + slot * 2 + half;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v0 = pv[2 * e], v1 = pv[2 * e + 1];
@@ -135,9 +143,10 @@ struct Bf16TileMath {
     }
   }
 
-  // One stage: xs is the stage's [kMmaTokens][kBf16Row] bf16 tile.
-  __device__ void Compute(const __nv_bfloat16* xs, const uint32_t* planes,
-                          int buf, int tiles, bool ieee) {
+  // One stage: xs is the stage's [kMmaTokens][kBf16Row] bf16 tile, stage
+  // its phi' block.
+  __device__ void Compute(const __nv_bfloat16* xs, const uint32_t* stage,
+                          int tiles, bool ieee) {
     // ldmatrix.x4 rows: lanes 0-15 give rows 0-15 at k 0, lanes 16-31 the
     // same rows at k 8, so a[0..3] come out in mma A order.
     const __nv_bfloat16* base = xs +
@@ -154,11 +163,10 @@ struct Bf16TileMath {
         Mma16816(gram[r][0], a[r], a[r][0], a[r][2]);
         Mma16816(gram[r][1], a[r], a[r][1], a[r][3]);
       }
-      const int slot =
-          ((buf * kBf16Steps + k_half * 2 + s) * kBf16Tiles) * 32 + lane;
-      const uint4* hi_mid = reinterpret_cast<const uint4*>(planes) + slot;
+      const int slot = (k_half * 2 + s) * kBf16Tiles * 32 + lane;
+      const uint4* hi_mid = reinterpret_cast<const uint4*>(stage) + slot;
       const uint2* lo =
-          reinterpret_cast<const uint2*>(planes + 2 * kBf16HiMidWords) + slot;
+          reinterpret_cast<const uint2*>(stage + kBf16HiMidWords) + slot;
 #pragma unroll
       for (int j = 0; j < kBf16Tiles; ++j) {
         if (j >= tiles) break;

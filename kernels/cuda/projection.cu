@@ -42,7 +42,8 @@ template <typename T, bool kIeee>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     projection_partials_kernel(DevSpec s, int64_t tokens, const T* x,
                                const float* phi, const float* gamma,
-                               float* partial, int x_bytes, bool vec_phi) {
+                               const uint32_t* phi_split, float* partial,
+                               int x_bytes, bool vec_phi) {
   extern __shared__ __align__(16) char mma_smem[];
   const ChunkPlan plan = PlanChunks(s.K);
   const int64_t units = MmaTiles(tokens) * plan.chunks;
@@ -53,8 +54,8 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     const int64_t m0 = tile * kMmaTokens;
     const int64_t kbeg = chunk * plan.chunk;
     const float* part = ProjectUnit<T, kIeee>(
-        s, x, phi, gamma, tokens, m0, kbeg, min(s.K, kbeg + plan.chunk),
-        x_bytes, vec_phi, mma_smem);
+        s, x, phi, gamma, phi_split, tokens, m0, kbeg,
+        min(s.K, kbeg + plan.chunk), x_bytes, vec_phi, mma_smem);
     float* out =
         partial + PartialOffset(tokens, plan.chunks, width, tile, chunk);
     const int rows = static_cast<int>(min(int64_t{kMmaTokens}, tokens - m0));
@@ -65,6 +66,29 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     }
     __syncthreads();
   }
+}
+
+// phi' (times gamma) split into bf16 terms for every kMmaBk stage of K, in
+// the blocks ProjectUnit copies: a CTA per stage, the same per-thread values
+// and arithmetic as the in-tile split, so both give the same bits.
+__global__ void __launch_bounds__(kMmaThreads)
+    phi_split_kernel(DevSpec s, const float* phi, const float* gamma,
+                     bool ieee, uint32_t* out) {
+  const int prow = threadIdx.x >> 3;
+  const int pk = (threadIdx.x & 7) * 8;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kMmaBk + pk;
+  float pv[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int64_t k = k0 + e;
+    pv[e] = 0.0f;
+    if (prow < s.N && k < s.K) {
+      pv[e] = phi[prow * s.K + k];
+      if (gamma != nullptr) pv[e] = __fmul_rn(pv[e], gamma[k]);
+    }
+  }
+  Bf16TileMath::StorePhi(pv, prow, pk, ieee,
+                         out + blockIdx.x * int64_t{Bf16SplitWords(ieee)});
 }
 
 __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
@@ -263,23 +287,56 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
                     spec.K());
 }
 
-size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens) {
-  if (!UseMmaProjection(spec)) return 0;
+namespace {
+
+size_t PartialBytes(const LayerSpec& spec, int64_t tokens) {
   return AlignBytes(sizeof(float) * tokens * PlanChunks(spec.K()).chunks *
                     (spec.NumLogits() + 1));
 }
 
-size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens) {
-  return MmaProjectionWorkspace(spec, tokens);
+// bf16 layers split phi' once per launch when the split (96 B per k, 144
+// under IEEE) costs at most 2.5 % of the x bytes (M >= 1920 / 2880 tokens);
+// smaller batches split it per tile.
+size_t PhiSplitBytes(const LayerSpec& spec, int64_t tokens, DType dtype) {
+  if (dtype != DType::kBF16) return 0;
+  const int64_t K = spec.K();
+  const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
+  const size_t bytes = AlignBytes(sizeof(uint32_t) * Bf16SplitWords(ieee) *
+                                  ((K + kMmaBk - 1) / kMmaBk));
+  const size_t x_bytes = static_cast<size_t>(tokens) * K * 2;
+  return bytes * 40 <= x_bytes ? bytes : 0;
+}
+
+}  // namespace
+
+size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
+                              DType dtype) {
+  if (!UseMmaProjection(spec)) return 0;
+  return PartialBytes(spec, tokens) + PhiSplitBytes(spec, tokens, dtype);
+}
+
+size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                                  DType dtype) {
+  return MmaProjectionWorkspace(spec, tokens, dtype);
 }
 
 absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                       DType dtype, const void* x,
                                       const float* phi, const float* gamma,
-                                      float* partial, cudaStream_t stream) {
+                                      void* workspace, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   if (!s.has_gamma) gamma = nullptr;
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
+  float* partial = static_cast<float*>(workspace);
+  uint32_t* phi_split = nullptr;
+  if (PhiSplitBytes(spec, tokens, dtype) > 0) {
+    phi_split = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) +
+                                            PartialBytes(spec, tokens));
+    phi_split_kernel<<<GridSize((s.K + kMmaBk - 1) / kMmaBk), kMmaThreads, 0,
+                       stream>>>(s, phi, gamma, ieee, phi_split);
+    MHC_CUDA_CHECK_LAUNCH("projection forward (phi split)",
+                          ShapeString(spec, tokens, dtype));
+  }
   const bool vec_phi =
       s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
   const int64_t units = MmaTiles(tokens) * PlanChunks(s.K).chunks;
@@ -289,7 +346,8 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
     auto launch = [&](auto kernel) {
       err = LaunchPersistent(kernel, units, MmaSmemBytes<T>(), stream, s,
                              tokens, static_cast<const T*>(x), phi, gamma,
-                             partial, MmaCopyBytes<T>(s.K, x), vec_phi);
+                             static_cast<const uint32_t*>(phi_split), partial,
+                             MmaCopyBytes<T>(s.K, x), vec_phi);
     };
     if (ieee) {
       launch(projection_partials_kernel<T, true>);
@@ -306,10 +364,11 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
 
 absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
                                  DType dtype, const void* x, const float* phi,
-                                 const float* gamma, float* partial, float* h,
+                                 const float* gamma, void* workspace, float* h,
                                  float* mean_square, cudaStream_t stream) {
   MHC_RETURN_IF_ERROR(LaunchProjectionPartials(spec, tokens, dtype, x, phi,
-                                               gamma, partial, stream));
+                                               gamma, workspace, stream));
+  const float* partial = static_cast<const float*>(workspace);
   const DevSpec s = MakeDevSpec(spec);
   const int64_t elements = tokens * (s.N + 1);
   projection_finish_kernel<<<GridSize((elements + 255) / 256), 256, 0,
@@ -322,15 +381,14 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream) {
   if (UseMmaProjection(*p.spec)) {
-    if (ws.bytes < MmaProjectionWorkspace(*p.spec, p.tokens)) {
+    if (ws.bytes < MmaProjectionWorkspace(*p.spec, p.tokens, p.act_dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda projection forward ",
                        ShapeString(*p.spec, p.tokens, p.act_dtype),
                        ": workspace too small"));
     }
     return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
-                               p.weights.phi, p.weights.gamma,
-                               static_cast<float*>(ws.data), p.h,
+                               p.weights.phi, p.weights.gamma, ws.data, p.h,
                                p.mean_square, stream);
   }
   const DevSpec s = MakeDevSpec(*p.spec);

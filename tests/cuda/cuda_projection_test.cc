@@ -16,8 +16,10 @@ namespace {
 
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
-// 2 / 4 and heads, tf32 and ieee; then batch invariance: the rows of a slice
-// of the batch (a different M and row alignment) are bitwise unchanged.
+// 2 / 4 and heads, tf32 and ieee, bf16 batches large enough to split phi'
+// once per launch; then batch invariance: the rows of a slice of the batch
+// (a different M and row alignment) and a single token (phi' split in the
+// tile) are bitwise unchanged.
 TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {
@@ -29,6 +31,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   };
   const Case cases[] = {
       {4, 12288, 2048, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      {4, 1024, 3000, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {4, 1031, 2000, DType::kBF16, MatmulPrecision::kTf32, true, false},
       {4, 12288, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {4, 5129, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false},
@@ -92,6 +96,19 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     EXPECT_EQ(
         std::memcmp(full_ms.data() + first * 4, part_ms.data(), count * 4), 0)
         << "mean square changed with the batch";
+
+    ProjectionForwardParams one = q;
+    one.tokens = 1;
+    ASSERT_TRUE(h.cuda()
+                    .ProjectionForward(one, h.Scratch(1, OpKind::kProjectionForward,
+                                                      spec, 1, c.dt))
+                    .ok());
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    const std::vector<uint8_t> alone = h.Fetch(hs), alone_ms = h.Fetch(mss);
+    EXPECT_EQ(std::memcmp(full.data() + first * N * 4, alone.data(), N * 4), 0)
+        << "h of a token alone differs from the batch";
+    EXPECT_EQ(std::memcmp(full_ms.data() + first * 4, alone_ms.data(), 4), 0)
+        << "mean square of a token alone differs from the batch";
   }
 }
 
