@@ -119,18 +119,22 @@ __global__ void __launch_bounds__(kTileThreads)
 // The mixing math of the tensor-core path, a thread per token: h and the
 // mean square from the chunk partials, then scale and Sinkhorn; H_pre goes
 // to h_pre (the caller's, or workspace for the aggregate kernel).
-constexpr int kPreMixThreads = 64;
+// Its h row (N + 1 floats) lives in shared memory: 18-21 KB per block.
+template <int NT>
+constexpr int PreMixThreads() {
+  return NT > 8 ? 16 : 64;
+}
 
 template <int NT>
-__global__ void __launch_bounds__(kPreMixThreads)
+__global__ void __launch_bounds__(PreMixThreads<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
                            ForwardDev a, float* h_pre) {
-  __shared__ float h_s[kPreMixThreads][kPartRow];
-  const int64_t m =
-      static_cast<int64_t>(blockIdx.x) * kPreMixThreads + threadIdx.x;
+  constexpr int kThreads = PreMixThreads<NT>();
+  __shared__ float h_s[kThreads][NT * NT + 2 * NT + 1];
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (m >= tokens) return;
   const int n = StreamCount<NT>(s);
-  const int chunks = PlanChunks(s.K).chunks;
+  const int chunks = PlanChunks(s.K, s.N).chunks;
   float* h = h_s[threadIdx.x];
   for (int col = 0; col <= s.N; ++col) {
     h[col] = SumChunks(partial, tokens, chunks, s.N + 1, m, col);
@@ -434,11 +438,12 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
                                                  a.act_dtype, a.x,
                                                  a.weights.phi, gamma, ws.data,
                                                  stream));
-    const unsigned grid =
-        GridSize((a.tokens + kPreMixThreads - 1) / kPreMixThreads);
     auto mix = [&](auto nt) {
-      pre_mix_forward_kernel<decltype(nt)::value>
-          <<<grid, kPreMixThreads, 0, stream>>>(s, a.tokens, partial, d, h_pre);
+      constexpr int kNT = decltype(nt)::value;
+      constexpr int kThreads = PreMixThreads<kNT>();
+      pre_mix_forward_kernel<kNT>
+          <<<GridSize((a.tokens + kThreads - 1) / kThreads), kThreads, 0,
+             stream>>>(s, a.tokens, partial, d, h_pre);
     };
     // Per-thread arrays sized to n (mixing state lives in registers).
     if (s.n == 4) {

@@ -1,12 +1,13 @@
-// Tensor-core projection h = phi' v (N <= 32 logits) with the sum of squares.
-// The work is split into units: a tile of kMmaTokens tokens times one chunk
-// of K (PlanChunks: a function of K only). Persistent CTAs take the units in
-// turn (ProjectUnit) and write each unit's partial sums to workspace; the
-// chunks of a token are then added in chunk order by one thread. No atomics,
-// and a token's h depends only on K (never on M, the grid or the token's slot
-// in the tile: mma rows are independent dot products). Small units keep the
-// GPU evenly loaded at any M (a tile-per-cluster split lost up to half a
-// wave to cluster placement).
+// Tensor-core projection h = phi' v with the sum of squares. The work is
+// split into units: a tile of kMmaTokens tokens times one chunk of K
+// (PlanChunks: a function of K and N only) times one group of up to
+// kLogitGroup logits. Persistent CTAs take the units in turn (ProjectUnit)
+// and write each unit's partial sums to workspace; the chunks of a token are
+// then added in chunk order by one thread. No atomics, and a token's h
+// depends only on K and N (never on M, the grid or the token's slot in the
+// tile: mma rows are independent dot products). Small units keep the GPU
+// evenly loaded at any M (a tile-per-cluster split lost up to half a wave to
+// cluster placement).
 //
 // Numerics: bf16 x goes to bf16 mmas against a bf16 split of phi'
 // (proj_mma_bf16.cuh). fp16 x converts to tf32 exactly. phi' is split into a
@@ -30,9 +31,9 @@ inline constexpr int kMmaBk = 64;        // k per pipeline stage
 inline constexpr int kMmaCols = 32;      // logits per tile
 inline constexpr int kMmaRow = kMmaBk + 16;    // padded smem row (no conflicts)
 inline constexpr int kPartRow = kMmaCols + 1;  // + sum of squares
-// At most 16 chunks of about 2048 k: enough units to fill the GPU at M =
-// 2048, and the partials ((N + 1) floats per token and chunk) stay under
-// 2.5 % of the x bytes of a bf16 n = 4 layer with K >= 2048.
+// At most 16 chunks of about 2048 k (more for wide layers): enough units to
+// fill the GPU at M = 2048, and the partials ((N + 1) floats per token and
+// chunk) stay under 2.5 % of the bf16 x bytes once K >= 2048.
 inline constexpr int kMaxChunks = 16;
 inline constexpr int64_t kChunkTarget = 2048;
 
@@ -41,9 +42,11 @@ struct ChunkPlan {
   int64_t chunk;  // multiple of kMmaBk
 };
 
-// Depends on K alone, so every token of a layer sees the same chunks.
-__host__ __device__ inline ChunkPlan PlanChunks(int64_t K) {
-  int64_t c = (K + kChunkTarget - 1) / kChunkTarget;
+// Depends on K and N alone, so every token of a layer sees the same chunks.
+__host__ __device__ inline ChunkPlan PlanChunks(int64_t K, int N) {
+  const int64_t wide = int64_t{80} * (N + 1);  // 2.5 %: 4 (N + 1) / (2 k)
+  const int64_t target = wide > kChunkTarget ? wide : kChunkTarget;
+  int64_t c = (K + target - 1) / target;
   if (c < 1) c = 1;
   if (c > kMaxChunks) c = kMaxChunks;
   int64_t chunk = (K + c - 1) / c;
@@ -511,11 +514,14 @@ cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
-// The tensor-core path takes layers with at most 24 logits (n <= 4 for mHC
-// layers, n <= 16 for heads); wider layers use ProjectTile.
-inline bool UseMmaProjection(const LayerSpec& spec) {
-  return spec.dynamic && spec.NumLogits() <= kBf16Tiles * 8;
+// Every dynamic layer takes the tensor-core path; a unit covers up to
+// kLogitGroup logits (all of them for n <= 4 layers and heads), wider layers
+// (n >= 5) run ceil(N / kLogitGroup) groups of phi rows.
+inline constexpr int kLogitGroup = kBf16Tiles * 8;
+__host__ __device__ inline int LogitGroups(int N) {
+  return (N + kLogitGroup - 1) / kLogitGroup;
 }
+inline bool UseMmaProjection(const LayerSpec& spec) { return spec.dynamic; }
 
 }  // namespace mhc::cuda
 

@@ -167,19 +167,34 @@ struct Bf16TileMath {
       const uint4* hi_mid = reinterpret_cast<const uint4*>(stage) + slot;
       const uint2* lo =
           reinterpret_cast<const uint2*>(stage + kBf16HiMidWords) + slot;
+      // Term-major order: the 2 x tiles mmas of one term are independent, so
+      // a term's mma never waits on the one just issued.
+      uint4 b[kBf16Tiles];
+      uint2 c[kBf16Tiles];
 #pragma unroll
       for (int j = 0; j < kBf16Tiles; ++j) {
         if (j >= tiles) break;
-        const uint4 b = hi_mid[j * 32];
+        b[j] = hi_mid[j * 32];
+        if (ieee) c[j] = lo[j * 32];
+      }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          Mma16816(st[r][j], a[r], b.x, b.y);
-          Mma16816(st[r][j], a[r], b.z, b.w);
-        }
-        if (ieee) {
-          const uint2 c = lo[j * 32];
+      for (int j = 0; j < kBf16Tiles; ++j) {
+        if (j >= tiles) break;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) Mma16816(st[r][j], a[r], c.x, c.y);
+        for (int r = 0; r < 2; ++r) Mma16816(st[r][j], a[r], b[j].x, b[j].y);
+      }
+#pragma unroll
+      for (int j = 0; j < kBf16Tiles; ++j) {
+        if (j >= tiles) break;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) Mma16816(st[r][j], a[r], b[j].z, b[j].w);
+      }
+      if (ieee) {
+#pragma unroll
+        for (int j = 0; j < kBf16Tiles; ++j) {
+          if (j >= tiles) break;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) Mma16816(st[r][j], a[r], c[j].x, c[j].y);
         }
       }
     }

@@ -36,8 +36,11 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
-// Persistent CTAs over the units of PlanChunks (unit u: tile u / chunks,
-// chunk u % chunks), each unit's partials to its PartialOffset.
+// Persistent CTAs over the units (tile, K chunk of PlanChunks, group of
+// kLogitGroup phi rows; the groups of one tile and chunk run side by side,
+// so x comes from HBM once and from L2 for the other groups), each unit's
+// partials to its PartialOffset columns; group 0 also writes the sum of
+// squares.
 template <typename T, bool kIeee>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     projection_partials_kernel(DevSpec s, int64_t tokens, const T* x,
@@ -45,24 +48,34 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
                                const uint32_t* phi_split, float* partial,
                                int x_bytes, bool vec_phi) {
   extern __shared__ __align__(16) char mma_smem[];
-  const ChunkPlan plan = PlanChunks(s.K);
-  const int64_t units = MmaTiles(tokens) * plan.chunks;
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const int groups = LogitGroups(s.N);
+  const int64_t units = MmaTiles(tokens) * plan.chunks * groups;
   const int width = s.N + 1;
   for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-    const int64_t tile = u / plan.chunks;
-    const int chunk = static_cast<int>(u % plan.chunks);
+    const int group = static_cast<int>(u % groups);
+    const int64_t tile = u / groups / plan.chunks;
+    const int chunk = static_cast<int>(u / groups % plan.chunks);
     const int64_t m0 = tile * kMmaTokens;
     const int64_t kbeg = chunk * plan.chunk;
+    const int row0 = group * kLogitGroup;
+    DevSpec sg = s;
+    sg.N = min(kLogitGroup, s.N - row0);
     const float* part = ProjectUnit<T, kIeee>(
-        s, x, phi, gamma, phi_split, tokens, m0, kbeg,
+        sg, x, phi + row0 * s.K, gamma, phi_split, tokens, m0, kbeg,
         min(s.K, kbeg + plan.chunk), x_bytes, vec_phi, mma_smem);
-    float* out =
-        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk);
+    float* out = partial +
+                 PartialOffset(tokens, plan.chunks, width, tile, chunk) + row0;
     const int rows = static_cast<int>(min(int64_t{kMmaTokens}, tokens - m0));
-    for (int idx = threadIdx.x; idx < rows * width; idx += kMmaThreads) {
-      const int t = idx / width;
-      const int col = idx % width;
-      out[idx] = part[t * kPartRow + (col < s.N ? col : kMmaCols)];
+    const int cols = sg.N + (group == 0 ? 1 : 0);
+    for (int idx = threadIdx.x; idx < rows * cols; idx += kMmaThreads) {
+      const int t = idx / cols;
+      const int col = idx % cols;
+      if (col < sg.N) {
+        out[t * width + col] = part[t * kPartRow + col];
+      } else {
+        out[t * width + s.N] = part[t * kPartRow + kMmaCols];
+      }
     }
     __syncthreads();
   }
@@ -94,7 +107,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
                                          const float* partial, float* h,
                                          float* mean_square) {
-  const int chunks = PlanChunks(s.K).chunks;
+  const int chunks = PlanChunks(s.K, s.N).chunks;
   const int width = s.N + 1;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * width) return;
@@ -290,7 +303,7 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 namespace {
 
 size_t PartialBytes(const LayerSpec& spec, int64_t tokens) {
-  return AlignBytes(sizeof(float) * tokens * PlanChunks(spec.K()).chunks *
+  return AlignBytes(sizeof(float) * tokens * PlanChunks(spec.K(), spec.NumLogits()).chunks *
                     (spec.NumLogits() + 1));
 }
 
@@ -298,7 +311,7 @@ size_t PartialBytes(const LayerSpec& spec, int64_t tokens) {
 // under IEEE) costs at most 2.5 % of the x bytes (M >= 1920 / 2880 tokens);
 // smaller batches split it per tile.
 size_t PhiSplitBytes(const LayerSpec& spec, int64_t tokens, DType dtype) {
-  if (dtype != DType::kBF16) return 0;
+  if (dtype != DType::kBF16 || LogitGroups(spec.NumLogits()) > 1) return 0;
   const int64_t K = spec.K();
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   const size_t bytes = AlignBytes(sizeof(uint32_t) * Bf16SplitWords(ieee) *
@@ -339,7 +352,8 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
   }
   const bool vec_phi =
       s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
-  const int64_t units = MmaTiles(tokens) * PlanChunks(s.K).chunks;
+  const int64_t units =
+      MmaTiles(tokens) * PlanChunks(s.K, s.N).chunks * LogitGroups(s.N);
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;

@@ -16,8 +16,8 @@ namespace {
 
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
-// 2 / 4 and heads, tf32 and ieee, bf16 batches large enough to split phi'
-// once per launch; then batch invariance: the rows of a slice of the batch
+// 2 / 4, n = 8 / 16 (several logit groups) and heads, tf32 and ieee, bf16
+// batches large enough to split phi' once per launch; then batch invariance: the rows of a slice of the batch
 // (a different M and row alignment) and a single token (phi' split in the
 // tile) are bitwise unchanged.
 TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
@@ -33,6 +33,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {4, 12288, 2048, DType::kBF16, MatmulPrecision::kTf32, false, false},
       {4, 1024, 3000, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {4, 1031, 2000, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {8, 2000, 300, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {16, 700, 150, DType::kF32, MatmulPrecision::kIeee, false, false},
       {4, 12288, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {4, 5129, 300, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false},
