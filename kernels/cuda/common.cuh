@@ -25,13 +25,11 @@ namespace mhc::cuda {
 inline constexpr int kTokenChunk = 1024;
 // Threads of the row kernels; fixed so the reduction tree never changes.
 inline constexpr int kRowThreads = 128;
-// Tokens per CTA in the fused kernels (shares phi reads between tokens).
+// Tokens per CTA of the static-layer forward.
 inline constexpr int kTileTokens = 4;
 inline constexpr int kTileThreads = 256;
-// Rows of phi handled per pass of the projection.
+// Rows of phi handled per pass of the FFMA dx kernel.
 inline constexpr int kRowsPerPass = 24;
-// Largest N = 2n + n^2 (n = 16).
-inline constexpr int kMaxLogits = 2 * kMaxStreams + kMaxStreams * kMaxStreams;
 
 // What the kernels need of a LayerSpec, as plain values.
 struct DevSpec {

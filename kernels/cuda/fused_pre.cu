@@ -1,16 +1,14 @@
 // Fused pre forward (projection + sum of squares + scale + Sinkhorn +
 // aggregate) and the fused pre backward; the head ops (head.cu) run the same
-// kernels with the kHead kind. Layers with at most 32 logits use the
-// tensor-core units (proj_mma.cuh: the K split depends on K only, chunk
-// partials are added in order), then a thread per token for the mixing math
-// and the aggregate kernel; wider or static layers run everything in one
-// kernel of kTileTokens FFMA tiles (ProjectTile, order fixed by K and the
-// block shape).
-// Determinism / batch invariance: a token's h and mean square come from
-// one of those two paths (chosen by the spec alone), its mixing values from
-// one thread, its y / dx from elementwise code with fixed-order sums, and
-// dh_pre from a fixed reduction tree (a warp per token, or the block's
-// BlockSum on the FFMA path); nothing depends on M. The backward: projection
+// kernels with the kHead kind. Dynamic layers run the tensor-core projection
+// units (proj_mma.cuh: the K split depends on K and N only, chunk partials
+// are added in order), then a thread per token for the mixing math, then the
+// aggregate kernel; static layers (no projection) one kernel per
+// kTileTokens tokens.
+// Determinism / batch invariance: a token's h and mean square come from the
+// projection units, its mixing values from one thread, its y / dx from
+// elementwise code with fixed-order sums, and dh_pre from a fixed xor tree
+// (a warp per token); nothing depends on M. The backward: projection
 // recompute, dh_pre, the per-token reverse mode, then the dx / dphi kernel
 // (projection_backward_mma.cu where it applies). Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
@@ -19,7 +17,6 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
-#include "proj.cuh"
 #include "proj_mma.cuh"
 #include "sinkhorn4.cuh"
 
@@ -27,8 +24,6 @@ namespace mhc::cuda {
 namespace {
 
 struct ForwardDev {
-  const float* phi;
-  const float* gamma;
   const float* alpha;
   const float* beta;
   float* h_pre;
@@ -52,15 +47,15 @@ __device__ __forceinline__ void PreSinkhorn(const DevSpec& s,
   SinkhornForwardToken<NT>(s, logits, p);
 }
 
-template <typename T, int NT, int V, int VK>
+// A static layer (z = beta for every token, no projection): the mixing
+// values of kTileTokens tokens, then their aggregate.
+template <typename T, int NT, int V>
 __global__ void __launch_bounds__(kTileThreads)
-    fused_forward_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
-                         ForwardDev a) {
-  __shared__ ProjShared sh;
+    static_forward_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
+                          ForwardDev a) {
   __shared__ float hp_s[kTileTokens][NT];
   const int n = StreamCount<NT>(s);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
   if (threadIdx.x < kTileTokens) {
     const int t = threadIdx.x;
     const int64_t m = m0 + t;
@@ -68,8 +63,7 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int i = 0; i < NT; ++i) hp[i] = 0.0f;
     if (m < tokens) {
-      ScaleForwardToken<NT>(s, sh.h + t * kMaxLogits, sh.ms[t], a.alpha, a.beta,
-                            hp, hq, logits);
+      ScaleForwardToken<NT>(s, nullptr, 0.0f, a.alpha, a.beta, hp, hq, logits);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         if (i >= n) break;
@@ -162,9 +156,7 @@ __global__ void __launch_bounds__(PreMixThreads<NT>())
   }
 }
 
-struct Stage1Dev {
-  const float* phi;
-  const float* gamma;
+struct BackwardMixDev {
   const float* alpha;
   const float* beta;
   const float* dh_post;
@@ -174,7 +166,7 @@ struct Stage1Dev {
   float* h_pre;        // [M, n]
   float* r;            // [M, n, n] or null
   float* contrib;      // [M, N + num_alpha]
-  const float* h_in;   // [M, N] precomputed projection, or null
+  const float* h_in;   // [M, N] recomputed projection (dynamic layers)
   const float* ms_in;  // [M] with h_in
 };
 
@@ -191,7 +183,7 @@ template <int NT>
 __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
                                                  const float* h_row, float ms,
                                                  const float (&dhp)[NT],
-                                                 const Stage1Dev& a,
+                                                 const BackwardMixDev& a,
                                                  const MixKeep* keep) {
   const int n = StreamCount<NT>(s);
   float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
@@ -250,54 +242,6 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
       a.contrib + m * (s.N + s.num_alpha));
 }
 
-// Stage 1 for layers without precomputed logits (wider than the tensor-core
-// tiles): recomputes the projection of a tile of tokens, reduces dh_pre over
-// channels with the whole block, then one thread per token runs the reverse
-// mode.
-template <typename T, int NT, int V, int VK>
-__global__ void __launch_bounds__(kTileThreads)
-    fused_backward_stage1_kernel(DevSpec s, int64_t tokens, const T* x,
-                                 const T* dy, Stage1Dev a) {
-  __shared__ ProjShared sh;
-  const int n = StreamCount<NT>(s);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  if (s.dynamic) ProjectTile<T, VK>(s, x, m0, tokens, a.phi, a.gamma, sh);
-  constexpr int kW = kTileTokens * NT;
-  static_assert(kW <= kProjWidth, "reduction scratch too small");
-  float acc[kW];
-#pragma unroll
-  for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kTileTokens; ++t) {
-    const int64_t m = m0 + t;
-    if (m >= tokens) break;
-    const T* row = x + m * s.K;
-    const T* dy_row = dy + m * s.C;
-    for (int64_t c = threadIdx.x * V; c < s.C; c += kTileThreads * V) {
-      float xv[NT][V];
-      float d[V];
-      LoadStreams<T, NT, V>(s, n, row, c, xv);
-      LoadChannels<T, V>(dy_row, c, d);
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[t * NT + i] = fmaf(d[v], xv[i][v], acc[t * NT + i]);
-        }
-      }
-    }
-  }
-  BlockSum<kW>(acc, sh.red, sh.total);
-  if (threadIdx.x >= kTileTokens) return;
-  const int t = threadIdx.x;
-  const int64_t m = m0 + t;
-  if (m >= tokens) return;
-  float dhp[NT];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) dhp[i] = sh.total[t * NT + i];
-  BackwardMixToken<NT>(s, m, sh.h + t * kMaxLogits, sh.ms[t], dhp, a, nullptr);
-}
-
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
 // stride the channels, then a fixed xor tree (order set by C alone).
 constexpr int kDhPreWarps = 4;
@@ -337,13 +281,13 @@ __global__ void __launch_bounds__(kDhPreWarps * 32)
   }
 }
 
-// Stage 1 with the logits already computed (tensor-core projection) or not
-// needed (static layers): the reverse mode with one thread per token, so
-// every token's Sinkhorn runs at once instead of a few per block.
+// The reverse mode with one thread per token (logits recomputed by the
+// projection, or none for static layers), so every token's Sinkhorn runs at
+// once instead of a few per block.
 template <int NT>
 __global__ void __launch_bounds__(kMixThreads)
     fused_backward_mix_kernel(DevSpec s, int64_t tokens, const float* dh_pre,
-                              Stage1Dev a, bool sinkhorn4) {
+                              BackwardMixDev a, bool sinkhorn4) {
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
   if (m >= tokens) return;
@@ -387,9 +331,8 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.contrib = take(tokens * width);
   b.col_partial = take(NumChunks(tokens) * width);
   b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
-  const bool mma = UseMmaProjection(spec);
-  b.h_fwd = take(mma ? tokens * rows : 0);
-  b.ms_fwd = take(mma ? tokens : 0);
+  b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
+  b.ms_fwd = take(spec.dynamic ? tokens : 0);
   b.proj_partial = offset;
   offset += MmaProjectionWorkspace(spec, tokens, dtype);
   b.total = offset;
@@ -417,12 +360,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
   const char* op = s.head ? "head forward" : "pre forward";
   const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
-  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.y) &&
-                   (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
-                   (gamma == nullptr || Aligned16(gamma));
-  ForwardDev d{a.weights.phi, gamma,    a.weights.alpha, a.weights.beta,
-               a.h_pre,       a.h_post, a.h_res};
-  if (UseMmaProjection(*a.spec)) {
+  ForwardDev d{a.weights.alpha, a.weights.beta, a.h_pre, a.h_post, a.h_res};
+  if (s.dynamic) {
     if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens, a.act_dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
@@ -465,11 +404,11 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     agg.y = a.y;
     return LaunchAggregateForward(agg, stream);
   }
+  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.y);
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
   DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
     using T = typename decltype(tt)::type;
-    constexpr int kV = decltype(vt)::value;
-    fused_forward_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
+    static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
         <<<grid, kTileThreads, 0, stream>>>(
             s, a.tokens, static_cast<const T*>(a.x), static_cast<T*>(a.y), d);
   });
@@ -493,51 +432,36 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   };
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
   const bool residual = !s.head && a.dx_next != nullptr;
-  Stage1Dev d{a.weights.phi,   gamma,
-              a.weights.alpha, a.weights.beta,
-              a.dh_post,       a.dh_res,
-              at(b.dh),        at(b.dms),
-              at(b.h_pre),     residual ? at(b.r) : nullptr,
-              at(b.contrib),   nullptr,
-              nullptr};
-  if (UseMmaProjection(*a.spec)) {
+  BackwardMixDev d{a.weights.alpha, a.weights.beta,
+                   a.dh_post,       a.dh_res,
+                   at(b.dh),        at(b.dms),
+                   at(b.h_pre),     residual ? at(b.r) : nullptr,
+                   at(b.contrib),   nullptr,
+                   nullptr};
+  if (s.dynamic) {
     MHC_RETURN_IF_ERROR(LaunchMmaProjection(
         *a.spec, a.tokens, a.act_dtype, a.x, a.weights.phi, gamma,
         base + b.proj_partial, at(b.h_fwd), at(b.ms_fwd), stream));
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }
-  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy) &&
-                   (a.weights.phi == nullptr || Aligned16(a.weights.phi)) &&
-                   (gamma == nullptr || Aligned16(gamma));
-  if (d.h_in != nullptr || !s.dynamic) {
-    const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
-    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-      using T = typename decltype(tt)::type;
-      dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value>
-          <<<grid, kDhPreWarps * 32, 0, stream>>>(
-              s, a.tokens, static_cast<const T*>(a.x),
-              static_cast<const T*>(a.dy), at(b.dh_pre));
-    });
-    MHC_CUDA_CHECK_LAUNCH(op, shape);
-    const unsigned mix_grid =
-        GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
-    DispatchMix(s.n, [&](auto nt) {
-      fused_backward_mix_kernel<decltype(nt)::value>
-          <<<mix_grid, kMixThreads, 0, stream>>>(
-              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
-    });
-  } else {
-    const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
-    DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-      using T = typename decltype(tt)::type;
-      constexpr int kV = decltype(vt)::value;
-      fused_backward_stage1_kernel<T, decltype(nt)::value, kV, (kV > 1 ? 2 : 1)>
-          <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
-                                              static_cast<const T*>(a.x),
-                                              static_cast<const T*>(a.dy), d);
-    });
-  }
+  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy);
+  const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
+  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
+    using T = typename decltype(tt)::type;
+    dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value>
+        <<<grid, kDhPreWarps * 32, 0, stream>>>(
+            s, a.tokens, static_cast<const T*>(a.x),
+            static_cast<const T*>(a.dy), at(b.dh_pre));
+  });
+  MHC_CUDA_CHECK_LAUNCH(op, shape);
+  const unsigned mix_grid =
+      GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
+  DispatchMix(s.n, [&](auto nt) {
+    fused_backward_mix_kernel<decltype(nt)::value>
+        <<<mix_grid, kMixThreads, 0, stream>>>(
+            s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
+  });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
 
   const bool want_phi =

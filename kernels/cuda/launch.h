@@ -106,10 +106,9 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
 
 // Shared pieces (projection.cu) used by the fused launchers.
 
-// The tensor-core projection, only for layers where UseMmaProjection
-// (proj_mma.cuh) holds, in workspace of MmaProjectionWorkspace bytes: the
-// chunk partials (at its start; SumChunks reads them), then h [M, N] and
-// mean_square [M].
+// The tensor-core projection of a dynamic layer (proj_mma.cuh), in
+// workspace of MmaProjectionWorkspace bytes: the chunk partials (at its
+// start; SumChunks reads them), then h [M, N] and mean_square [M].
 absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                       DType dtype, const void* x,
                                       const float* phi, const float* gamma,

@@ -89,7 +89,6 @@ __host__ __device__ constexpr size_t MmaSmemBytes() {
 static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__nv_bfloat16>(),
               "partials alias the x stages");
 
-
 // The widest copy (16 or 8 bytes, 0: element copies) that every x row of
 // the tile kernels allows: an odd C still leaves rows of 4 C elements 8-byte
 // aligned.
@@ -197,11 +196,11 @@ __device__ __forceinline__ const float* ProjectUnit(
   static_assert(!kBf16Mma<T> || kMmaStages <= kBf16PhiBuffers,
                 "a phi' block per x stage");
 
-  // The vector copies of a stage: this thread always takes column vcol of
-  // rows vrow + r * step, so a stage only adds its k offset.
   // Rows of the unit that hold tokens (the rest are zero filled).
   const int live_rows =
       static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
+  // The vector copies of a stage: this thread always takes column vcol of
+  // rows vrow + r * step, so a stage only adds its k offset.
   auto copy_vectors = [&](auto width, int kb, T* dst) {
     constexpr int kBytes = decltype(width)::value;
     constexpr int kPer = kBytes / sizeof(T);
@@ -345,8 +344,10 @@ __device__ __forceinline__ const float* ProjectUnit(
                     (warp * 16 + g) * kMmaRow + 4 * t4;
       const T* xb = xa + 8 * kMmaRow;
       const int buf = kb & 1;
-      const float* ph = phi_hi + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
-      const float* pl = phi_lo + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
+      const float* ph =
+          phi_hi + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
+      const float* pl =
+          phi_lo + buf * kMmaCols * kMmaRow + g * kMmaRow + 4 * t4;
 #pragma unroll
       for (int kk = 0; kk < kMmaBk; kk += 16) {
         float a[4], b[4];
@@ -507,21 +508,20 @@ cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units,
   if (e != cudaSuccess) return e;
   const int64_t resident = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(units < resident ? units : resident));
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(units < resident ? units : resident));
   cfg.blockDim = dim3(kMmaThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 
-// Every dynamic layer takes the tensor-core path; a unit covers up to
-// kLogitGroup logits (all of them for n <= 4 layers and heads), wider layers
-// (n >= 5) run ceil(N / kLogitGroup) groups of phi rows.
+// A unit covers up to kLogitGroup logits (all of them for n <= 4 layers and
+// heads); wider layers (n >= 5) run ceil(N / kLogitGroup) groups of phi rows.
 inline constexpr int kLogitGroup = kBf16Tiles * 8;
 __host__ __device__ inline int LogitGroups(int N) {
   return (N + kLogitGroup - 1) / kLogitGroup;
 }
-inline bool UseMmaProjection(const LayerSpec& spec) { return spec.dynamic; }
 
 }  // namespace mhc::cuda
 

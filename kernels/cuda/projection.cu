@@ -1,40 +1,20 @@
 // Projection h = phi' v with the sum of squares, and its backward (dx and
 // the phi / gamma gradients); also the dx kernel the fused backward ops
 // reuse. Determinism / batch invariance: the forward reduces each token over
-// k in an order fixed by K and the block shape (tensor-core units over a
-// K-only split, added in chunk order, proj_mma.cuh, or ProjectTile for
-// layers with more than 32 logits); the backward
+// k in an order fixed by K and N (tensor-core units over a K split, added in
+// chunk order, proj_mma.cuh); the backward
 // computes dx per element with sums over g in order; phi / gamma gradients
 // are partial sums over fixed chunks of kTokenChunk tokens (token order) in
 // workspace, added over chunks in order by a second kernel. No atomics.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
-#include "proj.cuh"
 #include "proj_mma.cuh"
 
 namespace mhc::cuda {
 namespace {
 
 constexpr int kDxThreads = 128;
-
-template <typename T, int VK>
-__global__ void __launch_bounds__(kTileThreads)
-    projection_forward_kernel(DevSpec s, int64_t tokens, const T* x,
-                              const float* phi, const float* gamma, float* h,
-                              float* mean_square) {
-  __shared__ ProjShared sh;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  ProjectTile<T, VK>(s, x, m0, tokens, phi, gamma, sh);
-  for (int w = threadIdx.x; w < kTileTokens * s.N; w += blockDim.x) {
-    const int t = w / s.N;
-    const int g = w % s.N;
-    if (m0 + t < tokens) h[(m0 + t) * s.N + g] = sh.h[t * kMaxLogits + g];
-  }
-  if (threadIdx.x < kTileTokens && m0 + threadIdx.x < tokens) {
-    mean_square[m0 + threadIdx.x] = sh.ms[threadIdx.x];
-  }
-}
 
 // Persistent CTAs over the units (tile, K chunk of PlanChunks, group of
 // kLogitGroup phi rows; the groups of one tile and chunk run side by side,
@@ -109,7 +89,8 @@ __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
                                          float* mean_square) {
   const int chunks = PlanChunks(s.K, s.N).chunks;
   const int width = s.N + 1;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * width) return;
   const int64_t m = idx / width;
   const int col = static_cast<int>(idx % width);
@@ -303,7 +284,8 @@ size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 namespace {
 
 size_t PartialBytes(const LayerSpec& spec, int64_t tokens) {
-  return AlignBytes(sizeof(float) * tokens * PlanChunks(spec.K(), spec.NumLogits()).chunks *
+  return AlignBytes(sizeof(float) * tokens *
+                    PlanChunks(spec.K(), spec.NumLogits()).chunks *
                     (spec.NumLogits() + 1));
 }
 
@@ -324,7 +306,7 @@ size_t PhiSplitBytes(const LayerSpec& spec, int64_t tokens, DType dtype) {
 
 size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
                               DType dtype) {
-  if (!UseMmaProjection(spec)) return 0;
+  if (!spec.dynamic) return 0;
   return PartialBytes(spec, tokens) + PhiSplitBytes(spec, tokens, dtype);
 }
 
@@ -392,38 +374,18 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
   return absl::OkStatus();
 }
 
+// The op is defined for dynamic layers only (the Backend checks it).
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream) {
-  if (UseMmaProjection(*p.spec)) {
-    if (ws.bytes < MmaProjectionWorkspace(*p.spec, p.tokens, p.act_dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda projection forward ",
-                       ShapeString(*p.spec, p.tokens, p.act_dtype),
-                       ": workspace too small"));
-    }
-    return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
-                               p.weights.phi, p.weights.gamma, ws.data, p.h,
-                               p.mean_square, stream);
+  if (ws.bytes < MmaProjectionWorkspace(*p.spec, p.tokens, p.act_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda projection forward ",
+                     ShapeString(*p.spec, p.tokens, p.act_dtype),
+                     ": workspace too small"));
   }
-  const DevSpec s = MakeDevSpec(*p.spec);
-  const float* gamma = s.has_gamma ? p.weights.gamma : nullptr;
-  const bool vk2 = s.K % 2 == 0 && Aligned16(p.x) && Aligned16(p.weights.phi) &&
-                   (gamma == nullptr || Aligned16(gamma));
-  const unsigned grid = GridSize((p.tokens + kTileTokens - 1) / kTileTokens);
-  DispatchDType(p.act_dtype, [&](auto tt) {
-    using T = typename decltype(tt)::type;
-    const T* x = static_cast<const T*>(p.x);
-    if (vk2) {
-      projection_forward_kernel<T, 2><<<grid, kTileThreads, 0, stream>>>(
-          s, p.tokens, x, p.weights.phi, gamma, p.h, p.mean_square);
-    } else {
-      projection_forward_kernel<T, 1><<<grid, kTileThreads, 0, stream>>>(
-          s, p.tokens, x, p.weights.phi, gamma, p.h, p.mean_square);
-    }
-  });
-  MHC_CUDA_CHECK_LAUNCH("projection forward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
-  return absl::OkStatus();
+  return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
+                             p.weights.phi, p.weights.gamma, ws.data, p.h,
+                             p.mean_square, stream);
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {

@@ -68,11 +68,6 @@ Grads MakeGrads(Harness& h, const LayerSpec& spec) {
 // starting value's: the sum added into the buffer may cancel that value (a
 // single dalpha, say), and fp32 accumulation cannot be finer than the
 // operands it adds.
-void ExpectAccumulated(Harness& h, const Pair& out, const float* init,
-                       int64_t count, double tol, const std::string& what) {
-  ExpectCloseWithFloor(h, out, count, MaxAbs(init, count), tol, what);
-}
-
 void ExpectGrads(Harness& h, Grads& gr, const LayerSpec& spec, double tol) {
   const int64_t N = spec.NumLogits(), K = spec.K();
   const float* init = gr.init.data();

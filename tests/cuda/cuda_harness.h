@@ -220,6 +220,15 @@ inline double MaxAbs(const float* v, int64_t n) {
   return m;
 }
 
+// A gradient accumulated onto init: its sums over tokens can cancel far
+// below their terms, so the error is measured against the accumulator's
+// starting scale too.
+inline void ExpectAccumulated(Harness& h, const Pair& out, const float* init,
+                              int64_t count, double tol,
+                              const std::string& what) {
+  ExpectCloseWithFloor(h, out, count, MaxAbs(init, count), tol, what);
+}
+
 // Tests parameterised by (preset, activation dtype); skipped without a GPU.
 class CudaPresetDtypeTest
     : public ::testing::TestWithParam<std::tuple<std::string, DType>> {

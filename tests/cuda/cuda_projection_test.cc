@@ -17,9 +17,9 @@ namespace {
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
 // 2 / 4, n = 8 / 16 (several logit groups) and heads, tf32 and ieee, bf16
-// batches large enough to split phi' once per launch; then batch invariance: the rows of a slice of the batch
-// (a different M and row alignment) and a single token (phi' split in the
-// tile) are bitwise unchanged.
+// batches large enough to split phi' once per launch; then batch invariance:
+// the rows of a slice of the batch (a different M and row alignment) and a
+// single token (phi' split in the tile) are bitwise unchanged.
 TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {
@@ -85,11 +85,14 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     q.x = static_cast<const char*>(x.dev) + first * K * DTypeSize(c.dt);
     q.h = hs.f(1);
     q.mean_square = mss.f(1);
-    ASSERT_TRUE(h.cuda()
-                    .ProjectionForward(q, h.Scratch(1, OpKind::kProjectionForward,
-                                                    spec, count, c.dt))
-                    .ok());
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    // On the CUDA backend alone, with the workspace its token count needs.
+    auto run_alone = [&](const ProjectionForwardParams& p1) {
+      Workspace ws =
+          h.Scratch(1, OpKind::kProjectionForward, spec, p1.tokens, c.dt);
+      ASSERT_TRUE(h.cuda().ProjectionForward(p1, ws).ok());
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+    };
+    run_alone(q);
     const std::vector<uint8_t> full = h.Fetch(hh), part = h.Fetch(hs);
     const std::vector<uint8_t> full_ms = h.Fetch(ms), part_ms = h.Fetch(mss);
     EXPECT_EQ(
@@ -101,11 +104,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 
     ProjectionForwardParams one = q;
     one.tokens = 1;
-    ASSERT_TRUE(h.cuda()
-                    .ProjectionForward(one, h.Scratch(1, OpKind::kProjectionForward,
-                                                      spec, 1, c.dt))
-                    .ok());
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    run_alone(one);
     const std::vector<uint8_t> alone = h.Fetch(hs), alone_ms = h.Fetch(mss);
     EXPECT_EQ(std::memcmp(full.data() + first * N * 4, alone.data(), N * 4), 0)
         << "h of a token alone differs from the batch";
