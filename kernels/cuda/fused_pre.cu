@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(PreMixThreads<NT>())
     h[col] = SumChunks(partial, tokens, chunks, s.N + 1, m, col);
   }
   float hp[NT], hq[NT], logits[NT * NT];
-  ScaleForwardToken<NT>(s, h, h[s.N] / static_cast<float>(s.K), a.alpha,
-                        a.beta, hp, hq, logits);
+  ScaleForwardToken<NT>(s, h, h[s.N] / static_cast<float>(s.K), a.alpha, a.beta,
+                        hp, hq, logits);
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     if (i >= n) break;
@@ -373,10 +373,9 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
           static_cast<char*>(ws.data) +
           MmaProjectionWorkspace(*a.spec, a.tokens, a.act_dtype));
     }
-    MHC_RETURN_IF_ERROR(LaunchProjectionPartials(*a.spec, a.tokens,
-                                                 a.act_dtype, a.x,
-                                                 a.weights.phi, gamma, ws.data,
-                                                 stream));
+    MHC_RETURN_IF_ERROR(LaunchProjectionPartials(*a.spec, a.tokens, a.act_dtype,
+                                                 a.x, a.weights.phi, gamma,
+                                                 ws.data, stream));
     auto mix = [&](auto nt) {
       constexpr int kNT = decltype(nt)::value;
       constexpr int kThreads = PreMixThreads<kNT>();

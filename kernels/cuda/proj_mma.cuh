@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "common.cuh"
-#include "proj_mma_bf16.cuh"
 #include "mhc/types.h"
+#include "proj_mma_bf16.cuh"
 
 namespace mhc::cuda {
 
@@ -328,9 +328,8 @@ __device__ __forceinline__ const float* ProjectUnit(
       bf16_math.Compute(
           reinterpret_cast<const __nv_bfloat16*>(xs) +
               (kb % kMmaStages) * kMmaTokens * kPitch,
-          planes +
-              (phi_split != nullptr ? kb % kMmaStages : kb & 1) *
-                  kBf16StageWords,
+          planes + (phi_split != nullptr ? kb % kMmaStages : kb & 1) *
+                       kBf16StageWords,
           nj, ieee);
       if ((kb & 3) == 3) bf16_math.Flush();
     } else {
@@ -486,8 +485,8 @@ __device__ __forceinline__ float SumChunks(const float* partial, int64_t tokens,
 // Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the
 // units in turn.
 template <typename... Exp, typename... Act>
-cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units,
-                             size_t smem, cudaStream_t stream, Act&&... args) {
+cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
+                             cudaStream_t stream, Act&&... args) {
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));

@@ -24,7 +24,7 @@ namespace mhc::cuda {
 // Padded row of a bf16 x stage: 144 bytes puts the 8 rows of an ldmatrix
 // phase on distinct banks.
 inline constexpr int kBf16Row = 72;
-inline constexpr int kBf16Steps = 4;   // 16-k mma steps per stage
+inline constexpr int kBf16Steps = 4;  // 16-k mma steps per stage
 // 8-logit mma columns: 24 logits, the most of any tensor-core layer (n = 4
 // mHC: N = 24; heads: N = n <= 16).
 inline constexpr int kBf16Tiles = 3;
@@ -46,10 +46,9 @@ __host__ __device__ inline int Bf16SplitWords(bool ieee) {
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-      : "r"(s));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
 }
 
 __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4],

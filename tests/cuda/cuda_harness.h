@@ -213,10 +213,17 @@ inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
       << what;
 }
 
-// The largest magnitude of n floats.
+// The largest magnitude of n floats, or of a Pair's host values.
 inline double MaxAbs(const float* v, int64_t n) {
   double m = 0.0;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(double{v[i]}));
+  return m;
+}
+inline double MaxAbs(const Pair& p, DType dtype, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, std::fabs(double{ElementAt(p.host, dtype, i)}));
+  }
   return m;
 }
 
