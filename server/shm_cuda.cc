@@ -36,6 +36,16 @@ PFN_cuMemGetAddressRange_v3020 AddressRangeFunction() {
   return function;
 }
 
+// Makes `device` current for the calling thread. Not restored afterwards:
+// every CUDA user in the daemon sets its device first (backends in each
+// call), and restoring a thread's default device 0 would create a context on
+// GPU 0 even where the daemon does not serve it.
+cudaError_t UseDevice(int device) {
+  const cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) cudaGetLastError();
+  return error;
+}
+
 class CudaIpcOpener final : public DeviceMemoryOpener {
  public:
   int DeviceCount() const override {
@@ -97,13 +107,11 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     int regions = 0;
   };
 
-  // The current device is per thread and gRPC threads are shared: set for
-  // the call and restored, under mu_ so opens do not mix.
+  // The current device is per thread: set for the call (UseDevice: never
+  // restored), under mu_ so opens do not mix.
   absl::StatusOr<Mapping> OpenLocked(const cudaIpcMemHandle_t& ipc, int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    if (cudaError_t e = UseDevice(device); e != cudaSuccess) {
       return absl::InvalidArgumentError(
           absl::StrCat("device_id: cannot use CUDA device ", device, ": ",
                        cudaGetErrorString(e)));
@@ -114,7 +122,6 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
         cudaIpcOpenMemHandle(&mapping.ptr, ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it for later calls
-      cudaSetDevice(previous);
       return absl::InvalidArgumentError(
           absl::StrCat("raw_handle: cudaIpcOpenMemHandle on device ", device,
                        " failed: ", cudaGetErrorString(e)));
@@ -127,31 +134,17 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
         address_range(&base, &size, at) == CUDA_SUCCESS) {
       mapping.available = size - (at - base);
     }
-    cudaSetDevice(previous);
     return mapping;
   }
 
   void CloseLocked(int device, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device);
+    UseDevice(device);  // on failure the close below fails too
     cudaIpcCloseMemHandle(ptr);
-    cudaSetDevice(previous);
   }
 
   absl::Mutex mu_;
   std::map<std::string, Mapping> open_ ABSL_GUARDED_BY(mu_);
 };
-
-// Makes `device` current for the calling thread. Not restored afterwards:
-// every CUDA user in the daemon sets its device first (backends in each
-// call), and restoring a thread's default device 0 would create a context on
-// GPU 0 even where the daemon does not serve it.
-cudaError_t UseDevice(int device) {
-  const cudaError_t error = cudaSetDevice(device);
-  if (error != cudaSuccess) cudaGetLastError();
-  return error;
-}
 
 class CudaHostPinner final : public HostMemoryPinner {
  public:
