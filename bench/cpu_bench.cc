@@ -4,7 +4,8 @@
 // fp64 reference on a small sample of tokens so a fast wrong kernel is never
 // reported.
 //
-// Usage: mhc_cpu_bench [--threads=N] [--reps=R] [--quick]
+// Usage: mhc_cpu_bench [--threads=2] [--reps=3] [--quick]   (--help lists
+// them)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "bench/bench_flags.h"
 #include "mhc/backend.h"
 #include "mhc/dtype.h"
 
@@ -369,15 +372,23 @@ struct Row {
 }  // namespace
 }  // namespace mhc
 
+ABSL_FLAG(int32_t, threads, 2, "cpu backend and memcpy threads");
+ABSL_FLAG(int32_t, reps, 3, "timed repetitions per measurement (median)");
+ABSL_FLAG(bool, quick, false, "one small shape only");
+
 int main(int argc, char** argv) {
   using namespace mhc;
-  int threads = 2, reps = 3;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--threads=", 0) == 0) threads = std::stoi(arg.substr(10));
-    if (arg.rfind("--reps=", 0) == 0) reps = std::stoi(arg.substr(7));
-    if (arg == "--quick") quick = true;
+  if (!bench::ParseBenchFlags(argc, argv, "cpu_bench.cc",
+                              "every op of the fast CPU backend against a "
+                              "memcpy of the same bytes")) {
+    return 2;
+  }
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  if (threads < 1 || reps < 1) {
+    std::fprintf(stderr, "mhc_cpu_bench: --threads and --reps: at least 1\n");
+    return 2;
   }
   auto cpu = MakeCpuBackend(threads);
   auto ref = MakeReferenceBackend();

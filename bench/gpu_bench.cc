@@ -12,7 +12,7 @@
 //   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
 //                                         every config: e.g. odd C = 5129)
-//                 [--flush=write|read]
+//                 [--flush=write|read]   (--help lists them)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,21 +26,36 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "bench/bench_flags.h"
 #include "bench/gpu_cases.h"
 #include "bench/gpu_timing.h"
 #include "mhc/backend.h"
 #include "mhc/cuda.h"
 #include "mhc/dtype.h"
 
+ABSL_FLAG(std::string, configs, "all",
+          "configs: all, first, or indices I,J,... into the 13 of "
+          "PERFORMANCE.md");
+ABSL_FLAG(int32_t, reps, 20, "timed repetitions per measurement (median)");
+ABSL_FLAG(std::string, ops, "all",
+          "op families: all, or a,b of projection, scale, sinkhorn, "
+          "aggregate, post, expand, pre, head, layer");
+ABSL_FLAG(int32_t, n, 4, "residual streams (1..16)");
+ABSL_FLAG(int64_t, hidden, 0,
+          "one hidden width C for every config (0: each config's own), "
+          "e.g. odd 5129");
+ABSL_FLAG(std::string, flush, "write",
+          "L2 flush before each timed run: write or read a 256 MiB buffer");
+
 namespace mhc::bench {
 namespace {
 
-constexpr int kDefaultStreams = 4;
 constexpr int kWarmup = 3;
 constexpr int64_t kCheckTokens = 8;
 
@@ -93,48 +108,38 @@ double Mismatch(int t, const std::vector<uint8_t>& got, const uint8_t* want,
   return ulp ? static_cast<double>(bad) : max_diff / std::max(scale, 1e-30);
 }
 
-struct Flags {
+// What the flags ask for, checked.
+struct Options {
   std::vector<int> configs;
-  int reps = 20;
+  int reps = 0;
   std::vector<bool> cases = std::vector<bool>(kNumCases, true);
   Flush flush = Flush::kWrite;
-  int streams = kDefaultStreams;
+  int streams = 0;
   int64_t hidden = 0;
 };
 
 const char* FlushName(Flush f) { return f == Flush::kWrite ? "write" : "read"; }
 
-bool ParseFlags(int argc, char** argv, Flags& flags) {
-  std::string configs = "all", ops = "all";
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (absl::ConsumePrefix(&arg, "--configs=")) {
-      configs = std::string(arg);
-    } else if (absl::ConsumePrefix(&arg, "--ops=")) {
-      ops = std::string(arg);
-    } else if (absl::ConsumePrefix(&arg, "--reps=")) {
-      if (!absl::SimpleAtoi(arg, &flags.reps) || flags.reps < 1) return false;
-    } else if (absl::ConsumePrefix(&arg, "--n=")) {
-      if (!absl::SimpleAtoi(arg, &flags.streams) || flags.streams < 1 ||
-          flags.streams > kMaxStreams) {
-        return false;
-      }
-    } else if (absl::ConsumePrefix(&arg, "--hidden=")) {
-      if (!absl::SimpleAtoi(arg, &flags.hidden) || flags.hidden < 1) {
-        return false;
-      }
-    } else if (absl::ConsumePrefix(&arg, "--flush=")) {
-      if (arg == "write") {
-        flags.flush = Flush::kWrite;
-      } else if (arg == "read") {
-        flags.flush = Flush::kRead;
-      } else {
-        return false;
-      }
-    } else {
-      return false;
-    }
+// The flags as Options, or an error naming the flag.
+absl::Status ParseOptions(Options& flags) {
+  flags.reps = absl::GetFlag(FLAGS_reps);
+  if (flags.reps < 1) return absl::InvalidArgumentError("--reps: at least 1");
+  flags.streams = absl::GetFlag(FLAGS_n);
+  if (flags.streams < 1 || flags.streams > kMaxStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--n: 1 to ", kMaxStreams, " streams"));
   }
+  flags.hidden = absl::GetFlag(FLAGS_hidden);
+  if (flags.hidden < 0) return absl::InvalidArgumentError("--hidden: >= 0");
+  const std::string flush = absl::GetFlag(FLAGS_flush);
+  if (flush == "write") {
+    flags.flush = Flush::kWrite;
+  } else if (flush == "read") {
+    flags.flush = Flush::kRead;
+  } else {
+    return absl::InvalidArgumentError("--flush: write or read");
+  }
+  const std::string configs = absl::GetFlag(FLAGS_configs);
   if (configs == "all" || configs == "first") {
     for (int c = 0; c < (configs == "all" ? kNumConfigs : 1); ++c) {
       flags.configs.push_back(c);
@@ -144,11 +149,13 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       int index = 0;
       if (!absl::SimpleAtoi(part, &index) || index < 0 ||
           index >= kNumConfigs) {
-        return false;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--configs: all, first or indices 0 to ", kNumConfigs - 1));
       }
       flags.configs.push_back(index);
     }
   }
+  const std::string ops = absl::GetFlag(FLAGS_ops);
   if (ops != "all") {
     flags.cases.assign(kNumCases, false);
     for (absl::string_view op : absl::StrSplit(ops, ',')) {
@@ -156,10 +163,15 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       for (int c = 0; c < kNumCases; ++c) {
         if (op == Info(c).op) flags.cases[c] = known = true;
       }
-      if (!known) return false;
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ops: unknown op '", op,
+            "' (projection, scale, sinkhorn, aggregate, post, expand, pre, "
+            "head, layer)"));
+      }
     }
   }
-  return true;
+  return absl::OkStatus();
 }
 
 struct Result {
@@ -395,13 +407,11 @@ void PrintTable(const std::vector<int>& configs,
   }
 }
 
-int Run(int argc, char** argv) {
-  Flags flags;
-  if (!ParseFlags(argc, argv, flags)) {
-    std::fprintf(stderr,
-                 "usage: mhc_gpu_bench [--configs=all|first|I,J,...] "
-                 "[--reps=N] [--ops=all|projection,scale,sinkhorn,aggregate,"
-                 "post,expand,pre,head,layer] [--flush=write|read]\n");
+int Run() {
+  Options flags;
+  if (absl::Status parsed = ParseOptions(flags); !parsed.ok()) {
+    std::fprintf(stderr, "mhc_gpu_bench: %s\n",
+                 std::string(parsed.message()).c_str());
     return 2;
   }
   if (CudaDeviceCount() == 0) {
@@ -485,4 +495,11 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace mhc::bench
 
-int main(int argc, char** argv) { return mhc::bench::Run(argc, argv); }
+int main(int argc, char** argv) {
+  if (!mhc::bench::ParseBenchFlags(
+          argc, argv, "gpu_bench.cc",
+          "the GPU benchmark of PERFORMANCE.md on the CUDA backend")) {
+    return 2;
+  }
+  return mhc::bench::Run();
+}

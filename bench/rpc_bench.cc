@@ -25,11 +25,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_flags.h"
 #include "mhc/client/client.h"
 #include "mhc/client/shm.h"
 #include "mhc/client/tensor.h"
@@ -37,6 +37,14 @@
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
 #endif
+
+ABSL_FLAG(int64_t, max_mib, 256, "largest x, in MiB (from 1 KiB up)");
+ABSL_FLAG(int32_t, threads, 0, "cpu backend threads (0: all cores)");
+ABSL_FLAG(std::string, backend, "cpu", "daemon backend: cpu or cuda");
+ABSL_FLAG(int32_t, device, 0, "CUDA device with --backend=cuda");
+ABSL_FLAG(bool, shm_pin_host, true,
+          "page-lock shared memory on a CUDA daemon (false: pageable)");
+ABSL_FLAG(int32_t, batch, 1, "Aggregate ops per Execute");
 
 namespace {
 
@@ -122,31 +130,20 @@ mhc::v1::ExecuteRequest MakeBatch(int batch, int64_t m,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t max_mib = 256;
-  int threads = 0, device = 0, batch = 1;
-  std::string backend = "cpu";
-  bool pin_host = true;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (absl::ConsumePrefix(&arg, "--max_mib=")) {
-      if (!absl::SimpleAtoi(arg, &max_mib) || max_mib < 1) return 2;
-    } else if (absl::ConsumePrefix(&arg, "--threads=")) {
-      if (!absl::SimpleAtoi(arg, &threads)) return 2;
-    } else if (absl::ConsumePrefix(&arg, "--backend=")) {
-      backend = std::string(arg);
-    } else if (absl::ConsumePrefix(&arg, "--device=")) {
-      if (!absl::SimpleAtoi(arg, &device)) return 2;
-    } else if (absl::ConsumePrefix(&arg, "--shm_pin_host=")) {
-      if (!absl::SimpleAtob(arg, &pin_host)) return 2;
-    } else if (absl::ConsumePrefix(&arg, "--batch=")) {
-      if (!absl::SimpleAtoi(arg, &batch) || batch < 1) return 2;
-    } else {
-      std::fprintf(stderr,
-                   "usage: mhc_rpc_bench [--max_mib=256] [--threads=0] "
-                   "[--backend=cpu|cuda] [--device=0] [--shm_pin_host=true] "
-                   "[--batch=1]\n");
-      return 2;
-    }
+  if (!mhc::bench::ParseBenchFlags(
+          argc, argv, "rpc_bench.cc",
+          "an Aggregate round trip through mhcd, inline vs shared memory")) {
+    return 2;
+  }
+  const int64_t max_mib = absl::GetFlag(FLAGS_max_mib);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int device = absl::GetFlag(FLAGS_device);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const bool pin_host = absl::GetFlag(FLAGS_shm_pin_host);
+  if (max_mib < 1 || batch < 1) {
+    std::fprintf(stderr, "mhc_rpc_bench: --max_mib and --batch: at least 1\n");
+    return 2;
   }
   mhc::server::ServerConfig config;
   const std::string socket = absl::StrCat("/tmp/mhc_rpc_bench_", getpid());
