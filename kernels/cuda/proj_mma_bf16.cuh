@@ -1,4 +1,4 @@
-// The bf16 math of the projection tiles (ProjectClusterTile): x stays bf16
+// The bf16 math of the projection units (ProjectUnit): x stays bf16
 // from HBM to the tensor cores (ldmatrix + mma.m16n8k16), and phi' is split
 // into bf16 terms whose products with x are exact in fp32: hi + mid under
 // tf32 (16 significant bits, more than tf32's 11) and hi + mid + lo under
