@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "common.cuh"
+#include "kernel_fit.h"
 #include "mhc/types.h"
 #include "proj_mma_bf16.cuh"
 
@@ -487,25 +488,10 @@ __device__ __forceinline__ float SumChunks(const float* partial, int64_t tokens,
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
                              cudaStream_t stream, Act&&... args) {
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(kernel,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-  }
-  int device = 0, sms = 0, per_sm = 0;
-  if (e == cudaSuccess) e = cudaGetDevice(&device);
-  if (e == cudaSuccess) {
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  if (e == cudaSuccess) {
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                      kMmaThreads, smem);
-  }
+  int64_t resident = 0;
+  const cudaError_t e = FitLargeSmemKernel(
+      reinterpret_cast<const void*>(kernel), kMmaThreads, smem, &resident);
   if (e != cudaSuccess) return e;
-  const int64_t resident = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim =
       dim3(static_cast<unsigned>(units < resident ? units : resident));

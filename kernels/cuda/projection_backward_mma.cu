@@ -29,6 +29,7 @@
 
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "kernel_fit.h"
 #include "launch.h"
 #include "proj_mma.cuh"
 
@@ -623,13 +624,9 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   const SmemPlan plan =
       PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
   auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total);
-  if (e != cudaSuccess) return e;
   // Two CTAs per SM need nearly all of its shared memory.
-  e = cudaFuncSetAttribute(kernel,
-                           cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared);
+  const cudaError_t e = FitLargeSmemKernel(
+      reinterpret_cast<const void*>(kernel), kThreads, plan.total, nullptr);
   if (e != cudaSuccess) return e;
   const int wc = kCols / s.n;
   const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
