@@ -47,6 +47,39 @@ __device__ __forceinline__ void PreSinkhorn(const DevSpec& s,
   SinkhornForwardToken<NT>(s, logits, p);
 }
 
+// The forward mixing values of token m from its logits h (ignored by static
+// layers) and mean square: H_pre into hp and h_pre (when given), and for
+// mHC layers H_post and H_res.
+template <int NT>
+__device__ __forceinline__ void ForwardMixToken(const DevSpec& s, int64_t m,
+                                                const float* h, float ms,
+                                                const ForwardDev& a,
+                                                float* h_pre, float (&hp)[NT]) {
+  const int n = StreamCount<NT>(s);
+  float hq[NT], logits[NT * NT];
+  ScaleForwardToken<NT>(s, h, ms, a.alpha, a.beta, hp, hq, logits);
+  if (h_pre != nullptr) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      if (i >= n) break;
+      h_pre[m * n + i] = hp[i];
+    }
+  }
+  if (s.head) return;
+  float p[NT * NT];
+  PreSinkhorn<NT>(s, logits, p);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    if (i >= n) break;
+    a.h_post[m * n + i] = hq[i];
+  }
+#pragma unroll
+  for (int e = 0; e < NT * NT; ++e) {
+    if (e >= n * n) break;
+    a.h_res[m * n * n + e] = p[e];
+  }
+}
+
 // A static layer (z = beta for every token, no projection): the mixing
 // values of kTileTokens tokens, then their aggregate.
 template <typename T, int NT, int V>
@@ -59,31 +92,10 @@ __global__ void __launch_bounds__(kTileThreads)
   if (threadIdx.x < kTileTokens) {
     const int t = threadIdx.x;
     const int64_t m = m0 + t;
-    float hp[NT], hq[NT], logits[NT * NT];
+    float hp[NT];
 #pragma unroll
     for (int i = 0; i < NT; ++i) hp[i] = 0.0f;
-    if (m < tokens) {
-      ScaleForwardToken<NT>(s, nullptr, 0.0f, a.alpha, a.beta, hp, hq, logits);
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i >= n) break;
-        if (a.h_pre != nullptr) a.h_pre[m * n + i] = hp[i];
-      }
-      if (!s.head) {
-        float p[NT * NT];
-        PreSinkhorn<NT>(s, logits, p);
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-          if (i >= n) break;
-          a.h_post[m * n + i] = hq[i];
-        }
-#pragma unroll
-        for (int e = 0; e < NT * NT; ++e) {
-          if (e >= n * n) break;
-          a.h_res[m * n * n + e] = p[e];
-        }
-      }
-    }
+    if (m < tokens) ForwardMixToken<NT>(s, m, nullptr, 0.0f, a, a.h_pre, hp);
 #pragma unroll
     for (int i = 0; i < NT; ++i) hp_s[t][i] = i < n ? hp[i] : 0.0f;
   }
@@ -127,33 +139,13 @@ __global__ void __launch_bounds__(PreMixThreads<NT>())
   __shared__ float h_s[kThreads][NT * NT + 2 * NT + 1];
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (m >= tokens) return;
-  const int n = StreamCount<NT>(s);
   const int chunks = PlanChunks(s.K, s.N).chunks;
   float* h = h_s[threadIdx.x];
   for (int col = 0; col <= s.N; ++col) {
     h[col] = SumChunks(partial, tokens, chunks, s.N + 1, m, col);
   }
-  float hp[NT], hq[NT], logits[NT * NT];
-  ScaleForwardToken<NT>(s, h, h[s.N] / static_cast<float>(s.K), a.alpha, a.beta,
-                        hp, hq, logits);
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    if (i >= n) break;
-    h_pre[m * n + i] = hp[i];
-  }
-  if (s.head) return;
-  float p[NT * NT];
-  PreSinkhorn<NT>(s, logits, p);
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    if (i >= n) break;
-    a.h_post[m * n + i] = hq[i];
-  }
-#pragma unroll
-  for (int e = 0; e < NT * NT; ++e) {
-    if (e >= n * n) break;
-    a.h_res[m * n * n + e] = p[e];
-  }
+  float hp[NT];
+  ForwardMixToken<NT>(s, m, h, h[s.N] / static_cast<float>(s.K), a, h_pre, hp);
 }
 
 struct BackwardMixDev {

@@ -104,6 +104,18 @@ __device__ __forceinline__ void Load4(const float* p, float (&v)[4]) {
   }
 }
 
+// Quarter c of token m's logits (zeros for static layers) and its RMS
+// factor (0 for static layers).
+template <int kN, bool kVec>
+__device__ __forceinline__ float LoadQuarter(const DevSpec& s, const float* h,
+                                             const float* mean_square,
+                                             int64_t m, int c, float (&hv)[4]) {
+  hv[0] = hv[1] = hv[2] = hv[3] = 0.0f;
+  if (!s.dynamic) return 0.0f;
+  Load4<kVec>(h + m * kN + 4 * c, hv);
+  return RmsFactor(s, mean_square[m]);
+}
+
 template <bool kVec>
 __device__ __forceinline__ void Store4(float* p, const float (&v)[4]) {
   if (kVec) {
@@ -129,12 +141,8 @@ __global__ void __launch_bounds__(kScale4Threads)
   const int c = static_cast<int>(e % kQuarters);
   if (m >= tokens) return;
   const int group = QuarterGroup(c);
-  float hv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float r = 0.0f;
-  if (s.dynamic) {
-    Load4<kVec>(h + m * kN + 4 * c, hv);
-    r = RmsFactor(s, mean_square[m]);
-  }
+  float hv[4];
+  const float r = LoadQuarter<kN, kVec>(s, h, mean_square, m, c, hv);
   float out[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -189,12 +197,8 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
   float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float dalpha = 0.0f, ms_dot = 0.0f;
   if (m < tokens) {
-    float hv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float r = 0.0f;
-    if (s.dynamic) {
-      Load4<kVec>(h + m * kN + 4 * c, hv);
-      r = RmsFactor(s, mean_square[m]);
-    }
+    float hv[4];
+    const float r = LoadQuarter<kN, kVec>(s, h, mean_square, m, c, hv);
     float up[4];
     Load4<kVec>(group == 0   ? dh_pre + m * 4
                 : group == 1 ? dh_post + m * 4
