@@ -17,6 +17,28 @@ namespace {
 
 using CudaOpsTest = CudaPresetDtypeTest;
 
+// Sinkhorn forward (logits -> h_res) then backward (dh_res -> dlogits) of M
+// tokens on one backend; the op needs no workspace.
+absl::Status RunSinkhorn(Backend& be, const LayerSpec& spec, int64_t M,
+                         const float* logits, float* h_res, const float* dh_res,
+                         float* dlogits) {
+  SinkhornForwardParams f;
+  f.spec = &spec;
+  f.tokens = M;
+  f.logits = logits;
+  f.h_res = h_res;
+  if (absl::Status st = be.SinkhornForward(f, Workspace{}); !st.ok()) {
+    return st;
+  }
+  SinkhornBackwardParams g;
+  g.spec = &spec;
+  g.tokens = M;
+  g.logits = logits;
+  g.dh_res = dh_res;
+  g.dlogits = dlogits;
+  return be.SinkhornBackward(g, Workspace{});
+}
+
 TEST_P(CudaOpsTest, ElementwiseOps) {
   const DType dt = dtype();
   const size_t es = DTypeSize(dt);
@@ -358,22 +380,9 @@ TEST(CudaSinkhornTest, ShapesModesAndBatchInvariance) {
           Pair hres = h.Output(M * nn * 4);
           Pair dlg = h.Output(M * nn * 4);
           for (int b = 0; b < 2; ++b) {
-            SinkhornForwardParams f;
-            f.spec = &spec;
-            f.tokens = M;
-            f.logits = lg.f(b);
-            f.h_res = hres.f(b);
-            Workspace ws =
-                h.Scratch(b, OpKind::kSinkhornForward, spec, M, DType::kF32);
-            ASSERT_TRUE(h.backend(b).SinkhornForward(f, ws).ok());
-            SinkhornBackwardParams g;
-            g.spec = &spec;
-            g.tokens = M;
-            g.logits = lg.f(b);
-            g.dh_res = dhres.f(b);
-            g.dlogits = dlg.f(b);
-            ws = h.Scratch(b, OpKind::kSinkhornBackward, spec, M, DType::kF32);
-            ASSERT_TRUE(h.backend(b).SinkhornBackward(g, ws).ok());
+            ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
+                                    dhres.f(b), dlg.f(b))
+                            .ok());
           }
           ASSERT_TRUE(h.cuda().Synchronize().ok());
           ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
@@ -382,19 +391,10 @@ TEST(CudaSinkhornTest, ShapesModesAndBatchInvariance) {
           const int64_t first = 37, count = 50;
           Pair part_h = h.Output(count * nn * 4);
           Pair part_d = h.Output(count * nn * 4);
-          SinkhornForwardParams f;
-          f.spec = &spec;
-          f.tokens = count;
-          f.logits = lg.f(1) + first * nn;
-          f.h_res = part_h.f(1);
-          ASSERT_TRUE(h.cuda().SinkhornForward(f, Workspace{}).ok());
-          SinkhornBackwardParams g;
-          g.spec = &spec;
-          g.tokens = count;
-          g.logits = lg.f(1) + first * nn;
-          g.dh_res = dhres.f(1) + first * nn;
-          g.dlogits = part_d.f(1);
-          ASSERT_TRUE(h.cuda().SinkhornBackward(g, Workspace{}).ok());
+          ASSERT_TRUE(RunSinkhorn(h.cuda(), spec, count, lg.f(1) + first * nn,
+                                  part_h.f(1), dhres.f(1) + first * nn,
+                                  part_d.f(1))
+                          .ok());
           ASSERT_TRUE(h.cuda().Synchronize().ok());
           const std::vector<uint8_t> full_h = h.Fetch(hres);
           const std::vector<uint8_t> full_d = h.Fetch(dlg);
@@ -557,19 +557,9 @@ TEST(CudaSinkhornTest, N4AlignmentInvariant) {
     Pair hres = h.Output(M * nn * 4);
     Pair dlg = h.Output(M * nn * 4);
     for (int b = 0; b < 2; ++b) {
-      SinkhornForwardParams f;
-      f.spec = &spec;
-      f.tokens = M;
-      f.logits = lg.f(b);
-      f.h_res = hres.f(b);
-      ASSERT_TRUE(h.backend(b).SinkhornForward(f, Workspace{}).ok());
-      SinkhornBackwardParams g;
-      g.spec = &spec;
-      g.tokens = M;
-      g.logits = lg.f(b);
-      g.dh_res = dhres.f(b);
-      g.dlogits = dlg.f(b);
-      ASSERT_TRUE(h.backend(b).SinkhornBackward(g, Workspace{}).ok());
+      ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
+                              dhres.f(b), dlg.f(b))
+                      .ok());
     }
     ASSERT_TRUE(h.cuda().Synchronize().ok());
     ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
@@ -578,22 +568,14 @@ TEST(CudaSinkhornTest, N4AlignmentInvariant) {
     Pair k1, k2;
     Pair hres_u = h.Output((M * nn + 1) * 4),
          dlg_u = h.Output((M * nn + 1) * 4);
-    SinkhornForwardParams f;
-    f.spec = &spec;
-    f.tokens = M;
-    f.logits = Unaligned(h, lg, M * nn, k1);
-    f.h_res = hres_u.f(1) + 1;
-    ASSERT_TRUE(h.cuda().SinkhornForward(f, Workspace{}).ok());
-    SinkhornBackwardParams g;
-    g.spec = &spec;
-    g.tokens = M;
-    g.logits = f.logits;
-    g.dh_res = Unaligned(h, dhres, M * nn, k2);
-    g.dlogits = dlg_u.f(1) + 1;
-    ASSERT_TRUE(h.cuda().SinkhornBackward(g, Workspace{}).ok());
+    float* h_res_u = hres_u.f(1) + 1;
+    float* dlogits_u = dlg_u.f(1) + 1;
+    ASSERT_TRUE(RunSinkhorn(h.cuda(), spec, M, Unaligned(h, lg, M * nn, k1),
+                            h_res_u, Unaligned(h, dhres, M * nn, k2), dlogits_u)
+                    .ok());
     ASSERT_TRUE(h.cuda().Synchronize().ok());
-    EXPECT_EQ(FetchFloats(h, f.h_res, M * nn), h.Fetch(hres));
-    EXPECT_EQ(FetchFloats(h, g.dlogits, M * nn), h.Fetch(dlg));
+    EXPECT_EQ(FetchFloats(h, h_res_u, M * nn), h.Fetch(hres));
+    EXPECT_EQ(FetchFloats(h, dlogits_u, M * nn), h.Fetch(dlg));
   }
 }
 

@@ -14,6 +14,33 @@
 namespace mhc::testing {
 namespace {
 
+// A case's layer: deepseek_v4 at n streams and width C, the case's
+// precision, with or without gamma, a head or an mHC layer.
+LayerSpec CaseLayer(int n, int64_t C, MatmulPrecision prec, bool gamma,
+                    bool head) {
+  LayerSpec spec = PresetSpec("deepseek_v4", n, C).value();
+  spec.matmul_precision = prec;
+  spec.has_gamma = gamma;
+  if (head) spec.kind = LayerKind::kHead;
+  return spec;
+}
+
+// Fresh projection inputs: x [M, K], phi [N, K] at the 1/sqrt(K) scale of a
+// trained layer, gamma [K] around 1.
+struct ProjectionInputs {
+  Pair x, phi, gamma;
+};
+ProjectionInputs MakeInputs(Harness& h, const LayerSpec& spec, DType dt,
+                            int64_t M) {
+  const int64_t K = spec.K();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  ProjectionInputs in;
+  in.x = h.Act(dt, M * K, FreshSeed());
+  in.phi = h.Floats(spec.NumLogits() * K, FreshSeed(), -scale, scale);
+  in.gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+  return in;
+}
+
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
 // 2 / 4, n = 8 / 16 (several logit groups) and heads, tf32 and ieee, bf16
@@ -44,17 +71,11 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true},
   };
   for (const Case& c : cases) {
-    LayerSpec spec = PresetSpec("deepseek_v4", c.n, c.C).value();
-    spec.matmul_precision = c.prec;
-    spec.has_gamma = c.gamma;
-    if (c.head) spec.kind = LayerKind::kHead;
+    LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
     const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
     SCOPED_TRACE(CaseName(spec, M, c.dt));
     Harness h;
-    Pair x = h.Act(c.dt, M * K, FreshSeed());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(K));
-    Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
-    Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+    auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
     Pair hh = h.Output(M * N * 4);
     Pair ms = h.Output(M * 4);
     ProjectionForwardParams p[2];
@@ -140,19 +161,13 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {8, 512, 1030, DType::kBF16, MatmulPrecision::kTf32, true, true, true},
   };
   for (const Case& c : cases) {
-    LayerSpec spec = PresetSpec("deepseek_v4", c.n, c.C).value();
-    spec.matmul_precision = c.prec;
-    spec.has_gamma = c.gamma;
-    if (c.head) spec.kind = LayerKind::kHead;
+    LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
     if (c.minor) spec.layout = Layout::kStreamMinor;
     const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
     const size_t es = DTypeSize(c.dt);
     SCOPED_TRACE(CaseName(spec, M, c.dt));
     Harness h;
-    Pair x = h.Act(c.dt, M * K, FreshSeed());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(K));
-    Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
-    Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+    auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
     Pair dh = h.Floats(M * N, FreshSeed());
     Pair dms = h.Floats(M, FreshSeed());
     Pair dx = h.Output(M * K * es);
