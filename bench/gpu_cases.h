@@ -326,25 +326,19 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
   return absl::InvalidArgumentError("unknown case");
 }
 
-inline const OpKind kWorkspaceOps[] = {
-    OpKind::kProjectionForward, OpKind::kProjectionBackward,
-    OpKind::kScaleForward,      OpKind::kScaleBackward,
-    OpKind::kSinkhornForward,   OpKind::kSinkhornBackward,
-    OpKind::kAggregateForward,  OpKind::kAggregateBackward,
-    OpKind::kPostForward,       OpKind::kPostBackward,
-    OpKind::kExpandForward,     OpKind::kExpandBackward,
-    OpKind::kPreForward,        OpKind::kPreBackward};
-
+// The most scratch any op of the benchmark needs (head ops on the head
+// layer, the rest at the activation dtype and at fp32).
 inline size_t WorkspaceFor(const Backend& be, const LayerSpec& spec,
                            const LayerSpec& head, int64_t M) {
   size_t bytes = 0;
-  for (OpKind op : kWorkspaceOps) {
+  for (int o = 0; o < kNumOpKinds; ++o) {
+    const OpKind op = static_cast<OpKind>(o);
+    const bool head_op =
+        op == OpKind::kHeadForward || op == OpKind::kHeadBackward;
     for (DType dt : {kAct, DType::kF32}) {
-      bytes = std::max(bytes, be.WorkspaceBytes(op, spec, M, dt));
+      bytes =
+          std::max(bytes, be.WorkspaceBytes(op, head_op ? head : spec, M, dt));
     }
-  }
-  for (OpKind op : {OpKind::kHeadForward, OpKind::kHeadBackward}) {
-    bytes = std::max(bytes, be.WorkspaceBytes(op, head, M, kAct));
   }
   return bytes;
 }

@@ -51,11 +51,7 @@ absl::StatusOr<std::unique_ptr<SharedMemoryObject>> SharedMemoryObject::Create(
   if (ftruncate(object->fd_, static_cast<off_t>(bytes)) != 0) {
     return ErrnoStatus("ftruncate", errno);
   }
-  void* data =
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, object->fd_, 0);
-  if (data == MAP_FAILED) return ErrnoStatus("mmap", errno);
-  object->data_ = data;
-  object->size_ = bytes;
+  if (absl::Status mapped = object->Map(bytes); !mapped.ok()) return mapped;
   return object;
 }
 
@@ -71,13 +67,19 @@ absl::StatusOr<std::unique_ptr<SharedMemoryObject>> SharedMemoryObject::Open(
   if (st.st_size <= 0) {
     return absl::FailedPreconditionError("shared memory: the object is empty");
   }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  void* data =
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, object->fd_, 0);
-  if (data == MAP_FAILED) return ErrnoStatus("mmap", errno);
-  object->data_ = data;
-  object->size_ = bytes;
+  if (absl::Status mapped = object->Map(static_cast<size_t>(st.st_size));
+      !mapped.ok()) {
+    return mapped;
+  }
   return object;
+}
+
+absl::Status SharedMemoryObject::Map(size_t bytes) {
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (data == MAP_FAILED) return ErrnoStatus("mmap", errno);
+  data_ = data;
+  size_ = bytes;
+  return absl::OkStatus();
 }
 
 SharedMemoryObject::~SharedMemoryObject() {

@@ -48,6 +48,9 @@ class SharedMemoryObject {
 
  private:
   SharedMemoryObject() = default;
+  // Maps `bytes` of the open object read-write.
+  absl::Status Map(size_t bytes);
+
   std::string key_;
   int fd_ = -1;
   void* data_ = nullptr;
