@@ -1,9 +1,11 @@
-// Compile-time dispatch of the activation dtype and the stream shape. n == 4
-// (the production case) gets its own instantiation with 16-byte accesses when
-// the rows are aligned; every other n runs the generic path with runtime n
-// and element accesses, at the smallest stream capacity that holds it (2, 8
-// or 16): the row kernels keep NT + NT^2 per-thread sums, so capacity 16 for
-// n = 2 would cost 272 registers' worth of local memory per thread.
+// Compile-time dispatch of the activation dtype and the stream shape. n = 2,
+// 4 (the production case) and 8 get vector instantiations with n == NT when
+// the rows are aligned: 16-byte accesses, 8-byte ones at n = 8, where the
+// post backward holds 2 x 8 streams of V channels. Every other case runs the
+// generic path with runtime n and element accesses, at the smallest stream
+// capacity that holds it (2, 4, 8 or 16): the row kernels keep NT + NT^2
+// per-thread sums, so capacity 16 for n = 2 would cost 272 registers' worth
+// of local memory per thread.
 #ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
 #define MHC_KERNELS_CUDA_DISPATCH_CUH_
 
@@ -46,21 +48,27 @@ inline int VectorWidth(DType dtype) {
   return 16 / static_cast<int>(DTypeSize(dtype));
 }
 
-// True when every given activation row of the op may use 16-byte accesses.
+// True when every given activation row of the op may use vector accesses.
 template <typename... P>
 bool CanVectorize(const LayerSpec& spec, DType dtype, P... pointers) {
-  if (spec.n != 4 || spec.hidden % VectorWidth(dtype) != 0) return false;
+  const bool vector_n = spec.n == 2 || spec.n == 4 || spec.n == 8;
+  if (!vector_n || spec.hidden % VectorWidth(dtype) != 0) return false;
   return (... && (pointers == nullptr || Aligned16(pointers)));
 }
 
-// f(TypeTag<T>, IntTag<NT>, IntTag<V>); NT == 4 means n == 4 exactly.
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>); NT == 4 means n == 4 exactly, and
+// so does V > 1 for every NT.
 template <typename F>
 void DispatchStreams(DType dtype, int n, bool vec, F&& f) {
   DispatchDType(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     constexpr int kV = 16 / sizeof(T);
-    if (n == 4 && vec) {
+    if (vec && n == 4) {
       f(type_tag, IntTag<4>{}, IntTag<kV>{});
+    } else if (vec && n == 2) {
+      f(type_tag, IntTag<2>{}, IntTag<kV>{});
+    } else if (vec && n == 8) {
+      f(type_tag, IntTag<8>{}, IntTag<kV / 2>{});
     } else if (n == 4) {
       f(type_tag, IntTag<4>{}, IntTag<1>{});
     } else if (n <= 2) {

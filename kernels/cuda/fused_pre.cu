@@ -298,10 +298,23 @@ __global__ void __launch_bounds__(kMixThreads)
   }
 }
 
-// Workspace slices of the fused backward, in order.
+// mHC layers with n = 2, 8 or 16 whose Sinkhorn the lane kernels cover run
+// the mixing, forward and backward, as the scale and Sinkhorn op kernels
+// instead of one thread per token: the lane kernels keep n = 8 / 16 matrices
+// in registers where a thread works from local memory (and replays
+// checkpoints in the reverse mode): at M = 8192, n = 8 the backward mixing
+// took 3.5 ms. n = 4 keeps the fused kernels (sinkhorn4.cuh's one-thread
+// form).
+bool SplitMix(const LayerSpec& spec) {
+  return spec.kind == LayerKind::kMhc && spec.n != 4 &&
+         SinkhornLanesCover(spec);
+}
+
+// Workspace slices of the fused backward, in order (h_post, logits and
+// dlogits only for SplitMix layers).
 struct BackwardSlices {
   size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd,
-      proj_partial, total;
+      h_post, logits, dlogits, proj_partial, total;
 };
 
 BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
@@ -325,20 +338,70 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
   b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
   b.ms_fwd = take(spec.dynamic ? tokens : 0);
+  const bool split = SplitMix(spec);
+  b.h_post = take(split ? tokens * n : 0);
+  b.logits = take(split ? tokens * n * n : 0);
+  b.dlogits = take(split ? tokens * n * n : 0);
   b.proj_partial = offset;
   offset += MmaProjectionWorkspace(spec, tokens, dtype);
   b.total = offset;
   return b;
 }
 
+// The backward mixing of a SplitMix layer after dh_pre: the scale forward
+// again (H_pre for dx, the logits), the lane kernels' Sinkhorn reverse mode
+// (dlogits, and R for dx's residual term), then the scale backward, which
+// accumulates dalpha and dbeta through the contrib / col_partial slices.
+absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
+                              const BackwardSlices& b, char* base,
+                              const BackwardMixDev& d, cudaStream_t stream) {
+  auto at = [&](size_t offset) {
+    return reinterpret_cast<float*>(base + offset);
+  };
+  ScaleForwardParams scale;
+  scale.spec = a.spec;
+  scale.tokens = a.tokens;
+  scale.h = d.h_in;
+  scale.mean_square = d.ms_in;
+  scale.weights = a.weights;
+  scale.h_pre = at(b.h_pre);
+  scale.h_post = at(b.h_post);
+  scale.logits = at(b.logits);
+  MHC_RETURN_IF_ERROR(LaunchScaleForward(scale, stream));
+  MHC_RETURN_IF_ERROR(LaunchSinkhornLanesBackward(
+      *a.spec, a.tokens, at(b.logits), a.dh_res, at(b.dlogits), d.r, stream));
+  ScaleBackwardParams back;
+  back.spec = a.spec;
+  back.tokens = a.tokens;
+  back.h = d.h_in;
+  back.mean_square = d.ms_in;
+  back.weights = a.weights;
+  back.dh_pre = at(b.dh_pre);
+  back.dh_post = a.dh_post;
+  back.dlogits = at(b.dlogits);
+  back.dh = a.spec->dynamic ? d.dh : nullptr;
+  back.dmean_square = a.spec->dynamic ? d.dms : nullptr;
+  back.grads.alpha = a.grads.alpha;
+  back.grads.beta = a.grads.beta;
+  const Workspace ws{base + b.contrib, b.dphi - b.contrib};
+  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream);
+}
+
 }  // namespace
 
-// The tensor-core path's chunk partials, then H_pre for the aggregate kernel.
+// The tensor-core path's chunk partials, then H_pre for the aggregate kernel;
+// SplitMix layers add h, the mean square and the logits.
 size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
                              DType dtype) {
   const size_t projection = MmaProjectionWorkspace(spec, tokens, dtype);
   if (projection == 0) return 0;
-  return projection + AlignBytes(sizeof(float) * tokens * spec.n);
+  size_t bytes = projection + AlignBytes(sizeof(float) * tokens * spec.n);
+  if (SplitMix(spec)) {
+    bytes += AlignBytes(sizeof(float) * tokens * spec.NumLogits()) +
+             AlignBytes(sizeof(float) * tokens) +
+             AlignBytes(sizeof(float) * tokens * spec.n * spec.n);
+  }
+  return bytes;
 }
 
 size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
@@ -358,34 +421,63 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       return absl::InvalidArgumentError(
           absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
     }
-    const float* partial = static_cast<const float*>(ws.data);
-    float* h_pre = a.h_pre;
-    if (h_pre == nullptr) {
-      h_pre = reinterpret_cast<float*>(
-          static_cast<char*>(ws.data) +
-          MmaProjectionWorkspace(*a.spec, a.tokens, a.act_dtype));
-    }
-    MHC_RETURN_IF_ERROR(LaunchProjectionPartials(*a.spec, a.tokens, a.act_dtype,
-                                                 a.x, a.weights.phi, gamma,
-                                                 ws.data, stream));
-    auto mix = [&](auto nt) {
-      constexpr int kNT = decltype(nt)::value;
-      constexpr int kThreads = PreMixThreads<kNT>();
-      pre_mix_forward_kernel<kNT>
-          <<<GridSize((a.tokens + kThreads - 1) / kThreads), kThreads, 0,
-             stream>>>(s, a.tokens, partial, d, h_pre);
+    char* base = static_cast<char*>(ws.data);
+    const float* partial = reinterpret_cast<const float*>(base);
+    size_t offset = MmaProjectionWorkspace(*a.spec, a.tokens, a.act_dtype);
+    auto take = [&](size_t floats) {
+      float* slice = reinterpret_cast<float*>(base + offset);
+      offset += AlignBytes(sizeof(float) * floats);
+      return slice;
     };
-    // Per-thread arrays sized to n (mixing state lives in registers).
-    if (s.n == 4) {
-      mix(IntTag<4>{});
-    } else if (s.n <= 2) {
-      mix(IntTag<2>{});
-    } else if (s.n <= 8) {
-      mix(IntTag<8>{});
+    float* h_pre = take(a.tokens * s.n);
+    if (a.h_pre != nullptr) h_pre = a.h_pre;
+    if (SplitMix(*a.spec)) {
+      // h and the mean square, then the scale and Sinkhorn op kernels.
+      float* h = take(a.tokens * s.N);
+      float* ms = take(a.tokens);
+      float* logits = take(a.tokens * s.n * s.n);
+      MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
+                                              a.x, a.weights.phi, gamma, base,
+                                              h, ms, stream));
+      ScaleForwardParams scale;
+      scale.spec = a.spec;
+      scale.tokens = a.tokens;
+      scale.h = h;
+      scale.mean_square = ms;
+      scale.weights = a.weights;
+      scale.h_pre = h_pre;
+      scale.h_post = a.h_post;
+      scale.logits = logits;
+      MHC_RETURN_IF_ERROR(LaunchScaleForward(scale, stream));
+      SinkhornForwardParams sinkhorn;
+      sinkhorn.spec = a.spec;
+      sinkhorn.tokens = a.tokens;
+      sinkhorn.logits = logits;
+      sinkhorn.h_res = a.h_res;
+      MHC_RETURN_IF_ERROR(LaunchSinkhornForward(sinkhorn, stream));
     } else {
-      mix(IntTag<kMaxStreams>{});
+      MHC_RETURN_IF_ERROR(
+          LaunchProjectionPartials(*a.spec, a.tokens, a.act_dtype, a.x,
+                                   a.weights.phi, gamma, ws.data, stream));
+      auto mix = [&](auto nt) {
+        constexpr int kNT = decltype(nt)::value;
+        constexpr int kThreads = PreMixThreads<kNT>();
+        pre_mix_forward_kernel<kNT>
+            <<<GridSize((a.tokens + kThreads - 1) / kThreads), kThreads, 0,
+               stream>>>(s, a.tokens, partial, d, h_pre);
+      };
+      // Per-thread arrays sized to n (mixing state lives in registers).
+      if (s.n == 4) {
+        mix(IntTag<4>{});
+      } else if (s.n <= 2) {
+        mix(IntTag<2>{});
+      } else if (s.n <= 8) {
+        mix(IntTag<8>{});
+      } else {
+        mix(IntTag<kMaxStreams>{});
+      }
+      MHC_CUDA_CHECK_LAUNCH(op, shape);
     }
-    MHC_CUDA_CHECK_LAUNCH(op, shape);
     AggregateForwardParams agg;
     agg.spec = a.spec;
     agg.tokens = a.tokens;
@@ -446,14 +538,19 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
             static_cast<const T*>(a.dy), at(b.dh_pre));
   });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
-  const unsigned mix_grid =
-      GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
-  DispatchMix(s.n, [&](auto nt) {
-    fused_backward_mix_kernel<decltype(nt)::value>
-        <<<mix_grid, kMixThreads, 0, stream>>>(
-            s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
-  });
-  MHC_CUDA_CHECK_LAUNCH(op, shape);
+  const bool split = SplitMix(*a.spec);
+  if (split) {
+    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, stream));
+  } else {
+    const unsigned mix_grid =
+        GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
+    DispatchMix(s.n, [&](auto nt) {
+      fused_backward_mix_kernel<decltype(nt)::value>
+          <<<mix_grid, kMixThreads, 0, stream>>>(
+              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
+    });
+    MHC_CUDA_CHECK_LAUNCH(op, shape);
+  }
 
   const bool want_phi =
       s.dynamic &&
@@ -479,6 +576,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                                             a.weights.phi, gamma, a.grads.phi,
                                             a.grads.gamma, stream));
   }
+  if (split) return absl::OkStatus();  // the scale backward summed them
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
                          at(b.col_partial), a.grads.beta,
                          s.dynamic ? a.grads.alpha : nullptr, stream);

@@ -53,6 +53,16 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream);
 absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
                                     cudaStream_t stream);
+// The lane kernels' reverse mode for the fused backward: dlogits as
+// LaunchSinkhornBackward and, when r is given, the forward's H_res in
+// source-rows form ([M, n, n], R[i][j] at i n + j) from the same forward.
+// SinkhornLanesCover says whether they apply (LINEAR, at most
+// kLaneMaxIterations iterations, n in {2, 4, 8, 16}).
+bool SinkhornLanesCover(const LayerSpec& spec);
+absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
+                                         const float* logits,
+                                         const float* dh_res, float* dlogits,
+                                         float* r, cudaStream_t stream);
 absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream);
 absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
@@ -140,7 +150,7 @@ struct DxArgs {
 };
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 // The tensor-core version (projection_backward_mma.cu), for dynamic layers
-// with n a power of two and at most 24 logits; LaunchDxAndPhiPartials picks
+// with n a power of two and at most 80 logits; LaunchDxAndPhiPartials picks
 // it when UseMmaDx holds.
 bool UseMmaDx(const DxArgs& a);
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);

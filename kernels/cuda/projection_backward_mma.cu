@@ -41,16 +41,35 @@ constexpr int kStageTokens = 32;              // tokens per pipeline stage
 constexpr int kThreads = 256;                 // 8 warps x 16 columns
 constexpr int kStages = 4;                    // stages in flight
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
-constexpr int kMaxTiles = 3;  // N <= 24 (n <= 4 layers, n <= 16 heads)
+// Logit tiles of 8 the kernel is built for: N <= 8, N <= 24 (n <= 4 layers,
+// heads up to n = 16) and N <= 80 (n = 8 layers). Up to 24 logits two CTAs
+// share an SM; the n = 8 build keeps 80 phi' columns and dphi rows in
+// registers and runs one CTA per SM.
+constexpr int kMaxTiles = 10;
+__host__ __device__ constexpr int TilesFor(int N) {
+  return N <= 8 ? 1 : N <= 24 ? 3 : 10;
+}
+constexpr int kDphiGroupTiles = 5;  // dphi tiles accumulated per pass (n = 8)
 // dh of the current stage, rounded to tf32 once for all warps in two layouts so
 // every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
-// as the dx product's A, [token][40] with logits 8 kt + u and 8 kt + u + 4
-// side by side; as the dphi product's B, [token pair][72] holding
+// as the dx product's A, [token][DhARow] with logits 8 kt + u and 8 kt + u +
+// 4 side by side; as the dphi product's B, [token pair][DhBRow] holding
 // (g, token 2p) and (g, token 2p + 1) side by side.
-constexpr int kDhARow = 40;
-constexpr int kDhBRow = 72;
-constexpr int kDhAFloats = kStageTokens * kDhARow;
-constexpr int kDhBFloats = kStageTokens / 2 * kDhBRow;
+__host__ __device__ constexpr int StrideEight(int floats) {
+  return (floats + 23) / 32 * 32 + 8;  // the least >= floats, = 8 mod 32
+}
+__host__ __device__ constexpr int DhARow(int nt) { return StrideEight(8 * nt); }
+__host__ __device__ constexpr int DhBRow(int nt) {
+  return StrideEight(16 * nt);
+}
+__host__ __device__ constexpr int DhAFloats(int nt) {
+  return kStageTokens * DhARow(nt);
+}
+__host__ __device__ constexpr int DhBFloats(int nt) {
+  return kStageTokens / 2 * DhBRow(nt);
+}
+static_assert(DhARow(3) == 40 && DhBRow(3) == 72 && DhARow(10) == 104,
+              "rows = 8 mod 32");
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
 
 // Elements of one staged activation row: 128 columns plus a pad that makes
@@ -100,10 +119,11 @@ __host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
   p.dh_raw = at;
   at += kStages * kStageTokens * N * 4;  // a multiple of 16 bytes
   const int copies = ieee ? 2 : 1;       // tf32 high (and low) parts
+  const int nt = TilesFor(N);
   p.dh_a = at;
-  at += copies * kDhAFloats * 4;
+  at += copies * DhAFloats(nt) * 4;
   p.dh_b = at;
-  at += copies * kDhBFloats * 4;
+  at += copies * DhBFloats(nt) * 4;
   p.dms = at;
   at += kStages * kStageTokens * 4;
   p.hp = at;
@@ -185,51 +205,63 @@ __device__ __forceinline__ int TileColumn(const DevSpec& s, int log_n,
 }
 
 // The aggregate and residual terms of output columns j, j + 1 of one token
-// for n = 4 (the production shape), with the staged rows: the pair shares a
-// stream and a dx_next run (stream major) or a channel (stream minor), so
-// R rows, gates and dx_next come in vector loads. Same products in the same
-// order as the general path.
-template <typename T>
-__device__ __forceinline__ void AddTermsFour(bool minor, bool residual, int j,
-                                             const T* dxn_row, const T* dy_row,
-                                             const float* hp_row,
-                                             const float* r_rows,
-                                             float (&out)[2]) {
+// for n = 4 (the production shape) and n = 8, with the staged rows: the pair
+// shares a stream and a dx_next run (stream major) or a channel (stream
+// minor), so R rows, gates and dx_next come in vector loads. Same products in
+// the same order as the general path.
+template <typename T, int kN>
+__device__ __forceinline__ void AddTerms(bool minor, bool residual, int j,
+                                         const T* dxn_row, const T* dy_row,
+                                         const float* hp_row,
+                                         const float* r_rows, float (&out)[2]) {
+  static_assert(kN % 4 == 0, "R rows load as float4");
+  constexpr int kWc = kCols / kN;  // channels per stream in the tile
   float acc[2];
   if (!minor) {
-    const int stream = j >> 5;  // 32 channels per stream
-    const int chan = j & 31;
+    const int stream = j / kWc;
+    const int chan = j % kWc;
     const float2 d = LoadPair(dy_row + chan);
     const float hp = hp_row[stream];
     acc[0] = hp * d.x;
     acc[1] = hp * d.y;
     if (residual) {
-      const float4 r = *reinterpret_cast<const float4*>(r_rows + 4 * stream);
-      const float rv[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 g = LoadPair(dxn_row + 32 * i + chan);
-        acc[0] = fmaf(rv[i], g.x, acc[0]);
-        acc[1] = fmaf(rv[i], g.y, acc[1]);
+      for (int i0 = 0; i0 < kN; i0 += 4) {
+        const float4 r =
+            *reinterpret_cast<const float4*>(r_rows + kN * stream + i0);
+        const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 g = LoadPair(dxn_row + kWc * (i0 + q) + chan);
+          acc[0] = fmaf(rv[q], g.x, acc[0]);
+          acc[1] = fmaf(rv[q], g.y, acc[1]);
+        }
       }
     }
   } else {
-    const int stream = j & 3;  // even: streams stream, stream + 1
-    const int chan = j >> 2;
+    const int stream = j % kN;  // even: streams stream, stream + 1
+    const int chan = j / kN;
     const float d = ToFloat(dy_row[chan]);
 #pragma unroll
     for (int e = 0; e < 2; ++e) acc[e] = hp_row[stream + e] * d;
     if (residual) {
-      const float2 g01 = LoadPair(dxn_row + 4 * chan);
-      const float2 g23 = LoadPair(dxn_row + 4 * chan + 2);
-      const float g[4] = {g01.x, g01.y, g23.x, g23.y};
+      float g[kN];
+#pragma unroll
+      for (int i = 0; i < kN; i += 2) {
+        const float2 pair = LoadPair(dxn_row + kN * chan + i);
+        g[i] = pair.x;
+        g[i + 1] = pair.y;
+      }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float4 r =
-            *reinterpret_cast<const float4*>(r_rows + 4 * (stream + e));
-        const float rv[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[e] = fmaf(rv[i], g[i], acc[e]);
+        for (int i0 = 0; i0 < kN; i0 += 4) {
+          const float4 r =
+              *reinterpret_cast<const float4*>(r_rows + kN * (stream + e) + i0);
+          const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[e] = fmaf(rv[q], g[i0 + q], acc[e]);
+        }
       }
     }
   }
@@ -238,13 +270,19 @@ __device__ __forceinline__ void AddTermsFour(bool minor, bool residual, int j,
 }
 
 template <typename T, int NT, bool kIeee>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                        MmaDxDev a) {
   extern __shared__ __align__(16) char smem[];
   constexpr int RS = RowStride<T>();
   constexpr int kVecElems = 16 / sizeof(T);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
+  constexpr int kDhARow = DhARow(NT), kDhBRow = DhBRow(NT);
+  constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
+  // dphi tiles per pass over the staged x fragments: all of them up to 24
+  // logits, in fresh registers either way.
+  constexpr int kAccTiles = NT <= 3 ? NT : kDphiGroupTiles;
+  static_assert(NT % kAccTiles == 0, "passes cover the tiles");
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -423,19 +461,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
 
-  // dphi^T += x^T dh over one stage.
+  // dphi^T += x^T dh over one stage, the logit tiles in passes of kAccTiles
+  // (one pass up to 24 logits); the first pass loads the x fragments of each
+  // 16-token half just before its products, later passes reuse them.
   auto stage_dphi = [&](const T* xt) {
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-    }
-#pragma unroll
-    for (int half = 0; half < kStageTokens / 16; ++half) {
-      // A fragments for the two k steps of these 16 tokens: [step][slot].
-      uint32_t xa[2][4];
-      [[maybe_unused]] uint32_t xl[2][4];
+    // A fragments per 16-token half and k step: [half][step][slot].
+    uint32_t xa[2][2][4];
+    [[maybe_unused]] uint32_t xl[2][2][4];
+    auto load_x = [&](int half) {
       if constexpr (sizeof(T) == 2) {
         uint32_t r[4];
         const int mat = lane >> 3;
@@ -445,10 +478,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int step = 0; step < 2; ++step) {
           const float2 c = Unpack(r[2 * step], T{});
           const float2 d = Unpack(r[2 * step + 1], T{});
-          xa[step][0] = __float_as_uint(c.x);
-          xa[step][1] = __float_as_uint(d.x);
-          xa[step][2] = __float_as_uint(c.y);
-          xa[step][3] = __float_as_uint(d.y);
+          xa[half][step][0] = __float_as_uint(c.x);
+          xa[half][step][1] = __float_as_uint(d.x);
+          xa[half][step][2] = __float_as_uint(c.y);
+          xa[half][step][3] = __float_as_uint(d.y);
         }
       } else {
 #pragma unroll
@@ -458,32 +491,45 @@ __global__ void __launch_bounds__(kThreads, 2)
           const float v[4] = {p[0], p[8], p[RS], p[RS + 8]};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            SplitTf32<kSplitX>(v[e], xa[step][e], xl[step][e]);
+            SplitTf32<kSplitX>(v[e], xa[half][step][e], xl[half][step][e]);
+          }
+        }
+      }
+    };
+#pragma unroll
+    for (int t0 = 0; t0 < NT; t0 += kAccTiles) {
+      float acc[kAccTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kAccTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int half = 0; half < kStageTokens / 16; ++half) {
+        if (t0 == 0) load_x(half);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
+          const float* d =
+              dh_b + (half * 8 + step * 4 + quad) * kDhBRow + 2 * grp + 16 * t0;
+#pragma unroll
+          for (int nt = 0; nt < kAccTiles; ++nt) {
+            const float2 b = *reinterpret_cast<const float2*>(d + 16 * nt);
+            Mma1688(acc[nt], xa[half][step], b.x, b.y);
+            if constexpr (kIeee) {
+              const float2 bl =
+                  *reinterpret_cast<const float2*>(d + kDhBFloats + 16 * nt);
+              Mma1688(acc[nt], xa[half][step], bl.x, bl.y);
+            }
+            if constexpr (kSplitX) Mma1688(acc[nt], xl[half][step], b.x, b.y);
           }
         }
       }
 #pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
-        const float* d =
-            dh_b + (half * 8 + step * 4 + quad) * kDhBRow + 2 * grp;
+      for (int nt = 0; nt < kAccTiles; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float2 b = *reinterpret_cast<const float2*>(d + 16 * nt);
-          Mma1688(acc[nt], xa[step], b.x, b.y);
-          if constexpr (kIeee) {
-            const float2 bl =
-                *reinterpret_cast<const float2*>(d + kDhBFloats + 16 * nt);
-            Mma1688(acc[nt], xa[step], bl.x, bl.y);
-          }
-          if constexpr (kSplitX) Mma1688(acc[nt], xl[step], b.x, b.y);
-        }
+        for (int e = 0; e < 4; ++e) dphi[t0 + nt][e] += acc[nt][e];
       }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dphi[nt][e] += acc[nt][e];
     }
   };
 
@@ -543,9 +589,13 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (aggregate) {
             const int row = buf * kStageTokens + t;
             if (n == 4) {
-              AddTermsFour(s.minor, residual, j, dxns + row * RS,
-                           dys + row * plan.dy_row, hps + row * 4,
-                           rs + row * 16, out);
+              AddTerms<T, 4>(s.minor, residual, j, dxns + row * RS,
+                             dys + row * plan.dy_row, hps + row * 4,
+                             rs + row * 16, out);
+            } else if (NT != 3 && n == 8) {  // NT = 3 never has n = 8
+              AddTerms<T, 8>(s.minor, residual, j, dxns + row * RS,
+                             dys + row * plan.dy_row, hps + row * 8,
+                             rs + row * 64, out);
             } else {
               const T* dxn_row = dxns + row * RS;
               const T* dy_row = dys + row * plan.dy_row;
@@ -624,7 +674,7 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   const SmemPlan plan =
       PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
   auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee>;
-  // Two CTAs per SM need nearly all of its shared memory.
+  // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
   const cudaError_t e = FitLargeSmemKernel(
       reinterpret_cast<const void*>(kernel), kThreads, plan.total, nullptr);
   if (e != cudaSuccess) return e;
@@ -647,7 +697,8 @@ bool UseMmaDx(const DxArgs& a) {
       spec.K() > INT32_MAX) {
     return false;
   }
-  // fp32 tiles with both extra terms at n = 1 outgrow one SM's memory.
+  // fp32 tiles with both extra terms at n = 1 and n = 8 outgrow one SM's
+  // memory.
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   const bool aggregate = a.h_pre != nullptr, residual = a.r != nullptr;
   int bytes = 0;
@@ -674,7 +725,6 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
           Aligned16(a.dx) && (a.dy == nullptr || Aligned16(a.dy)) &&
           (a.dx_next == nullptr || Aligned16(a.dx_next));
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
-  const int tiles = (s.N + 7) / 8;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
@@ -683,10 +733,15 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
       err = ieee ? LaunchTyped<T, kNt, true>(s, a.tokens, a.x, d, stream)
                  : LaunchTyped<T, kNt, false>(s, a.tokens, a.x, d, stream);
     };
-    if (tiles <= 1) {
-      go(IntTag<1>{});
-    } else {
-      go(IntTag<kMaxTiles>{});
+    switch (TilesFor(s.N)) {
+      case 1:
+        go(IntTag<1>{});
+        break;
+      case 3:
+        go(IntTag<3>{});
+        break;
+      default:
+        go(IntTag<kMaxTiles>{});
     }
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "dx (mma)",

@@ -225,11 +225,32 @@ __global__ void __launch_bounds__(kLaneThreads)
   StoreRows<N, L>(h_res, m, lane, live, p);
 }
 
+// The lane's rows of H_res as R in source-rows form: as stored, or
+// transposed under DEST_ROWS.
+template <int N, int L>
+__device__ __forceinline__ void StoreSourceRows(float* dst, int64_t m, int lane,
+                                                bool live, bool dest_rows,
+                                                const float (&v)[N / L][N]) {
+  if (!dest_rows) {
+    StoreRows<N, L>(dst, m, lane, live, v);
+    return;
+  }
+  if (!live) return;
+  float* block = dst + m * N * N + lane * (N / L);
+#pragma unroll
+  for (int r = 0; r < N / L; ++r) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) block[j * N + r] = v[r][j];
+  }
+}
+
+// r (optional): the forward's H_res in source-rows form, for the fused
+// backward's residual term.
 template <int N, int L>
 __global__ void __launch_bounds__(kLaneThreads)
     sinkhorn_lanes_backward_kernel(int iterations, float eps, int64_t tokens,
                                    const float* logits, const float* dh_res,
-                                   float* dlogits) {
+                                   float* dlogits, float* r, bool dest_rows) {
   using S = SinkhornLanes<N, L>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
@@ -241,6 +262,7 @@ __global__ void __launch_bounds__(kLaneThreads)
   const typename S::Keep keep{kept, kLaneThreads, static_cast<int>(threadIdx.x),
                               lane};
   S::template Forward<true>(iterations, eps, a, y, keep);
+  if (r != nullptr) StoreSourceRows<N, L>(r, m, lane, live, dest_rows, y);
   LoadRows<N, L>(dh_res, live ? m : 0, lane, live, dy);
   S::Backward(iterations, eps, a, y, dy, keep, a);
   StoreRows<N, L>(dlogits, m, lane, live, a);
@@ -379,7 +401,8 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
     sinkhorn_lanes_backward_kernel<kN, kL>
         <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits,
+            nullptr, false);
   });
   const unsigned grid =
       GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
@@ -391,6 +414,34 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
     });
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
+  return absl::OkStatus();
+}
+
+bool SinkhornLanesCover(const LayerSpec& spec) {
+  return DispatchLanes(MakeDevSpec(spec), [](auto, auto) {});
+}
+
+absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
+                                         const float* logits,
+                                         const float* dh_res, float* dlogits,
+                                         float* r, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  if (tokens == 0) return absl::OkStatus();
+  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
+    constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
+    sinkhorn_lanes_backward_kernel<kN, kL>
+        <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
+            s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
+            s.dest_rows);
+  });
+  if (!lanes) {
+    return absl::InternalError(
+        absl::StrCat("cuda sinkhorn backward (lanes) ",
+                     ShapeString(spec, tokens, DType::kF32),
+                     ": the lane kernels do not cover this spec"));
+  }
+  MHC_CUDA_CHECK_LAUNCH("sinkhorn backward (lanes)",
+                        ShapeString(spec, tokens, DType::kF32));
   return absl::OkStatus();
 }
 

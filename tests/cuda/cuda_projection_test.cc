@@ -136,7 +136,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 
 // The tensor-core dx / dphi kernel: token chunks with a partial last stage,
 // CTA column tiles past the last channel, odd C (element copies), both
-// layouts, n = 1 / 2 / 4 layers and n = 8 / 16 heads, tf32 and ieee, every
+// layouts, n = 1 / 2 / 4 / 8 layers and n = 8 / 16 heads, tf32 and ieee, every
 // dtype. Then dx of a slice of the batch is bitwise the full batch's rows,
 // and a second run accumulates bitwise the same gradients.
 TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
@@ -159,6 +159,9 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {1, 777, 1200, DType::kBF16, MatmulPrecision::kTf32, false, false, false},
       {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true, false},
       {8, 512, 1030, DType::kBF16, MatmulPrecision::kTf32, true, true, true},
+      {8, 1000, 1100, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {8, 520, 300, DType::kF16, MatmulPrecision::kIeee, false, false, true},
+      {8, 333, 137, DType::kF32, MatmulPrecision::kIeee, true, false, false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
