@@ -348,6 +348,24 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   return b;
 }
 
+// The scale forward op of a SplitMix layer from h and the mean square (null
+// for static layers).
+absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
+                           const float* h, const float* mean_square,
+                           const LayerWeights& weights, float* h_pre,
+                           float* h_post, float* logits, cudaStream_t stream) {
+  ScaleForwardParams scale;
+  scale.spec = spec;
+  scale.tokens = tokens;
+  scale.h = h;
+  scale.mean_square = mean_square;
+  scale.weights = weights;
+  scale.h_pre = h_pre;
+  scale.h_post = h_post;
+  scale.logits = logits;
+  return LaunchScaleForward(scale, stream);
+}
+
 // The backward mixing of a SplitMix layer after dh_pre: the scale forward
 // again (H_pre for dx, the logits), the lane kernels' Sinkhorn reverse mode
 // (dlogits, and R for dx's residual term), then the scale backward, which
@@ -358,16 +376,9 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
   auto at = [&](size_t offset) {
     return reinterpret_cast<float*>(base + offset);
   };
-  ScaleForwardParams scale;
-  scale.spec = a.spec;
-  scale.tokens = a.tokens;
-  scale.h = d.h_in;
-  scale.mean_square = d.ms_in;
-  scale.weights = a.weights;
-  scale.h_pre = at(b.h_pre);
-  scale.h_post = at(b.h_post);
-  scale.logits = at(b.logits);
-  MHC_RETURN_IF_ERROR(LaunchScaleForward(scale, stream));
+  MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, d.h_in, d.ms_in,
+                                    a.weights, at(b.h_pre), at(b.h_post),
+                                    at(b.logits), stream));
   MHC_RETURN_IF_ERROR(LaunchSinkhornLanesBackward(
       *a.spec, a.tokens, at(b.logits), a.dh_res, at(b.dlogits), d.r, stream));
   ScaleBackwardParams back;
@@ -439,16 +450,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
                                               a.x, a.weights.phi, gamma, base,
                                               h, ms, stream));
-      ScaleForwardParams scale;
-      scale.spec = a.spec;
-      scale.tokens = a.tokens;
-      scale.h = h;
-      scale.mean_square = ms;
-      scale.weights = a.weights;
-      scale.h_pre = h_pre;
-      scale.h_post = a.h_post;
-      scale.logits = logits;
-      MHC_RETURN_IF_ERROR(LaunchScaleForward(scale, stream));
+      MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, h, ms, a.weights,
+                                        h_pre, a.h_post, logits, stream));
       SinkhornForwardParams sinkhorn;
       sinkhorn.spec = a.spec;
       sinkhorn.tokens = a.tokens;
