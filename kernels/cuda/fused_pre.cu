@@ -317,17 +317,22 @@ struct BackwardSlices {
       h_post, logits, dlogits, proj_partial, total;
 };
 
+// Byte offsets of consecutive 256-B aligned float slices.
+struct SliceCursor {
+  size_t offset = 0;
+  size_t operator()(size_t floats) {
+    const size_t at = offset;
+    offset += AlignBytes(sizeof(float) * floats);
+    return at;
+  }
+};
+
 BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   const int64_t n = spec.n;
   const int64_t rows = spec.NumLogits();
   const int64_t width = rows + spec.NumAlpha();
   BackwardSlices b;
-  size_t offset = 0;
-  auto take = [&](size_t floats) {
-    const size_t at = offset;
-    offset += AlignBytes(sizeof(float) * floats);
-    return at;
-  };
+  SliceCursor take;
   b.dh = take(tokens * rows);
   b.dms = take(tokens);
   b.h_pre = take(tokens * n);
@@ -342,10 +347,30 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.h_post = take(split ? tokens * n : 0);
   b.logits = take(split ? tokens * n * n : 0);
   b.dlogits = take(split ? tokens * n * n : 0);
-  b.proj_partial = offset;
-  offset += MmaProjectionWorkspace(spec, tokens, dtype);
-  b.total = offset;
+  b.proj_partial = take.offset;
+  b.total = take.offset + MmaProjectionWorkspace(spec, tokens, dtype);
   return b;
+}
+
+// Workspace slices of the fused forward of a dynamic layer, after the
+// tensor-core projection's partials: H_pre for the aggregate kernel, then
+// for SplitMix layers h, the mean square and the logits.
+struct ForwardSlices {
+  size_t h_pre, h, ms, logits, total;
+};
+
+ForwardSlices ForwardSlicesOf(const LayerSpec& spec, int64_t tokens,
+                              DType dtype) {
+  const int64_t n = spec.n;
+  const bool split = SplitMix(spec);
+  ForwardSlices f;
+  SliceCursor take{MmaProjectionWorkspace(spec, tokens, dtype)};
+  f.h_pre = take(tokens * n);
+  f.h = take(split ? tokens * spec.NumLogits() : 0);
+  f.ms = take(split ? tokens : 0);
+  f.logits = take(split ? tokens * n * n : 0);
+  f.total = take.offset;
+  return f;
 }
 
 // The scale forward op of a SplitMix layer from h and the mean square (null
@@ -400,19 +425,11 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
 
 }  // namespace
 
-// The tensor-core path's chunk partials, then H_pre for the aggregate kernel;
-// SplitMix layers add h, the mean square and the logits.
+// Static layers need none (no projection).
 size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
                              DType dtype) {
-  const size_t projection = MmaProjectionWorkspace(spec, tokens, dtype);
-  if (projection == 0) return 0;
-  size_t bytes = projection + AlignBytes(sizeof(float) * tokens * spec.n);
-  if (SplitMix(spec)) {
-    bytes += AlignBytes(sizeof(float) * tokens * spec.NumLogits()) +
-             AlignBytes(sizeof(float) * tokens) +
-             AlignBytes(sizeof(float) * tokens * spec.n * spec.n);
-  }
-  return bytes;
+  if (MmaProjectionWorkspace(spec, tokens, dtype) == 0) return 0;
+  return ForwardSlicesOf(spec, tokens, dtype).total;
 }
 
 size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
@@ -434,19 +451,16 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     }
     char* base = static_cast<char*>(ws.data);
     const float* partial = reinterpret_cast<const float*>(base);
-    size_t offset = MmaProjectionWorkspace(*a.spec, a.tokens, a.act_dtype);
-    auto take = [&](size_t floats) {
-      float* slice = reinterpret_cast<float*>(base + offset);
-      offset += AlignBytes(sizeof(float) * floats);
-      return slice;
+    const ForwardSlices f = ForwardSlicesOf(*a.spec, a.tokens, a.act_dtype);
+    auto at = [&](size_t offset) {
+      return reinterpret_cast<float*>(base + offset);
     };
-    float* h_pre = take(a.tokens * s.n);
-    if (a.h_pre != nullptr) h_pre = a.h_pre;
+    float* h_pre = a.h_pre != nullptr ? a.h_pre : at(f.h_pre);
     if (SplitMix(*a.spec)) {
       // h and the mean square, then the scale and Sinkhorn op kernels.
-      float* h = take(a.tokens * s.N);
-      float* ms = take(a.tokens);
-      float* logits = take(a.tokens * s.n * s.n);
+      float* h = at(f.h);
+      float* ms = at(f.ms);
+      float* logits = at(f.logits);
       MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
                                               a.x, a.weights.phi, gamma, base,
                                               h, ms, stream));

@@ -304,6 +304,20 @@ unsigned LaneGrid(int64_t tokens, int lanes) {
   return GridSize((tokens * lanes + kLaneThreads - 1) / kLaneThreads);
 }
 
+// The lane kernels' reverse mode (with R when r is given); false where they
+// do not cover the spec.
+bool LaunchLanesBackward(const DevSpec& s, int64_t tokens, const float* logits,
+                         const float* dh_res, float* dlogits, float* r,
+                         cudaStream_t stream) {
+  return DispatchLanes(s, [&](auto nt, auto lt) {
+    constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
+    sinkhorn_lanes_backward_kernel<kN, kL>
+        <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
+            s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
+            s.dest_rows);
+  });
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     sinkhorn_forward_kernel(DevSpec s, int64_t tokens, const float* logits,
@@ -397,13 +411,8 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
                           ShapeString(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
   }
-  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
-    constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_backward_kernel<kN, kL>
-        <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits,
-            nullptr, false);
-  });
+  const bool lanes = LaunchLanesBackward(s, p.tokens, p.logits, p.dh_res,
+                                         p.dlogits, /*r=*/nullptr, stream);
   const unsigned grid =
       GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
   if (!lanes)
@@ -427,14 +436,7 @@ absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
                                          float* r, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   if (tokens == 0) return absl::OkStatus();
-  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
-    constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_backward_kernel<kN, kL>
-        <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
-            s.dest_rows);
-  });
-  if (!lanes) {
+  if (!LaunchLanesBackward(s, tokens, logits, dh_res, dlogits, r, stream)) {
     return absl::InternalError(
         absl::StrCat("cuda sinkhorn backward (lanes) ",
                      ShapeString(spec, tokens, DType::kF32),
