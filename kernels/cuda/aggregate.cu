@@ -6,11 +6,12 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "row_access.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
   const int n = NT == 4 ? 4 : s.n;
@@ -22,9 +23,10 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   const T* row = x + m * s.K;
   T* out = y + m * s.C;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float xv[NT][V];
-    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -34,11 +36,11 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], xv[i][v], acc[v]);
     }
-    StoreVec<T, V>(out + c, acc);
+    StoreChannels<T, V, kStrided>(out, c, s.C, acc);
   }
 }
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
                               const T* dy, T* dx, float* dh_pre) {
@@ -57,11 +59,12 @@ __global__ void __launch_bounds__(kRowThreads)
   float acc[NT];
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float xv[NT][V];
     float d[V];
-    LoadStreams<T, NT, V>(s, n, row, c, xv);
-    LoadChannels<T, V>(dy_row, c, d);
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+    LoadChannels<T, V, kStrided>(dy_row, c, s.C, d);
     float out[NT][V];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(kRowThreads)
         out[i][v] = hp[i] * d[v];
       }
     }
-    StoreStreams<T, NT, V>(s, n, dx_row, c, out);
+    StoreStreams<T, NT, V, kStrided>(s, n, dx_row, c, out);
   }
   BlockSum<NT>(acc, red, total);
   if (threadIdx.x < n) dh_pre[m * n + threadIdx.x] = total[threadIdx.x];
@@ -82,13 +85,15 @@ __global__ void __launch_bounds__(kRowThreads)
 absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.x, p.y);
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
-  });
+  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.y);
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                                 decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
+      });
   MHC_CUDA_CHECK_LAUNCH("aggregate forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
@@ -97,14 +102,17 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
 absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
                                      cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.x, p.dy, p.dx);
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.x), p.h_pre, static_cast<const T*>(p.dy),
-            static_cast<T*>(p.dx), p.dh_pre);
-  });
+  const RowAccess access =
+      ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.dy, p.dx);
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                                  decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.x), p.h_pre,
+                static_cast<const T*>(p.dy), static_cast<T*>(p.dx), p.dh_pre);
+      });
   MHC_CUDA_CHECK_LAUNCH("aggregate backward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();

@@ -1,7 +1,8 @@
 // Device helpers shared by every CUDA kernel of the backend: the device view
 // of a LayerSpec, activation loads and stores (fp32 accumulate, one
 // round-to-nearest-even at the end), 16-byte vector access, deterministic
-// block reductions and the status macros that name the failing op.
+// block reductions and the status macros that name the failing op. The row
+// kernels' stream and channel accesses are in row_access.cuh.
 #ifndef MHC_KERNELS_CUDA_COMMON_CUH_
 #define MHC_KERNELS_CUDA_COMMON_CUH_
 
@@ -159,79 +160,6 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
 #pragma unroll
     for (int v = 0; v < V; ++v) p[v] = FromFloat<T>(in[v]);
   }
-}
-
-// Streams 0..n-1 of channels [c0, c0 + V) of one token row. NT is the
-// stream capacity; the vector path (V > 1) requires n == NT, C % V == 0 and
-// 16-byte aligned rows, which the launchers check.
-template <typename T, int NT, int V>
-__device__ __forceinline__ void LoadStreams(const DevSpec& s, int n,
-                                            const T* row, int64_t c0,
-                                            float (&out)[NT][V]) {
-  if constexpr (V > 1) {
-    if (s.minor) {
-      // The block (c0..c0+V) x (all streams) is contiguous: NT*V elements.
-      constexpr int kPer = 16 / sizeof(T);
-      constexpr int kVecs = NT * V / kPer;
-      const T* base = row + c0 * NT;
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q) {
-        float tmp[kPer];
-        LoadVec<T, kPer>(base + q * kPer, tmp);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int flat = q * kPer + e;
-          out[flat % NT][flat / NT] = tmp[e];
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NT; ++i) LoadVec<T, V>(row + i * s.C + c0, out[i]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      out[i][0] = i < n ? ToFloat(row[XIndex(s, i, c0)]) : 0.0f;
-    }
-  }
-}
-
-template <typename T, int NT, int V>
-__device__ __forceinline__ void StoreStreams(const DevSpec& s, int n, T* row,
-                                             int64_t c0,
-                                             const float (&in)[NT][V]) {
-  if constexpr (V > 1) {
-    if (s.minor) {
-      constexpr int kPer = 16 / sizeof(T);
-      constexpr int kVecs = NT * V / kPer;
-      T* base = row + c0 * NT;
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q) {
-        float tmp[kPer];
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int flat = q * kPer + e;
-          tmp[e] = in[flat % NT][flat / NT];
-        }
-        StoreVec<T, kPer>(base + q * kPer, tmp);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NT; ++i) StoreVec<T, V>(row + i * s.C + c0, in[i]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      if (i < n) row[XIndex(s, i, c0)] = FromFloat<T>(in[i][0]);
-    }
-  }
-}
-
-// Channels [c0, c0 + V) of a [C] row.
-template <typename T, int V>
-__device__ __forceinline__ void LoadChannels(const T* row, int64_t c0,
-                                             float (&out)[V]) {
-  LoadVec<T, V>(row + c0, out);
 }
 
 // ----------------------------------------------------------- reductions --

@@ -1,11 +1,11 @@
 // Compile-time dispatch of the activation dtype and the stream shape. n = 2,
-// 4 (the production case) and 8 get vector instantiations with n == NT when
-// the rows are aligned: 16-byte accesses, 8-byte ones at n = 8, where the
-// post backward holds 2 x 8 streams of V channels. Every other case runs the
-// generic path with runtime n and element accesses, at the smallest stream
-// capacity that holds it (2, 4, 8 or 16): the row kernels keep NT + NT^2
-// per-thread sums, so capacity 16 for n = 2 would cost 272 registers' worth
-// of local memory per thread.
+// 4 (the production case) and 8 get instantiations with n == NT and V
+// channels per thread, vector or strided (row_access.cuh): 16-byte accesses,
+// 8-byte ones at n = 8, where the post backward holds 2 x 8 streams of V
+// channels. Every other case runs the generic path with runtime n and element
+// accesses, at the smallest stream capacity that holds it (2, 4, 8 or 16): the
+// row kernels keep NT + NT^2 per-thread sums, so capacity 16 for n = 2 would
+// cost 272 registers' worth of local memory per thread.
 #ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
 #define MHC_KERNELS_CUDA_DISPATCH_CUH_
 
@@ -27,6 +27,8 @@ struct TypeTag {
 };
 template <int I>
 using IntTag = std::integral_constant<int, I>;
+template <bool B>
+using BoolTag = std::integral_constant<bool, B>;
 
 template <typename F>
 void DispatchDType(DType dtype, F&& f) {
@@ -48,35 +50,52 @@ inline int VectorWidth(DType dtype) {
   return 16 / static_cast<int>(DTypeSize(dtype));
 }
 
-// True when every given activation row of the op may use vector accesses.
+// How the row kernels of one launch touch their activation rows
+// (row_access.cuh).
+enum class RowAccess { kElement, kVector, kStrided };
+
+// For n = 2, 4 and 8: vector accesses where C is a multiple of the vector
+// width and every given activation tensor starts on 16 bytes, strided
+// element accesses otherwise; element accesses for every other n.
 template <typename... P>
-bool CanVectorize(const LayerSpec& spec, DType dtype, P... pointers) {
+RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
   const bool vector_n = spec.n == 2 || spec.n == 4 || spec.n == 8;
-  if (!vector_n || spec.hidden % VectorWidth(dtype) != 0) return false;
-  return (... && (pointers == nullptr || Aligned16(pointers)));
+  if (!vector_n) return RowAccess::kElement;
+  if (spec.hidden % VectorWidth(dtype) == 0 &&
+      (... && (pointers == nullptr || Aligned16(pointers)))) {
+    return RowAccess::kVector;
+  }
+  return RowAccess::kStrided;
 }
 
-// f(TypeTag<T>, IntTag<NT>, IntTag<V>); NT == 4 means n == 4 exactly, and
-// so does V > 1 for every NT.
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>); NT == 4 means
+// n == 4 exactly, and so does V > 1 for every NT.
 template <typename F>
-void DispatchStreams(DType dtype, int n, bool vec, F&& f) {
+void DispatchStreams(DType dtype, int n, RowAccess access, F&& f) {
   DispatchDType(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     constexpr int kV = 16 / sizeof(T);
-    if (vec && n == 4) {
-      f(type_tag, IntTag<4>{}, IntTag<kV>{});
-    } else if (vec && n == 2) {
-      f(type_tag, IntTag<2>{}, IntTag<kV>{});
-    } else if (vec && n == 8) {
-      f(type_tag, IntTag<8>{}, IntTag<kV / 2>{});
+    auto vector = [&](auto strided) {
+      if (n == 4) {
+        f(type_tag, IntTag<4>{}, IntTag<kV>{}, strided);
+      } else if (n == 2) {
+        f(type_tag, IntTag<2>{}, IntTag<kV>{}, strided);
+      } else {
+        f(type_tag, IntTag<8>{}, IntTag<kV / 2>{}, strided);
+      }
+    };
+    if (access == RowAccess::kVector) {
+      vector(BoolTag<false>{});
+    } else if (access == RowAccess::kStrided) {
+      vector(BoolTag<true>{});
     } else if (n == 4) {
-      f(type_tag, IntTag<4>{}, IntTag<1>{});
+      f(type_tag, IntTag<4>{}, IntTag<1>{}, BoolTag<false>{});
     } else if (n <= 2) {
-      f(type_tag, IntTag<2>{}, IntTag<1>{});
+      f(type_tag, IntTag<2>{}, IntTag<1>{}, BoolTag<false>{});
     } else if (n <= 8) {
-      f(type_tag, IntTag<8>{}, IntTag<1>{});
+      f(type_tag, IntTag<8>{}, IntTag<1>{}, BoolTag<false>{});
     } else {
-      f(type_tag, IntTag<kMaxStreams>{}, IntTag<1>{});
+      f(type_tag, IntTag<kMaxStreams>{}, IntTag<1>{}, BoolTag<false>{});
     }
   });
 }

@@ -4,40 +4,43 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "row_access.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     expand_forward_kernel(DevSpec s, const T* e, T* x) {
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   const T* in = e + m * s.C;
   T* row = x + m * s.K;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float ev[V];
-    LoadChannels<T, V>(in, c, ev);
+    LoadChannels<T, V, kStrided>(in, c, s.C, ev);
     float out[NT][V];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
       for (int v = 0; v < V; ++v) out[i][v] = ev[v];
     }
-    StoreStreams<T, NT, V>(s, n, row, c, out);
+    StoreStreams<T, NT, V, kStrided>(s, n, row, c, out);
   }
 }
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     expand_backward_kernel(DevSpec s, const T* dx, T* de) {
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   const T* row = dx + m * s.K;
   T* out = de + m * s.C;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float xv[NT][V];
-    LoadStreams<T, NT, V>(s, n, row, c, xv);
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = xv[0][v];
@@ -47,7 +50,7 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += xv[i][v];
     }
-    StoreVec<T, V>(out + c, acc);
+    StoreChannels<T, V, kStrided>(out, c, s.C, acc);
   }
 }
 
@@ -56,13 +59,15 @@ __global__ void __launch_bounds__(kRowThreads)
 absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.e, p.x);
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
-  });
+  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.e, p.x);
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                              decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
+      });
   MHC_CUDA_CHECK_LAUNCH("expand forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
@@ -71,13 +76,15 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
 absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.dx, p.de);
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
-  });
+  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.dx, p.de);
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                               decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
+      });
   MHC_CUDA_CHECK_LAUNCH("expand backward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();

@@ -18,6 +18,7 @@
 #include "launch.h"
 #include "mix.cuh"
 #include "proj_mma.cuh"
+#include "row_access.cuh"
 #include "sinkhorn4.cuh"
 
 namespace mhc::cuda {
@@ -82,7 +83,7 @@ __device__ __forceinline__ void ForwardMixToken(const DevSpec& s, int64_t m,
 
 // A static layer (z = beta for every token, no projection): the mixing
 // values of kTileTokens tokens, then their aggregate.
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kTileThreads)
     static_forward_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
                           ForwardDev a) {
@@ -105,9 +106,10 @@ __global__ void __launch_bounds__(kTileThreads)
     if (m >= tokens) break;
     const T* row = x + m * s.K;
     T* out = y + m * s.C;
-    for (int64_t c = threadIdx.x * V; c < s.C; c += kTileThreads * V) {
+    for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+         c += kTileThreads * V) {
       float xv[NT][V];
-      LoadStreams<T, NT, V>(s, n, row, c, xv);
+      LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
       float acc[V];
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[v] = fmaf(hp_s[t][i], xv[i][v], acc[v]);
       }
-      StoreVec<T, V>(out + c, acc);
+      StoreChannels<T, V, kStrided>(out, c, s.C, acc);
     }
   }
 }
@@ -237,7 +239,7 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
 // stride the channels, then a fixed xor tree (order set by C alone).
 constexpr int kDhPreWarps = 4;
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kDhPreWarps * 32)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
                   float* dh_pre) {
@@ -252,11 +254,11 @@ __global__ void __launch_bounds__(kDhPreWarps * 32)
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
 #pragma unroll 2
-  for (int64_t c = lane * V; c < s.C; c += 32 * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(lane); c < s.C; c += 32 * V) {
     float xv[NT][V];
     float d[V];
-    LoadStreams<T, NT, V>(s, n, row, c, xv);
-    LoadChannels<T, V>(dy_row, c, d);
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+    LoadChannels<T, V, kStrided>(dy_row, c, s.C, d);
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -504,14 +506,17 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     agg.y = a.y;
     return LaunchAggregateForward(agg, stream);
   }
-  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.y);
+  const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.y);
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
-  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<grid, kTileThreads, 0, stream>>>(
-            s, a.tokens, static_cast<const T*>(a.x), static_cast<T*>(a.y), d);
-  });
+  DispatchStreams(
+      a.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                              decltype(rt)::value>
+            <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
+                                                static_cast<const T*>(a.x),
+                                                static_cast<T*>(a.y), d);
+      });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   return absl::OkStatus();
 }
@@ -545,15 +550,17 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }
-  const bool vec = CanVectorize(*a.spec, a.act_dtype, a.x, a.dy);
+  const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.dy);
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
-  DispatchStreams(a.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<grid, kDhPreWarps * 32, 0, stream>>>(
-            s, a.tokens, static_cast<const T*>(a.x),
-            static_cast<const T*>(a.dy), at(b.dh_pre));
-  });
+  DispatchStreams(a.act_dtype, s.n, access,
+                  [&](auto tt, auto nt, auto vt, auto rt) {
+                    using T = typename decltype(tt)::type;
+                    dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                                  decltype(rt)::value>
+                        <<<grid, kDhPreWarps * 32, 0, stream>>>(
+                            s, a.tokens, static_cast<const T*>(a.x),
+                            static_cast<const T*>(a.dy), at(b.dh_pre));
+                  });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   const bool split = SplitMix(*a.spec);
   if (split) {

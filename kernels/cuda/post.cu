@@ -8,6 +8,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "row_access.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -34,7 +35,7 @@ __device__ __forceinline__ void LoadMixing(const DevSpec& s, int n,
   __syncthreads();
 }
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
                         const float* h_res, const float* bias, T* x_next) {
@@ -46,15 +47,13 @@ __global__ void __launch_bounds__(kRowThreads)
   const T* row = x + m * s.K;
   const T* f_row = f + m * s.C;
   T* out_row = x_next + m * s.K;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float xv[NT][V];
     float fv[V];
-    LoadStreams<T, NT, V>(s, n, row, c, xv);
-    LoadChannels<T, V>(f_row, c, fv);
-    if (s.has_bias) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) fv[v] += bias[c + v];
-    }
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+    LoadChannels<T, V, kStrided>(f_row, c, s.C, fv);
+    if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, fv);
     float out[NT][V];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -69,11 +68,11 @@ __global__ void __launch_bounds__(kRowThreads)
         out[j][v] = acc;
       }
     }
-    StoreStreams<T, NT, V>(s, n, out_row, c, out);
+    StoreStreams<T, NT, V, kStrided>(s, n, out_row, c, out);
   }
 }
 
-template <typename T, int NT, int V>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     post_backward_kernel(DevSpec s, const T* dx_next, const T* f, const T* x,
                          const float* h_post, const float* h_res,
@@ -94,17 +93,15 @@ __global__ void __launch_bounds__(kRowThreads)
   float acc[kW];
 #pragma unroll
   for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
-  for (int64_t c = threadIdx.x * V; c < s.C; c += kRowThreads * V) {
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
     float gv[NT][V];
     float xv[NT][V];
     float fv[V];
-    LoadStreams<T, NT, V>(s, n, g_row, c, gv);
-    LoadStreams<T, NT, V>(s, n, x_row, c, xv);
-    LoadChannels<T, V>(f_row, c, fv);
-    if (s.has_bias) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) fv[v] += bias[c + v];
-    }
+    LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, gv);
+    LoadStreams<T, NT, V, kStrided>(s, n, x_row, c, xv);
+    LoadChannels<T, V, kStrided>(f_row, c, s.C, fv);
+    if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, fv);
     float dfv[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -116,7 +113,7 @@ __global__ void __launch_bounds__(kRowThreads)
       }
       dfv[v] = d;
     }
-    StoreVec<T, V>(df + m * s.C + c, dfv);
+    StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -147,7 +144,7 @@ __global__ void __launch_bounds__(kRowThreads)
           out[i][v] = d;
         }
       }
-      StoreStreams<T, NT, V>(s, n, dx + m * s.K, c, out);
+      StoreStreams<T, NT, V, kStrided>(s, n, dx + m * s.K, c, out);
     }
   }
   BlockSum<kW>(acc, red, total);
@@ -194,15 +191,18 @@ size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 absl::Status LaunchPostForward(const PostForwardParams& p,
                                cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const bool vec = CanVectorize(*p.spec, p.act_dtype, p.f, p.x, p.x_next);
+  const RowAccess access =
+      ChooseRowAccess(*p.spec, p.act_dtype, p.f, p.x, p.x_next);
   const float* bias = s.has_bias ? p.weights.bias : nullptr;
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.f), static_cast<const T*>(p.x), p.h_post,
-            p.h_res, bias, static_cast<T*>(p.x_next));
-  });
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                            decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.f), static_cast<const T*>(p.x),
+                p.h_post, p.h_res, bias, static_cast<T*>(p.x_next));
+      });
   MHC_CUDA_CHECK_LAUNCH("post forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
@@ -212,17 +212,20 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
-  const bool vec =
-      CanVectorize(*p.spec, p.act_dtype, p.dx_next, p.f, p.x, p.df, p.dx);
+  const RowAccess access =
+      ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next, p.f, p.x, p.df, p.dx);
   const float* bias = s.has_bias ? p.weights.bias : nullptr;
-  DispatchStreams(p.act_dtype, s.n, vec, [&](auto tt, auto nt, auto vt) {
-    using T = typename decltype(tt)::type;
-    post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value>
-        <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-            s, static_cast<const T*>(p.dx_next), static_cast<const T*>(p.f),
-            static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
-            static_cast<T*>(p.df), static_cast<T*>(p.dx), p.dh_post, p.dh_res);
-  });
+  DispatchStreams(
+      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                             decltype(rt)::value>
+            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
+                s, static_cast<const T*>(p.dx_next), static_cast<const T*>(p.f),
+                static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
+                static_cast<T*>(p.df), static_cast<T*>(p.dx), p.dh_post,
+                p.dh_res);
+      });
   MHC_CUDA_CHECK_LAUNCH("post backward", shape);
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();
   if (ws.bytes < PostBackwardWorkspace(*p.spec, p.tokens)) {

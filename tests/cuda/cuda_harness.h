@@ -205,12 +205,16 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
 // magnitude, floor): for sums that can cancel far below their terms (a single
 // accumulated gradient, a Sinkhorn dlogits row) the floor is the terms'
 // scale, e.g. the incoming gradient or the accumulator's starting value.
+inline void ExpectCloseWithFloor(Harness& h, const Pair& out, DType dtype,
+                                 int64_t count, double floor, double tol,
+                                 const std::string& what) {
+  EXPECT_LE(RelativeError(h.Fetch(out), out.host, dtype, count, floor), tol)
+      << what;
+}
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
                                  double floor, double tol,
                                  const std::string& what) {
-  EXPECT_LE(RelativeError(h.Fetch(out), out.host, DType::kF32, count, floor),
-            tol)
-      << what;
+  ExpectCloseWithFloor(h, out, DType::kF32, count, floor, tol, what);
 }
 
 // The largest magnitude of n floats, or of a Pair's host values.

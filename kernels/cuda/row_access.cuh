@@ -1,0 +1,165 @@
+// Stream and channel accesses of the row kernels (aggregate, expand, post,
+// the fused pre's aggregate and dh_pre): each thread handles V channels of
+// every stream of a token, or of a [C] row, per loop step.
+//
+// Three modes, picked per launch by ChooseRowAccess (dispatch.cuh):
+//  - element (V == 1): any n, C, layout and alignment;
+//  - vector (V > 1): channels [c, c + V) with one 8- or 16-byte access per
+//    stream, for rows that start on a vector boundary (C % V == 0, aligned
+//    tensors);
+//  - strided (V > 1, kStrided): rows that start anywhere, e.g. every odd C.
+//    Channels c, c + 32, ..., c + 32 (V - 1) with element accesses: each warp
+//    instruction still reads 32 consecutive elements, and a thread keeps the
+//    vector path's V independent loads per stream in flight, which is what
+//    the bandwidth needs (a single channel per thread leaves HBM idle).
+#ifndef MHC_KERNELS_CUDA_ROW_ACCESS_CUH_
+#define MHC_KERNELS_CUDA_ROW_ACCESS_CUH_
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace mhc::cuda {
+
+// Distance between a thread's consecutive channel slots.
+template <bool kStrided>
+inline constexpr int kSlotStride = kStrided ? 32 : 1;
+
+// The first channel of thread t (of a block or, with one warp per row, of a
+// warp): warp w of a strided step covers channels [32 V w, 32 V (w + 1)).
+template <int V, bool kStrided>
+__device__ __forceinline__ int64_t FirstChannel(int t) {
+  if constexpr (kStrided) {
+    return static_cast<int64_t>(t >> 5) * 32 * V + (t & 31);
+  } else {
+    return static_cast<int64_t>(t) * V;
+  }
+}
+
+// Streams 0..n-1 of the channel slots from c0 of one token row. NT is the
+// stream capacity; V > 1 requires n == NT, and the vector path also
+// C % V == 0 and 16-byte aligned rows; the launchers check.
+template <typename T, int NT, int V, bool kStrided>
+__device__ __forceinline__ void LoadStreams(const DevSpec& s, int n,
+                                            const T* row, int64_t c0,
+                                            float (&out)[NT][V]) {
+  if constexpr (kStrided) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int64_t c = c0 + kSlotStride<kStrided> * v;
+        out[i][v] = c < s.C ? ToFloat(row[XIndex(s, i, c)]) : 0.0f;
+      }
+    }
+  } else if constexpr (V > 1) {
+    if (s.minor) {
+      // The block (c0..c0+V) x (all streams) is contiguous: NT*V elements.
+      constexpr int kPer = 16 / sizeof(T);
+      constexpr int kVecs = NT * V / kPer;
+      const T* base = row + c0 * NT;
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) {
+        float tmp[kPer];
+        LoadVec<T, kPer>(base + q * kPer, tmp);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int flat = q * kPer + e;
+          out[flat % NT][flat / NT] = tmp[e];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) LoadVec<T, V>(row + i * s.C + c0, out[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      out[i][0] = i < n ? ToFloat(row[XIndex(s, i, c0)]) : 0.0f;
+    }
+  }
+}
+
+template <typename T, int NT, int V, bool kStrided>
+__device__ __forceinline__ void StoreStreams(const DevSpec& s, int n, T* row,
+                                             int64_t c0,
+                                             const float (&in)[NT][V]) {
+  if constexpr (kStrided) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int64_t c = c0 + kSlotStride<kStrided> * v;
+        if (c < s.C) row[XIndex(s, i, c)] = FromFloat<T>(in[i][v]);
+      }
+    }
+  } else if constexpr (V > 1) {
+    if (s.minor) {
+      constexpr int kPer = 16 / sizeof(T);
+      constexpr int kVecs = NT * V / kPer;
+      T* base = row + c0 * NT;
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) {
+        float tmp[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int flat = q * kPer + e;
+          tmp[e] = in[flat % NT][flat / NT];
+        }
+        StoreVec<T, kPer>(base + q * kPer, tmp);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) StoreVec<T, V>(row + i * s.C + c0, in[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      if (i < n) row[XIndex(s, i, c0)] = FromFloat<T>(in[i][0]);
+    }
+  }
+}
+
+// The channel slots from c0 of a [C] row.
+template <typename T, int V, bool kStrided>
+__device__ __forceinline__ void LoadChannels(const T* row, int64_t c0,
+                                             int64_t C, float (&out)[V]) {
+  if constexpr (kStrided) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = c0 + kSlotStride<kStrided> * v;
+      out[v] = c < C ? ToFloat(row[c]) : 0.0f;
+    }
+  } else {
+    LoadVec<T, V>(row + c0, out);
+  }
+}
+
+template <typename T, int V, bool kStrided>
+__device__ __forceinline__ void StoreChannels(T* row, int64_t c0, int64_t C,
+                                              const float (&in)[V]) {
+  if constexpr (kStrided) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = c0 + kSlotStride<kStrided> * v;
+      if (c < C) row[c] = FromFloat<T>(in[v]);
+    }
+  } else {
+    StoreVec<T, V>(row + c0, in);
+  }
+}
+
+// The bias of every channel slot added to v.
+template <int V, bool kStrided>
+__device__ __forceinline__ void AddChannels(const float* bias, int64_t c0,
+                                            int64_t C, float (&v)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = c0 + kSlotStride<kStrided> * k;
+    if (!kStrided || c < C) v[k] += bias[c];
+  }
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_ROW_ACCESS_CUH_

@@ -1,0 +1,226 @@
+// The row kernels (aggregate, post, expand) on activation tensors that start
+// off every vector boundary, which sends them down the strided path of
+// kernels/cuda/row_access.cuh: the elementwise outputs bit for bit those of
+// the vector path on the same data, the channel sums (summed in another
+// order) within fp32 rounding, and not a byte written outside the outputs.
+// Odd C against the float64 reference is in cuda_ops_test. Skips without a
+// GPU.
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_harness.h"
+#include "gtest/gtest.h"
+
+namespace mhc::testing {
+namespace {
+
+// Poisoned bytes kept after every output, checked after the run.
+constexpr size_t kGuardBytes = 32;
+
+// Device copies of a run's tensors, inputs `input_shift` and outputs
+// `output_shift` elements past a fresh allocation's (aligned) start.
+class Placed {
+ public:
+  Placed(Harness& h, DType dtype, int input_shift, int output_shift)
+      : h_(h),
+        elem_(DTypeSize(dtype)),
+        input_shift_(input_shift),
+        output_shift_(output_shift) {}
+
+  const void* In(const Pair& src) {
+    keep_.push_back(h_.Output(input_shift_ * elem_ + src.bytes));
+    char* p = static_cast<char*>(keep_.back().dev) + input_shift_ * elem_;
+    if (src.bytes > 0) {
+      EXPECT_TRUE(h_.cuda().CopyToDevice(p, src.host.data(), src.bytes).ok());
+    }
+    return p;
+  }
+
+  void* Out(const std::string& name, size_t bytes) {
+    keep_.push_back(h_.Output(output_shift_ * elem_ + bytes + kGuardBytes));
+    outputs_[name] = {keep_.size() - 1, bytes};
+    return static_cast<char*>(keep_.back().dev) + output_shift_ * elem_;
+  }
+
+  // Every output's bytes; the poison before and after each must be intact.
+  std::map<std::string, std::vector<uint8_t>> Results() {
+    std::map<std::string, std::vector<uint8_t>> results;
+    const size_t before = output_shift_ * elem_;
+    for (const auto& [name, where] : outputs_) {
+      const std::vector<uint8_t> all = h_.Fetch(keep_[where.first]);
+      const size_t bytes = where.second;
+      size_t outside = 0;
+      for (size_t i = 0; i < all.size(); ++i) {
+        if ((i < before || i >= before + bytes) && all[i] != 0xFF) ++outside;
+      }
+      EXPECT_EQ(outside, 0u) << name << ": bytes written outside the output";
+      results[name].assign(all.begin() + before, all.begin() + before + bytes);
+    }
+    return results;
+  }
+
+ private:
+  Harness& h_;
+  size_t elem_;
+  int input_shift_;
+  int output_shift_;
+  std::vector<Pair> keep_;
+  std::map<std::string, std::pair<size_t, size_t>> outputs_;
+};
+
+struct RowInputs {
+  Pair x, f, dy, dxn, hpre, hpost, hres, bias;
+  std::vector<float> dbias_init;
+};
+
+// Runs aggregate, post and expand forward and backward on the CUDA backend
+// with the tensors placed as `at` says; returns every output's bytes.
+std::map<std::string, std::vector<uint8_t>> RunRowOps(Harness& h,
+                                                      const LayerSpec& spec,
+                                                      DType dt, int64_t M,
+                                                      RowInputs& in,
+                                                      Placed& at) {
+  const int64_t n = spec.n, C = spec.hidden, K = spec.K();
+  const size_t es = DTypeSize(dt);
+  Backend& cuda = h.cuda();
+  const void* x = at.In(in.x);
+  const void* f = at.In(in.f);
+  const void* dy = at.In(in.dy);
+  const void* dxn = at.In(in.dxn);
+  auto floats = [&](const std::string& name, int64_t count) {
+    return static_cast<float*>(at.Out(name, count * 4));
+  };
+  auto ws = [&](OpKind op) { return h.Scratch(1, op, spec, M, dt); };
+
+  AggregateForwardParams af;
+  af.spec = &spec;
+  af.tokens = M;
+  af.act_dtype = dt;
+  af.x = x;
+  af.h_pre = in.hpre.f(1);
+  af.y = at.Out("aggregate y", M * C * es);
+  EXPECT_TRUE(cuda.AggregateForward(af, ws(OpKind::kAggregateForward)).ok());
+
+  AggregateBackwardParams ab;
+  ab.spec = &spec;
+  ab.tokens = M;
+  ab.act_dtype = dt;
+  ab.x = x;
+  ab.h_pre = in.hpre.f(1);
+  ab.dy = dy;
+  ab.dx = at.Out("aggregate dx", M * K * es);
+  ab.dh_pre = floats("aggregate dh_pre", M * n);
+  EXPECT_TRUE(cuda.AggregateBackward(ab, ws(OpKind::kAggregateBackward)).ok());
+
+  PostForwardParams pf;
+  pf.spec = &spec;
+  pf.tokens = M;
+  pf.act_dtype = dt;
+  pf.f = f;
+  pf.x = x;
+  pf.h_post = in.hpost.f(1);
+  pf.h_res = in.hres.f(1);
+  pf.weights.bias = in.bias.f(1);
+  pf.x_next = at.Out("post x_next", M * K * es);
+  EXPECT_TRUE(cuda.PostForward(pf, ws(OpKind::kPostForward)).ok());
+
+  Pair dbias = h.Input(in.dbias_init.data(), C * 4);
+  PostBackwardParams pb;
+  pb.spec = &spec;
+  pb.tokens = M;
+  pb.act_dtype = dt;
+  pb.dx_next = dxn;
+  pb.f = f;
+  pb.x = x;
+  pb.h_post = in.hpost.f(1);
+  pb.h_res = in.hres.f(1);
+  pb.weights.bias = in.bias.f(1);
+  pb.df = at.Out("post df", M * C * es);
+  pb.dx = at.Out("post dx", M * K * es);
+  pb.dh_post = floats("post dh_post", M * n);
+  pb.dh_res = floats("post dh_res", M * n * n);
+  pb.grads.bias = dbias.f(1);
+  EXPECT_TRUE(cuda.PostBackward(pb, ws(OpKind::kPostBackward)).ok());
+
+  ExpandForwardParams ef;
+  ef.spec = &spec;
+  ef.tokens = M;
+  ef.act_dtype = dt;
+  ef.e = f;
+  ef.x = at.Out("expand x", M * K * es);
+  EXPECT_TRUE(cuda.ExpandForward(ef, ws(OpKind::kExpandForward)).ok());
+
+  ExpandBackwardParams eb;
+  eb.spec = &spec;
+  eb.tokens = M;
+  eb.act_dtype = dt;
+  eb.dx = dxn;
+  eb.de = at.Out("expand de", M * C * es);
+  EXPECT_TRUE(cuda.ExpandBackward(eb, ws(OpKind::kExpandBackward)).ok());
+
+  EXPECT_TRUE(cuda.Synchronize().ok());
+  std::map<std::string, std::vector<uint8_t>> results = at.Results();
+  results["post dbias"] = h.Fetch(dbias);
+  return results;
+}
+
+// Outputs summed over channels, whose order follows the access path.
+const std::set<std::string> kChannelSums = {"aggregate dh_pre", "post dh_post",
+                                            "post dh_res"};
+
+TEST(CudaRowAccessTest, StridedRowsMatchVectorRows) {
+  MHC_SKIP_WITHOUT_GPU();
+  // C = 1040 is a multiple of every vector width, so the unshifted run takes
+  // the vector path; C is not a multiple of 32 V, so the strided path's last
+  // step of every row is partial.
+  constexpr int64_t kHidden = 1040, kTokens = 37;
+  for (int n : {2, 4, 8}) {
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (Layout layout : {Layout::kStreamMajor, Layout::kStreamMinor}) {
+        LayerSpec spec = PresetSpec("deepseek_v4", n, kHidden).value();
+        spec.has_post_bias = true;
+        spec.layout = layout;
+        const int64_t M = kTokens, C = kHidden, K = spec.K();
+        SCOPED_TRACE(
+            absl::StrCat("n=", n, " ", DTypeName(dt), " ", LayoutName(layout)));
+        Harness h;
+        RowInputs in;
+        in.x = h.Act(dt, M * K, FreshSeed());
+        in.f = h.Act(dt, M * C, FreshSeed());
+        in.dy = h.Act(dt, M * C, FreshSeed());
+        in.dxn = h.Act(dt, M * K, FreshSeed());
+        in.hpre = h.Floats(M * n, FreshSeed(), 0.0f, 1.0f);
+        in.hpost = h.Floats(M * n, FreshSeed(), 0.0f, 2.0f);
+        in.hres = h.Floats(M * n * n, FreshSeed(), 0.0f, 1.0f);
+        in.bias = h.Floats(C, FreshSeed());
+        in.dbias_init = RandomFloats(C, FreshSeed());
+
+        Placed aligned(h, dt, 0, 0);
+        const auto want = RunRowOps(h, spec, dt, M, in, aligned);
+        for (int shift : {1, 3}) {
+          SCOPED_TRACE(absl::StrCat("inputs ", shift, " and outputs ",
+                                    shift + 1, " elements off"));
+          Placed shifted(h, dt, shift, shift + 1);
+          const auto got = RunRowOps(h, spec, dt, M, in, shifted);
+          for (const auto& [name, bytes] : want) {
+            if (kChannelSums.count(name) > 0) {
+              const int64_t count = static_cast<int64_t>(bytes.size() / 4);
+              EXPECT_LE(RelativeError(got.at(name), bytes, DType::kF32, count),
+                        1e-5)
+                  << name;
+            } else {
+              EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mhc::testing
