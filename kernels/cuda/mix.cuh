@@ -36,10 +36,6 @@ __device__ __forceinline__ float RmsDerivative(const DevSpec& s, float ms,
   return -r * r / (2.0f * sqrtf(ms));
 }
 
-__device__ __forceinline__ int GroupOf(const DevSpec& s, int g) {
-  return g < s.n ? 0 : (g < 2 * s.n ? 1 : 2);
-}
-
 // z_g = alpha h_g r + beta_g (dynamic) or beta_g, then the gates.
 // h: [N] (dynamic only). a: [NT*NT] raw logits (kMhc only).
 template <int NT>

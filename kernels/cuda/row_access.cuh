@@ -12,6 +12,10 @@
 //    instruction still reads 32 consecutive elements, and a thread keeps the
 //    vector path's V independent loads per stream in flight, which is what
 //    the bandwidth needs (a single channel per thread leaves HBM idle).
+// Elementwise results are the same bits in every mode. Sums over channels
+// (dh_pre, dH_post, dH_res) follow the threads' channel slots, so their bits
+// depend on the mode, which C and the tensors' alignment choose; they never
+// depend on M or on the other tokens.
 #ifndef MHC_KERNELS_CUDA_ROW_ACCESS_CUH_
 #define MHC_KERNELS_CUDA_ROW_ACCESS_CUH_
 
