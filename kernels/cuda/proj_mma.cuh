@@ -90,13 +90,13 @@ __host__ __device__ constexpr size_t MmaSmemBytes() {
 static_assert(size_t{kMmaTokens} * kPartRow * 4 <= MmaXBytes<__nv_bfloat16>(),
               "partials alias the x stages");
 
-// The widest copy (16 or 8 bytes, 0: element copies) that every x row of
+// The widest copy (16, 8 or 4 bytes, 0: element copies) that every x row of
 // the tile kernels allows: an odd C still leaves rows of 4 C elements 8-byte
-// aligned.
+// aligned and rows of 2 C elements 4-byte aligned.
 template <typename T>
 inline int MmaCopyBytes(int64_t K, const void* x) {
   const auto addr = reinterpret_cast<uintptr_t>(x);
-  for (int bytes : {16, 8}) {
+  for (int bytes : {16, 8, 4}) {
     if (K % (bytes / static_cast<int64_t>(sizeof(T))) == 0 && addr % bytes == 0)
       return bytes;
   }
@@ -131,6 +131,13 @@ __device__ __forceinline__ void CpAsync8(void* dst, const void* src,
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int bytes = valid ? 8 : 0;  // 0: zero fill
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s),
+               "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src,
+                                         bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int bytes = valid ? 4 : 0;  // 0: zero fill
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s),
                "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void CpAsyncCommit() {
@@ -220,8 +227,10 @@ __device__ __forceinline__ const float* ProjectUnit(
       const T* from = ok ? src : x;
       if constexpr (kBytes == 16) {
         CpAsync16(d + r * kRowStep * kPitch, from, ok);
-      } else {
+      } else if constexpr (kBytes == 8) {
         CpAsync8(d + r * kRowStep * kPitch, from, ok);
+      } else {
+        CpAsync4(d + r * kRowStep * kPitch, from, ok);
       }
       src += row_step;
     }
@@ -242,6 +251,8 @@ __device__ __forceinline__ const float* ProjectUnit(
       copy_vectors(std::integral_constant<int, 16>{}, kb, dst);
     } else if (x_bytes == 8) {
       copy_vectors(std::integral_constant<int, 8>{}, kb, dst);
+    } else if (x_bytes == 4) {
+      copy_vectors(std::integral_constant<int, 4>{}, kb, dst);
     } else {
       for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {
         const int row = c / kMmaBk;

@@ -14,6 +14,11 @@
 // ldmatrix.trans, which hands each lane tokens 2u and 2u + 1: the mma's
 // k slots u and u + 4 are mapped to those tokens for both operands.
 //
+// Rows off the 16-byte boundary (odd C, offset tensors) stage through
+// staged_slots.cuh, still asynchronous, and store dx from the staged tile
+// with one instruction per two rows of a warp's columns (RowCopy). Every
+// mode computes the same bits.
+//
 // Numerics: 16-bit x converts to tf32 exactly. dh and phi' are rounded to
 // tf32 (MATMUL_PRECISION_TF32) or split into tf32 high and low parts with the
 // three-product correction (IEEE, ~2^-21 relative, fp32 x split as well).
@@ -32,6 +37,7 @@
 #include "kernel_fit.h"
 #include "launch.h"
 #include "proj_mma.cuh"
+#include "staged_slots.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -73,11 +79,26 @@ static_assert(DhARow(3) == 40 && DhBRow(3) == 72 && DhARow(10) == 104,
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
 
 // Elements of one staged activation row: 128 columns plus a pad that makes
-// the ldmatrix rows (16-bit) and the fp32 fragment loads bank-conflict free.
+// the ldmatrix rows (16-bit: the stride is 16 mod 128 bytes times an odd
+// number) and the fp32 fragment loads bank-conflict free. A 16-bit row's pad
+// also holds the extra word of each stream run of unaligned slot copies:
+// n = 8 layers (the widest tiles) get 12 words, the rest 4.
 template <typename T>
-constexpr int RowStride() {
-  return sizeof(T) == 4 ? kCols + 4 : kCols + 8;
+__host__ __device__ constexpr int RowStride(int nt) {
+  return sizeof(T) == 4 ? kCols + 4 : nt == kMaxTiles ? kCols + 24 : kCols + 8;
 }
+// Stream runs per staged row whose extra words the pad holds (16-bit).
+template <typename T>
+__host__ __device__ constexpr int PadRuns(int nt) {
+  return (RowStride<T>(nt) - kCols) * static_cast<int>(sizeof(T)) / 4;
+}
+
+// How the kernel stages activation rows (x, dx_next, dy) and stores dx.
+enum class RowCopy {
+  kVector,    // 16-byte copies: C and the tile width whole vectors, aligned
+  kSlots,     // staged_slots.cuh: any C, tensors aligned to their elements
+  kElements,  // element copies: what the slots cannot take
+};
 
 struct MmaDxDev {
   const float* phi;
@@ -90,8 +111,8 @@ struct MmaDxDev {
   const void* dx_next;  // with r
   void* dx;
   float* dphi_partial;  // null: no parameter gradients
-  bool vec;             // 16-byte copies of rows (aligned, C % width == 0)
-  bool dh_vec;          // 16-byte copies of dh (aligned, N % 4 == 0)
+  RowCopy copy;
+  bool dh_vec;  // 16-byte copies of dh (aligned, N % 4 == 0)
 };
 
 // Byte offsets of one CTA's shared memory, all stages of each buffer
@@ -107,7 +128,7 @@ template <typename T>
 __host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
                                              bool aggregate, bool residual) {
   SmemPlan p;
-  const int xb = kStages * kStageTokens * RowStride<T>() * sizeof(T);
+  const int xb = kStages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
   p.dy_row = kCols / n + 16 / static_cast<int>(sizeof(T));
   int at = 0;
   p.x = at;
@@ -269,12 +290,14 @@ __device__ __forceinline__ void AddTerms(bool minor, bool residual, int j,
   out[1] += acc[1];
 }
 
-template <typename T, int NT, bool kIeee>
+// kVectorRows: built for RowCopy::kVector alone, so the aligned path carries
+// none of the other modes' registers or checks.
+template <typename T, int NT, bool kIeee, bool kVectorRows>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                        MmaDxDev a) {
   extern __shared__ __align__(16) char smem[];
-  constexpr int RS = RowStride<T>();
+  constexpr int RS = RowStride<T>(NT);
   constexpr int kVecElems = 16 / sizeof(T);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
   constexpr int kDhARow = DhARow(NT), kDhBRow = DhBRow(NT);
@@ -309,6 +332,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   float* dmss = reinterpret_cast<float*>(smem + plan.dms);
   float* hps = reinterpret_cast<float*>(smem + plan.hp);
   float* rs = reinterpret_cast<float*>(smem + plan.r);
+  const RowCopy copy = kVectorRows ? RowCopy::kVector : a.copy;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
   T* dx = static_cast<T*>(a.dx);
@@ -319,15 +343,60 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   constexpr int kRowStep = kThreads / kPerRow;
   const int vec_j = (tid % kPerRow) * kVecElems;
   const int vec_k = ColumnOf(s, log_n, c0, vec_j).k;
-  // Copies one [kStageTokens x 128 columns] activation tile (x or dx_next).
-  auto load_rows = [&](const T* src, T* dst, int64_t m0) {
-    if (a.vec) {
+  // The same columns as a slot (RowCopy::kSlots): a run is one stream's
+  // channels of the tile (stream major) or the whole tile row (minor).
+  SlotColumns x_slot;
+  if (s.minor) {
+    const int64_t k = c0 * n + vec_j;
+    x_slot = MakeSlotColumns<T>(
+        k, min(static_cast<int64_t>(kCols - vec_j), s.K - k), kCols);
+  } else {
+    const int stream = vec_j >> (7 - log_n);
+    const int chan = vec_j & (wc - 1);
+    const int64_t left = min(static_cast<int64_t>(wc - chan), s.C - c0 - chan);
+    x_slot = MakeSlotColumns<T>(left > 0 ? stream * s.C + c0 + chan : 0, left,
+                                kCols + 2 * stream);
+  }
+  // Walks this thread's slots of one [kStageTokens x 128 columns] activation
+  // tile (x or dx_next): f(i, staged row, global row, row holds a token) for
+  // its i-th row.
+  constexpr int kRowsPerThread = kStageTokens / kRowStep;
+  static_assert(kRowsPerThread <= kSlotPlanRows, "a plan word per tensor");
+  const int row0 = tid / kPerRow;
+  auto for_row_slots = [&](const T* src, T* dst, int64_t m0, auto&& f) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = row0 + i * kRowStep;
+      const int64_t m = m0 + row;
+      f(i, dst + row * RS, m < end ? src + m * s.K : src, m < end);
+    }
+  };
+  auto row_plans = [&](const T* tensor) {
+    uint32_t plans = 0;
+    for (int i = 0; i < kRowsPerThread && copy == RowCopy::kSlots; ++i) {
+      const int64_t row = row0 + i * kRowStep;
+      plans |= SlotPlanOf(tensor + row * s.K + x_slot.k, x_slot)
+               << (kSlotPlanBits * i);
+    }
+    return plans;
+  };
+  const uint32_t x_plans = row_plans(x);
+  const uint32_t xn_plans = residual ? row_plans(dx_next) : 0;
+  // Copies one activation tile.
+  auto load_rows = [&](const T* src, T* dst, int64_t m0, uint32_t plans) {
+    if (copy == RowCopy::kVector) {
 #pragma unroll
       for (int row = tid / kPerRow; row < kStageTokens; row += kRowStep) {
         const int64_t m = m0 + row;
         const bool ok = m < end && vec_k >= 0;
         CpAsync16(dst + row * RS + vec_j, ok ? src + m * s.K + vec_k : src, ok);
       }
+      return;
+    }
+    if (copy == RowCopy::kSlots) {
+      for_row_slots(src, dst, m0, [&](int i, T* drow, const T* srow, bool ok) {
+        IssueSlot(drow, vec_j, srow, x_slot, ok, RowPlan(plans, i));
+      });
       return;
     }
     for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
@@ -342,11 +411,33 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
     }
   };
+  // This thread's slot of the dy rows ([kStageTokens x wc channels] of an
+  // [M, C] tensor, wc / kVecElems slots per row: a divisor of 32).
+  const int dy_per_row = wc / kVecElems;
+  const int dy_c = (tid % dy_per_row) * kVecElems;
+  const SlotColumns dy_slot = MakeSlotColumns<T>(
+      c0 + dy_c, min(static_cast<int64_t>(wc - dy_c), s.C - c0 - dy_c), wc);
+  auto for_dy_slots = [&](T* dst, int64_t m0, auto&& f) {
+    int i = 0;
+    for (int row = tid / dy_per_row; row < kStageTokens;
+         row += kThreads / dy_per_row, ++i) {
+      const int64_t m = m0 + row;
+      f(i, dst + row * plan.dy_row, m < end ? dy + m * s.C : dy, m < end);
+    }
+  };
+  uint32_t dy_plans = 0;
+  if (aggregate && copy == RowCopy::kSlots) {
+    for_dy_slots(dys, 0, [&](int i, T*, const T*, bool) {
+      const int64_t row = tid / dy_per_row + i * (kThreads / dy_per_row);
+      dy_plans |= SlotPlanOf(dy + row * s.C + dy_slot.k, dy_slot)
+                  << (kSlotPlanBits * i);
+    });
+  }
   auto load_stage = [&](int st) {
     if (st >= stages) return;
     const int buf = st % kStages;
     const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    load_rows(x, xs + buf * kStageTokens * RS, m0);
+    load_rows(x, xs + buf * kStageTokens * RS, m0, x_plans);
     // The stage's dh rows are one contiguous run of 32 N floats.
     float* dh_dst = dh_raw + buf * kStageTokens * s.N;
     const float* dh_src = a.dh + m0 * s.N;
@@ -368,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                m < end);
     }
     if (residual) {
-      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0);
+      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, xn_plans);
       float* r_dst = rs + buf * kStageTokens * n * n;
       for (int v = tid; v < kStageTokens * n * n; v += kThreads) {
         const int64_t m = m0 + v / (n * n);
@@ -378,29 +469,49 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
     if (!aggregate) return;
     T* dy_dst = dys + buf * kStageTokens * plan.dy_row;
-    const int per_row = wc / kVecElems;
-    for (int v = tid; v < kStageTokens * (a.vec ? per_row : wc);
-         v += kThreads) {
-      if (a.vec) {
-        const int row = v / per_row;
-        const int c = (v % per_row) * kVecElems;
-        const int64_t m = m0 + row;
-        const bool ok = m < end && c0 + c < s.C;
-        CpAsync16(dy_dst + row * plan.dy_row + c,
-                  ok ? dy + m * s.C + c0 + c : dy, ok);
-      } else {
+    if (copy == RowCopy::kElements) {
+      for (int v = tid; v < kStageTokens * wc; v += kThreads) {
         const int row = v / wc;
         const int c = v % wc;
         const int64_t m = m0 + row;
         dy_dst[row * plan.dy_row + c] =
             m < end && c0 + c < s.C ? dy[m * s.C + c0 + c] : FromFloat<T>(0.0f);
       }
+    } else {
+      for_dy_slots(dy_dst, m0, [&](int i, T* drow, const T* srow, bool ok) {
+        if (copy == RowCopy::kVector) {
+          const bool in = ok && dy_slot.valid > 0;
+          CpAsync16(drow + dy_c, in ? srow + dy_slot.k : dy, in);
+        } else {
+          IssueSlot(drow, dy_c, srow, dy_slot, ok, RowPlan(dy_plans, i));
+        }
+      });
     }
     float* hp_dst = hps + buf * kStageTokens * n;
     for (int v = tid; v < kStageTokens * n; v += kThreads) {
       const int64_t m = m0 + v / n;
       const bool ok = m < end;
       CpAsync4(hp_dst + v, ok ? a.h_pre + m * n + v % n : a.h_pre, ok);
+    }
+  };
+
+  // Realigns this thread's unaligned 16-bit slots of a landed stage.
+  auto realign_stage = [&](int st) {
+    if (sizeof(T) == 4 || copy != RowCopy::kSlots) return;
+    const int buf = st % kStages;
+    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    auto realign_rows = [&](T* tile, uint32_t plans) {
+      for_row_slots(x, tile, m0, [&](int i, T* drow, const T*, bool ok) {
+        RealignSlot(drow, vec_j, x_slot, ok, RowPlan(plans, i));
+      });
+    };
+    realign_rows(xs + buf * kStageTokens * RS, x_plans);
+    if (residual) realign_rows(dxns + buf * kStageTokens * RS, xn_plans);
+    if (aggregate) {
+      for_dy_slots(dys + buf * kStageTokens * plan.dy_row, m0,
+                   [&](int i, T* drow, const T*, bool ok) {
+                     RealignSlot(drow, dy_c, dy_slot, ok, RowPlan(dy_plans, i));
+                   });
     }
   };
 
@@ -433,6 +544,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   for (int nt = 0; nt < 2; ++nt) {
     out_k[nt] = ColumnOf(s, log_n, c0, j0 + 8 * nt + 2 * quad).k;
   }
+  // Column j0 + lane % 16 of the row stores without vector rows.
+  const int lane_out_k = ColumnOf(s, log_n, c0, j0 + (lane & 15)).k;
 
   float dphi[NT][4];
 #pragma unroll
@@ -445,19 +558,43 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   // N up to the tiles' width).
   auto convert_dh = [&](int buf) {
     const float* raw = dh_raw + buf * kStageTokens * s.N;
-    for (int v = tid; v < kStageTokens * NT * 8; v += kThreads) {
-      const int t = v / (NT * 8);
-      const int g = v % (NT * 8);
-      uint32_t hi, lo;
-      SplitTf32<kIeee>(g < s.N ? raw[t * s.N + g] : 0.0f, hi, lo);
-      const int ia = t * kDhARow + (g & ~7) + 2 * (g & 3) + ((g >> 2) & 1);
+    // Logits g .. g + 3 (g % 4 == 0) of token t: slots 2 apart in both
+    // layouts.
+    auto put4 = [&](int t, int g, const float(&v)[4]) {
+      const int ia = t * kDhARow + (g & ~7) + ((g >> 2) & 1);
       const int ib = (t >> 1) * kDhBRow + 2 * g + (t & 1);
-      dh_a[ia] = __uint_as_float(hi);
-      dh_b[ib] = __uint_as_float(hi);
-      if constexpr (kIeee) {
-        dh_a[kDhAFloats + ia] = __uint_as_float(lo);
-        dh_b[kDhBFloats + ib] = __uint_as_float(lo);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t hi, lo;
+        SplitTf32<kIeee>(v[q], hi, lo);
+        dh_a[ia + 2 * q] = __uint_as_float(hi);
+        dh_b[ib + 2 * q] = __uint_as_float(hi);
+        if constexpr (kIeee) {
+          dh_a[kDhAFloats + ia + 2 * q] = __uint_as_float(lo);
+          dh_b[kDhBFloats + ib + 2 * q] = __uint_as_float(lo);
+        }
       }
+    };
+    constexpr int kQuads = NT * 2;  // quads of logits per token
+    for (int v = tid; v < kStageTokens * kQuads; v += kThreads) {
+      const int t = v / kQuads;
+      const int g = (v % kQuads) * 4;
+      float q[4];
+      if (s.N % 4 == 0) {  // rows of whole, 16-byte aligned quads
+        const float4 f =
+            g < s.N ? *reinterpret_cast<const float4*>(raw + t * s.N + g)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        q[0] = f.x;
+        q[1] = f.y;
+        q[2] = f.z;
+        q[3] = f.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          q[e] = g + e < s.N ? raw[t * s.N + g + e] : 0.0f;
+        }
+      }
+      put4(t, g, q);
     }
   };
 
@@ -535,7 +672,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 
   // dx for the stage's tokens and this warp's columns, stored to global.
   auto stage_dx = [&](int buf, int64_t m0) {
-    const T* xt = xs + buf * kStageTokens * RS;
+    T* xt = xs + buf * kStageTokens * RS;
+    // Without vector rows the stage's dx goes over this warp's own columns
+    // of the x tile, which the other lanes' ldmatrix reads must have left.
+    if constexpr (!kVectorRows) __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < kStageTokens / 16; ++mt) {
       float d[2][4];
@@ -617,16 +757,27 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
               }
             }
           }
-          T* dst = dx + m * s.K;
-          if (a.vec) {
-            if (out_k[nt] >= 0) StoreVec<T, 2>(dst + out_k[nt], out);
+          if constexpr (kVectorRows) {
+            if (out_k[nt] >= 0) StoreVec<T, 2>(dx + m * s.K + out_k[nt], out);
           } else {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int k = ColumnOf(s, log_n, c0, j + e).k;
-              if (k >= 0) dst[k] = FromFloat<T>(out[e]);
-            }
+            // Into the x slot this pair was the last read of; to dx below.
+            StoreVec<T, 2>(xt + t * RS + j, out);
           }
+        }
+      }
+    }
+    if constexpr (!kVectorRows) {
+      // Rows off the vector boundary: each warp instruction stores two rows
+      // of this warp's 16 columns, 16 consecutive elements each, so every
+      // sector is written by one instruction instead of by eight pair
+      // stores of 2-byte halves.
+      __syncwarp();
+#pragma unroll 4
+      for (int i = 0; i < kStageTokens / 2; ++i) {
+        const int t = 2 * i + (lane >> 4);
+        const int64_t m = m0 + t;
+        if (m < end && lane_out_k >= 0) {
+          dx[m * s.K + lane_out_k] = xt[t * RS + j0 + (lane & 15)];
         }
       }
     }
@@ -639,6 +790,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
   for (int st = 0; st < stages; ++st) {
     CpAsyncWait<kStages - 2>();
+    realign_stage(st);
     __syncthreads();
     load_stage(st + kStages - 1);
     CpAsyncCommit();
@@ -668,12 +820,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
 }
 
-template <typename T, int NT, bool kIeee>
+template <typename T, int NT, bool kIeee, bool kVectorRows>
 cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
                         const MmaDxDev& d, cudaStream_t stream) {
   const SmemPlan plan =
       PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
-  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee>;
+  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows>;
   // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
   const cudaError_t e = FitLargeSmemKernel(
       reinterpret_cast<const void*>(kernel), kThreads, plan.total, nullptr);
@@ -713,25 +865,56 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
   const int width = VectorWidth(a.act_dtype);
   const int wc = kCols / s.n;
-  MmaDxDev d{a.phi,   s.has_gamma ? a.gamma : nullptr,
-             a.dh,    a.dms,
-             a.h_pre, a.dy,
-             a.r,     a.dx_next,
-             a.dx,    a.dphi_partial,
-             false,   s.N % 4 == 0 && Aligned16(a.dh)};
+  MmaDxDev d{a.phi,
+             s.has_gamma ? a.gamma : nullptr,
+             a.dh,
+             a.dms,
+             a.h_pre,
+             a.dy,
+             a.r,
+             a.dx_next,
+             a.dx,
+             a.dphi_partial,
+             RowCopy::kElements,
+             s.N % 4 == 0 && Aligned16(a.dh)};
   // 16-byte tiles need every staged row segment aligned: whole vectors per
   // channel run (C and the CTA width) and aligned bases.
-  d.vec = s.C % width == 0 && wc % width == 0 && Aligned16(a.x) &&
-          Aligned16(a.dx) && (a.dy == nullptr || Aligned16(a.dy)) &&
-          (a.dx_next == nullptr || Aligned16(a.dx_next));
+  const bool aligned16 = Aligned16(a.x) && Aligned16(a.dx) &&
+                         (a.dy == nullptr || Aligned16(a.dy)) &&
+                         (a.dx_next == nullptr || Aligned16(a.dx_next));
+  // Slots need tensors aligned to their elements and, for 16-bit stream
+  // major tiles, a pad word per stream run.
+  const size_t esize = DTypeSize(a.act_dtype);
+  auto element_aligned = [&](const void* p) {
+    return p == nullptr || reinterpret_cast<uintptr_t>(p) % esize == 0;
+  };
+  const bool runs_fit =
+      s.minor || esize == 4 || s.n <= PadRuns<__half>(TilesFor(s.N));
+  if (s.C % width == 0 && wc % width == 0 && aligned16) {
+    d.copy = RowCopy::kVector;
+  } else if (element_aligned(a.x) && element_aligned(a.dy) &&
+             element_aligned(a.dx_next) && runs_fit) {
+    d.copy = RowCopy::kSlots;
+  }
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     auto go = [&](auto nt_tag) {
       constexpr int kNt = decltype(nt_tag)::value;
-      err = ieee ? LaunchTyped<T, kNt, true>(s, a.tokens, a.x, d, stream)
-                 : LaunchTyped<T, kNt, false>(s, a.tokens, a.x, d, stream);
+      auto launch = [&](auto ieee_tag, auto vector_tag) {
+        err = LaunchTyped<T, kNt, decltype(ieee_tag)::value,
+                          decltype(vector_tag)::value>(s, a.tokens, a.x, d,
+                                                       stream);
+      };
+      const bool vector = d.copy == RowCopy::kVector;
+      if (ieee) {
+        vector ? launch(BoolTag<true>{}, BoolTag<true>{})
+               : launch(BoolTag<true>{}, BoolTag<false>{});
+      } else {
+        vector ? launch(BoolTag<false>{}, BoolTag<true>{})
+               : launch(BoolTag<false>{}, BoolTag<false>{});
+      }
     };
     switch (TilesFor(s.N)) {
       case 1:

@@ -68,6 +68,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {4, 4096, 129, DType::kF32, MatmulPrecision::kTf32, true, false},
       {2, 4096, 257, DType::kF16, MatmulPrecision::kIeee, true, false},
       {1, 777, 200, DType::kBF16, MatmulPrecision::kIeee, false, false},
+      {2, 1037, 300, DType::kBF16, MatmulPrecision::kTf32, true, false},
       {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true},
   };
   for (const Case& c : cases) {
@@ -135,7 +136,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 }
 
 // The tensor-core dx / dphi kernel: token chunks with a partial last stage,
-// CTA column tiles past the last channel, odd C (element copies), both
+// CTA column tiles past the last channel, odd C (unaligned slots), both
 // layouts, n = 1 / 2 / 4 / 8 layers and n = 8 / 16 heads, tf32 and ieee, every
 // dtype. Then dx of a slice of the batch is bitwise the full batch's rows,
 // and a second run accumulates bitwise the same gradients.
@@ -157,6 +158,9 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {4, 5129, 137, DType::kF32, MatmulPrecision::kIeee, false, false, true},
       {2, 4096, 257, DType::kF16, MatmulPrecision::kIeee, true, false, false},
       {1, 777, 1200, DType::kBF16, MatmulPrecision::kTf32, false, false, false},
+      {2, 1037, 700, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {4, 5129, 700, DType::kF16, MatmulPrecision::kTf32, true, false, true},
+      {8, 1037, 300, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
       {16, 1000, 150, DType::kBF16, MatmulPrecision::kIeee, true, true, false},
       {8, 512, 1030, DType::kBF16, MatmulPrecision::kTf32, true, true, true},
       {8, 1000, 1100, DType::kBF16, MatmulPrecision::kTf32, true, false, false},

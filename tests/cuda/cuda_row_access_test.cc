@@ -1,10 +1,13 @@
-// The row kernels (aggregate, post, expand) on activation tensors that start
-// off every vector boundary, which sends them down the strided path of
-// kernels/cuda/row_access.cuh: the elementwise outputs bit for bit those of
-// the vector path on the same data, the channel sums (summed in another
-// order) within fp32 rounding, and not a byte written outside the outputs.
-// Odd C against the float64 reference is in cuda_ops_test. Skips without a
-// GPU.
+// The row kernels (aggregate, post, expand) and the projection backward on
+// activation tensors that start off every vector boundary, which sends the
+// row kernels down the strided path of kernels/cuda/row_access.cuh and the
+// projection's dx / dphi tiles through staged_slots.cuh (16-bit rows one
+// element off a word realigned on chip): the elementwise outputs and the
+// projection's gradients bit for bit those of the vector path on the same
+// data, the row kernels' channel sums (summed in another order) within fp32
+// rounding, and not a byte written outside the outputs. Odd C against the
+// float64 reference is in cuda_ops_test and cuda_projection_test. Skips
+// without a GPU.
 #include <cstring>
 #include <map>
 #include <set>
@@ -74,11 +77,13 @@ class Placed {
 
 struct RowInputs {
   Pair x, f, dy, dxn, hpre, hpost, hres, bias;
+  Pair phi, gamma, dh, dms;  // projection backward
   std::vector<float> dbias_init;
 };
 
-// Runs aggregate, post and expand forward and backward on the CUDA backend
-// with the tensors placed as `at` says; returns every output's bytes.
+// Runs aggregate, post and expand forward and backward and the projection
+// backward on the CUDA backend with the tensors placed as `at` says; returns
+// every output's bytes.
 std::map<std::string, std::vector<uint8_t>> RunRowOps(Harness& h,
                                                       const LayerSpec& spec,
                                                       DType dt, int64_t M,
@@ -162,9 +167,30 @@ std::map<std::string, std::vector<uint8_t>> RunRowOps(Harness& h,
   eb.de = at.Out("expand de", M * C * es);
   EXPECT_TRUE(cuda.ExpandBackward(eb, ws(OpKind::kExpandBackward)).ok());
 
+  const int64_t N = spec.NumLogits();
+  const std::vector<float> zeros(N * K, 0.0f);
+  Pair dphi = h.Input(zeros.data(), N * K * 4);
+  Pair dgamma = h.Input(zeros.data(), K * 4);
+  ProjectionBackwardParams qb;
+  qb.spec = &spec;
+  qb.tokens = M;
+  qb.act_dtype = dt;
+  qb.x = x;
+  qb.weights.phi = in.phi.f(1);
+  qb.weights.gamma = in.gamma.f(1);
+  qb.dh = in.dh.f(1);
+  qb.dmean_square = in.dms.f(1);
+  qb.dx = at.Out("projection dx", M * K * es);
+  qb.grads.phi = dphi.f(1);
+  qb.grads.gamma = dgamma.f(1);
+  EXPECT_TRUE(
+      cuda.ProjectionBackward(qb, ws(OpKind::kProjectionBackward)).ok());
+
   EXPECT_TRUE(cuda.Synchronize().ok());
   std::map<std::string, std::vector<uint8_t>> results = at.Results();
   results["post dbias"] = h.Fetch(dbias);
+  results["projection dphi"] = h.Fetch(dphi);
+  results["projection dgamma"] = h.Fetch(dgamma);
   return results;
 }
 
@@ -172,7 +198,7 @@ std::map<std::string, std::vector<uint8_t>> RunRowOps(Harness& h,
 const std::set<std::string> kChannelSums = {"aggregate dh_pre", "post dh_post",
                                             "post dh_res"};
 
-TEST(CudaRowAccessTest, StridedRowsMatchVectorRows) {
+TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
   MHC_SKIP_WITHOUT_GPU();
   // C = 1040 is a multiple of every vector width, so the unshifted run takes
   // the vector path; C is not a multiple of 32 V, so the strided path's last
@@ -183,6 +209,7 @@ TEST(CudaRowAccessTest, StridedRowsMatchVectorRows) {
       for (Layout layout : {Layout::kStreamMajor, Layout::kStreamMinor}) {
         LayerSpec spec = PresetSpec("deepseek_v4", n, kHidden).value();
         spec.has_post_bias = true;
+        spec.has_gamma = true;
         spec.layout = layout;
         const int64_t M = kTokens, C = kHidden, K = spec.K();
         SCOPED_TRACE(
@@ -198,6 +225,11 @@ TEST(CudaRowAccessTest, StridedRowsMatchVectorRows) {
         in.hres = h.Floats(M * n * n, FreshSeed(), 0.0f, 1.0f);
         in.bias = h.Floats(C, FreshSeed());
         in.dbias_init = RandomFloats(C, FreshSeed());
+        const int64_t N = spec.NumLogits();
+        in.phi = h.Floats(N * K, FreshSeed(), -0.05f, 0.05f);
+        in.gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+        in.dh = h.Floats(M * N, FreshSeed());
+        in.dms = h.Floats(M, FreshSeed());
 
         Placed aligned(h, dt, 0, 0);
         const auto want = RunRowOps(h, spec, dt, M, in, aligned);
