@@ -4,16 +4,15 @@
 // A thread copies 16-byte slots: kSlotElems elements that are contiguous in
 // global memory. A full slot goes through cp.async with the widest copy its
 // address allows (16, 8 or 4 bytes), so a stage stays asynchronous. A 16-bit
-// slot that starts in the middle of a 4-byte word copies the 16 bytes that
-// hold elements p - 1 .. p + 6 instead (again as wide as their start
-// allows), and the thread that copied it
-// realigns it once its stage has landed (RealignSlot): element p + 7 is the
-// second half of the first word of the next slot of the same contiguous run,
-// read from the lane that copied it (the next slot of a row always sits on
-// the next lane), or, for the last full slot of a run, of one extra word the
-// thread copied into the staged row's pad. Partial slots (the tile's last
-// channels) are element copies with zero fill; slots past the last token are
-// zero filled.
+// slot p[0..7] that starts in the middle of a 4-byte word copies the 16
+// bytes holding p[-1..6] instead (again as wide as their start allows), and
+// the thread that copied it realigns it once its stage has landed
+// (RealignSlot). p[7] is the second half of the first word of the next slot
+// of the same contiguous run, read from the lane that copied it (the next
+// slot of a row always sits on the next lane), or, for the last full slot
+// of a run, of one extra word that thread copied into the staged row's pad.
+// Partial slots (the tile's last channels) are element copies with zero
+// fill; slots past the last token are zero filled.
 //
 // fp32 elements always start a word, so only 16-bit slots ever realign.
 #ifndef MHC_KERNELS_CUDA_STAGED_SLOTS_CUH_
