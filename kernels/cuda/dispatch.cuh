@@ -30,6 +30,16 @@ using IntTag = std::integral_constant<int, I>;
 template <bool B>
 using BoolTag = std::integral_constant<bool, B>;
 
+// f(BoolTag<b>).
+template <typename F>
+void DispatchBool(bool b, F&& f) {
+  if (b) {
+    f(BoolTag<true>{});
+  } else {
+    f(BoolTag<false>{});
+  }
+}
+
 template <typename F>
 void DispatchDType(DType dtype, F&& f) {
   switch (dtype) {

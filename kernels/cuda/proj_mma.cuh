@@ -119,26 +119,21 @@ __device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[4],
         "r"(__float_as_uint(b1)));
 }
 
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src,
-                                          bool valid) {
+// Asynchronous copy of kBytes (4, 8 or 16; 16 bypasses L1) from global
+// into shared memory; !valid zero fills the destination without a read.
+template <int kBytes>
+__device__ __forceinline__ void CpAsync(void* dst, const void* src,
+                                        bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async sizes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int bytes = valid ? 16 : 0;  // 0: zero fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
-               "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void CpAsync8(void* dst, const void* src,
-                                         bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int bytes = valid ? 8 : 0;  // 0: zero fill
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s),
-               "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void CpAsync4(void* dst, const void* src,
-                                         bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int bytes = valid ? 4 : 0;  // 0: zero fill
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s),
-               "l"(src), "r"(bytes));
+  const int bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+                 "l"(src), "r"(bytes));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s),
+                 "l"(src), "n"(kBytes), "r"(bytes));
+  }
 }
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -225,13 +220,7 @@ __device__ __forceinline__ const float* ProjectUnit(
     for (int r = 0; r < kMmaTokens / kRowStep; ++r) {
       const bool ok = k_ok && vrow + r * kRowStep < live_rows;
       const T* from = ok ? src : x;
-      if constexpr (kBytes == 16) {
-        CpAsync16(d + r * kRowStep * kPitch, from, ok);
-      } else if constexpr (kBytes == 8) {
-        CpAsync8(d + r * kRowStep * kPitch, from, ok);
-      } else {
-        CpAsync4(d + r * kRowStep * kPitch, from, ok);
-      }
+      CpAsync<kBytes>(d + r * kRowStep * kPitch, from, ok);
       src += row_step;
     }
   };
@@ -242,7 +231,7 @@ __device__ __forceinline__ const float* ProjectUnit(
       const uint32_t* src = phi_split + (kbeg / kMmaBk + kb) * int64_t{words};
       uint32_t* dst = planes + (kb % kMmaStages) * kBf16StageWords;
       for (int w = tid * 4; w < words; w += kMmaThreads * 4) {
-        CpAsync16(dst + w, src + w, true);
+        CpAsync<16>(dst + w, src + w, true);
       }
     }
     const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;

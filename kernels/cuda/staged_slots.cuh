@@ -83,7 +83,7 @@ __device__ __forceinline__ void IssueSlot(T* dst_row, int j, const T* src_row,
   constexpr int kW = kSlotElems<T>;
   T* slot = dst_row + j;
   if (!row_ok || c.valid == 0) {
-    CpAsync16(slot, src_row, false);
+    CpAsync<16>(slot, src_row, false);
     return;
   }
   const T* p = src_row + c.k;
@@ -97,19 +97,19 @@ __device__ __forceinline__ void IssueSlot(T* dst_row, int j, const T* src_row,
   const T* from = shifted ? p - 1 : p;
   switch (plan & 3) {
     case 0:
-      CpAsync16(slot, from, true);
+      CpAsync<16>(slot, from, true);
       break;
     case 1:
-      CpAsync8(slot, from, true);
-      CpAsync8(slot + kW / 2, from + kW / 2, true);
+      CpAsync<8>(slot, from, true);
+      CpAsync<8>(slot + kW / 2, from + kW / 2, true);
       break;
     default:
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        CpAsync4(slot + w * kW / 4, from + w * kW / 4, true);
+        CpAsync<4>(slot + w * kW / 4, from + w * kW / 4, true);
       }
   }
-  if (shifted && c.extra >= 0) CpAsync4(dst_row + c.extra, from + kW, true);
+  if (shifted && c.extra >= 0) CpAsync<4>(dst_row + c.extra, from + kW, true);
 }
 
 // Realigns this thread's slot of a landed stage, after cp.async.wait_group

@@ -1,0 +1,259 @@
+// Tile geometry, shared-memory plan and fragment helpers of the tensor-core
+// dx / dphi kernel (projection_backward_mma.cu): a CTA's 128 columns of K
+// and their streams and channels, the staged rows' strides and pads, the dh
+// fragment layouts, and the aggregate / residual terms of an output pair.
+#ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_TILES_CUH_
+#define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_TILES_CUH_
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "proj_mma.cuh"
+
+// Named, since kCols, kThreads and kStages mean this kernel's tiles only.
+namespace mhc::cuda::dx_mma {
+
+constexpr int kCols = 128;                    // columns of K per CTA
+constexpr int kStageTokens = 32;              // tokens per pipeline stage
+constexpr int kThreads = 256;                 // 8 warps x 16 columns
+constexpr int kStages = 4;                    // stages in flight
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
+// Logit tiles of 8 the kernel is built for: N <= 8, N <= 24 (n <= 4 layers,
+// heads up to n = 16) and N <= 80 (n = 8 layers). Up to 24 logits two CTAs
+// share an SM; the n = 8 build keeps 80 phi' columns and dphi rows in
+// registers and runs one CTA per SM.
+constexpr int kMaxTiles = 10;
+__host__ __device__ constexpr int TilesFor(int N) {
+  return N <= 8 ? 1 : N <= 24 ? 3 : 10;
+}
+constexpr int kDphiGroupTiles = 5;  // dphi tiles accumulated per pass (n = 8)
+// dh of the current stage, rounded to tf32 once for all warps in two layouts so
+// every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
+// as the dx product's A, [token][DhARow] with logits 8 kt + u and 8 kt + u +
+// 4 side by side; as the dphi product's B, [token pair][DhBRow] holding
+// (g, token 2p) and (g, token 2p + 1) side by side.
+__host__ __device__ constexpr int StrideEight(int floats) {
+  return (floats + 23) / 32 * 32 + 8;  // the least >= floats, = 8 mod 32
+}
+__host__ __device__ constexpr int DhARow(int nt) { return StrideEight(8 * nt); }
+__host__ __device__ constexpr int DhBRow(int nt) {
+  return StrideEight(16 * nt);
+}
+__host__ __device__ constexpr int DhAFloats(int nt) {
+  return kStageTokens * DhARow(nt);
+}
+__host__ __device__ constexpr int DhBFloats(int nt) {
+  return kStageTokens / 2 * DhBRow(nt);
+}
+static_assert(DhARow(3) == 40 && DhBRow(3) == 72 && DhARow(10) == 104,
+              "rows = 8 mod 32");
+static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
+
+// Elements of one staged activation row: 128 columns plus a pad that makes
+// the ldmatrix rows (16-bit: the stride is 16 mod 128 bytes times an odd
+// number) and the fp32 fragment loads bank-conflict free. A 16-bit row's pad
+// also holds the extra word of each stream run of unaligned slot copies:
+// n = 8 layers (the widest tiles) get 12 words, the rest 4.
+template <typename T>
+__host__ __device__ constexpr int RowStride(int nt) {
+  return sizeof(T) == 4 ? kCols + 4 : nt == kMaxTiles ? kCols + 24 : kCols + 8;
+}
+// Stream runs per staged row whose extra words the pad holds (16-bit).
+template <typename T>
+__host__ __device__ constexpr int PadRuns(int nt) {
+  return (RowStride<T>(nt) - kCols) * static_cast<int>(sizeof(T)) / 4;
+}
+
+// How the kernel stages activation rows (x, dx_next, dy) and stores dx.
+enum class RowCopy {
+  kVector,    // 16-byte copies: C and the tile width whole vectors, aligned
+  kSlots,     // staged_slots.cuh: any C, tensors aligned to their elements
+  kElements,  // element copies: what the slots cannot take
+};
+
+struct MmaDxDev {
+  const float* phi;
+  const float* gamma;  // null without gamma
+  const float* dh;
+  const float* dms;
+  const float* h_pre;   // null without the aggregate term
+  const void* dy;       // with h_pre
+  const float* r;       // null without the residual term
+  const void* dx_next;  // with r
+  void* dx;
+  float* dphi_partial;  // null: no parameter gradients
+  RowCopy copy;
+  bool dh_vec;  // 16-byte copies of dh (aligned, N % 4 == 0)
+};
+
+// Byte offsets of one CTA's shared memory, all stages of each buffer
+// together. Depends on n (the dy tile is 128 / n channels wide) and on
+// which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
+// staged.
+struct SmemPlan {
+  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, total;
+  int dy_row;  // elements per staged dy row
+};
+
+template <typename T>
+__host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
+                                             bool aggregate, bool residual) {
+  SmemPlan p;
+  const int xb = kStages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
+  p.dy_row = kCols / n + 16 / static_cast<int>(sizeof(T));
+  int at = 0;
+  p.x = at;
+  at += xb;
+  p.dxn = at;
+  at += residual ? xb : 0;
+  p.dy = at;
+  at += aggregate ? kStages * kStageTokens * p.dy_row * sizeof(T) : 0;
+  p.dh_raw = at;
+  at += kStages * kStageTokens * N * 4;  // a multiple of 16 bytes
+  const int copies = ieee ? 2 : 1;       // tf32 high (and low) parts
+  const int nt = TilesFor(N);
+  p.dh_a = at;
+  at += copies * DhAFloats(nt) * 4;
+  p.dh_b = at;
+  at += copies * DhBFloats(nt) * 4;
+  p.dms = at;
+  at += kStages * kStageTokens * 4;
+  p.hp = at;
+  at += aggregate ? kStages * kStageTokens * n * 4 : 0;
+  p.r = at;
+  at += residual ? kStages * kStageTokens * n * n * 4 : 0;
+  p.total = at;
+  return p;
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(a));
+}
+
+// The two 16-bit values of a packed pair as floats (low half first).
+__device__ __forceinline__ float2 Unpack(uint32_t u, __nv_bfloat16) {
+  return make_float2(__uint_as_float(u << 16),
+                     __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ float2 Unpack(uint32_t u, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+template <typename T>
+__device__ __forceinline__ float2 LoadPair(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    return Unpack(*reinterpret_cast<const uint32_t*>(p), T{});
+  }
+}
+
+// tf32 high part, and the low part when split (IEEE).
+template <bool kSplit>
+__device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
+  const float h = RoundTf32(v);
+  hi = __float_as_uint(h);
+  if constexpr (kSplit) lo = __float_as_uint(RoundTf32(v - h));
+}
+
+// Column j (0..127) of the CTA's tile: its stream, channel offset from c0
+// and flat k (k < 0 past the last channel). n is a power of two, so the
+// tile splits into streams with shifts.
+struct Column {
+  int stream;
+  int chan;  // channel - c0
+  int k;
+};
+__device__ __forceinline__ Column ColumnOf(const DevSpec& s, int log_n,
+                                           int64_t c0, int j) {
+  Column c;
+  if (s.minor) {
+    c.stream = j & (s.n - 1);
+    c.chan = j >> log_n;
+  } else {
+    c.stream = j >> (7 - log_n);
+    c.chan = j & ((kCols >> log_n) - 1);
+  }
+  c.k = c0 + c.chan < s.C ? static_cast<int>(XIndex(s, c.stream, c0 + c.chan))
+                          : -1;
+  return c;
+}
+// Column of (stream, channel offset) inside the tile.
+__device__ __forceinline__ int TileColumn(const DevSpec& s, int log_n,
+                                          int stream, int chan) {
+  return s.minor ? (chan << log_n) + stream : (stream << (7 - log_n)) + chan;
+}
+
+// The aggregate and residual terms of output columns j, j + 1 of one token
+// for n = 4 (the production shape) and n = 8, with the staged rows: the pair
+// shares a stream and a dx_next run (stream major) or a channel (stream
+// minor), so R rows, gates and dx_next come in vector loads. Same products in
+// the same order as the general path.
+template <typename T, int kN>
+__device__ __forceinline__ void AddTerms(bool minor, bool residual, int j,
+                                         const T* dxn_row, const T* dy_row,
+                                         const float* hp_row,
+                                         const float* r_rows, float (&out)[2]) {
+  static_assert(kN % 4 == 0, "R rows load as float4");
+  constexpr int kWc = kCols / kN;  // channels per stream in the tile
+  float acc[2];
+  if (!minor) {
+    const int stream = j / kWc;
+    const int chan = j % kWc;
+    const float2 d = LoadPair(dy_row + chan);
+    const float hp = hp_row[stream];
+    acc[0] = hp * d.x;
+    acc[1] = hp * d.y;
+    if (residual) {
+#pragma unroll
+      for (int i0 = 0; i0 < kN; i0 += 4) {
+        const float4 r =
+            *reinterpret_cast<const float4*>(r_rows + kN * stream + i0);
+        const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 g = LoadPair(dxn_row + kWc * (i0 + q) + chan);
+          acc[0] = fmaf(rv[q], g.x, acc[0]);
+          acc[1] = fmaf(rv[q], g.y, acc[1]);
+        }
+      }
+    }
+  } else {
+    const int stream = j % kN;  // even: streams stream, stream + 1
+    const int chan = j / kN;
+    const float d = ToFloat(dy_row[chan]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) acc[e] = hp_row[stream + e] * d;
+    if (residual) {
+      float g[kN];
+#pragma unroll
+      for (int i = 0; i < kN; i += 2) {
+        const float2 pair = LoadPair(dxn_row + kN * chan + i);
+        g[i] = pair.x;
+        g[i + 1] = pair.y;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int i0 = 0; i0 < kN; i0 += 4) {
+          const float4 r =
+              *reinterpret_cast<const float4*>(r_rows + kN * (stream + e) + i0);
+          const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[e] = fmaf(rv[q], g[i0 + q], acc[e]);
+        }
+      }
+    }
+  }
+  out[0] += acc[0];
+  out[1] += acc[1];
+}
+
+}  // namespace mhc::cuda::dx_mma
+
+#endif  // MHC_KERNELS_CUDA_PROJECTION_BACKWARD_TILES_CUH_
