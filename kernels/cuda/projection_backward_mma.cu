@@ -14,10 +14,13 @@
 // ldmatrix.trans, which hands each lane tokens 2u and 2u + 1: the mma's
 // k slots u and u + 4 are mapped to those tokens for both operands.
 //
-// Rows off the 16-byte boundary (odd C, offset tensors) stage through
-// staged_slots.cuh, still asynchronous, and store dx from the staged tile
-// with one instruction per two rows of a warp's columns (RowCopy). Every
-// mode computes the same bits.
+// dh is rounded to tf32 once per stage, straight into the mma fragment
+// layouts, so each warp's operands are single vector loads. A stage's dx
+// goes over the warp's own columns of the staged x tile and leaves in whole
+// rows: 16-byte stores, or for rows off the 16-byte boundary (odd C, offset
+// tensors, staged through staged_slots.cuh, still asynchronous) two rows of
+// element stores per instruction (RowCopy). Every mode computes the same
+// bits.
 //
 // Numerics: 16-bit x converts to tf32 exactly. dh and phi' are rounded to
 // tf32 (MATMUL_PRECISION_TF32) or split into tf32 high and low parts with the
@@ -56,7 +59,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   constexpr int RS = RowStride<T>(NT);
   constexpr int kVecElems = 16 / sizeof(T);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
-  constexpr int kDhARow = DhARow(NT), kDhBRow = DhBRow(NT);
   constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
   // dphi tiles per pass over the staged x fragments: all of them up to 24
   // logits, in fresh registers either way.
@@ -114,17 +116,21 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                                 kCols + 2 * stream);
   }
   // Walks this thread's slots of one [kStageTokens x 128 columns] activation
-  // tile (x or dx_next): f(i, staged row, global row, row holds a token) for
-  // its i-th row.
+  // tile (x or dx_next) whose first `rows` rows hold tokens: f(i, staged row,
+  // global row, row holds a token) for its i-th row.
   constexpr int kRowsPerThread = kStageTokens / kRowStep;
   static_assert(kRowsPerThread <= kSlotPlanRows, "a plan word per tensor");
   const int row0 = tid / kPerRow;
-  auto for_row_slots = [&](const T* src, T* dst, int64_t m0, auto&& f) {
+  const int64_t row0_offset = row0 * s.K;
+  const int64_t row_step_offset = kRowStep * s.K;
+  auto for_row_slots = [&](const T* src, T* dst, int64_t m0, int rows,
+                           auto&& f) {
+    const T* tile = src + m0 * s.K + row0_offset;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = row0 + i * kRowStep;
-      const int64_t m = m0 + row;
-      f(i, dst + row * RS, m < end ? src + m * s.K : src, m < end);
+      const bool ok = row < rows;
+      f(i, dst + row * RS, ok ? tile + i * row_step_offset : src, ok);
     }
   };
   auto row_plans = [&](const T* tensor) {
@@ -139,32 +145,32 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const uint32_t x_plans = row_plans(x);
   const uint32_t xn_plans = residual ? row_plans(dx_next) : 0;
   // Copies one activation tile.
-  auto load_rows = [&](const T* src, T* dst, int64_t m0, uint32_t plans) {
+  auto load_rows = [&](const T* src, T* dst, int64_t m0, int rows,
+                       uint32_t plans) {
     if (copy == RowCopy::kVector) {
-#pragma unroll
-      for (int row = tid / kPerRow; row < kStageTokens; row += kRowStep) {
-        const int64_t m = m0 + row;
-        const bool ok = m < end && vec_k >= 0;
-        CpAsync<16>(dst + row * RS + vec_j, ok ? src + m * s.K + vec_k : src,
-                    ok);
-      }
+      for_row_slots(src, dst, m0, rows,
+                    [&](int, T* drow, const T* srow, bool ok) {
+                      const bool in = ok && vec_k >= 0;
+                      CpAsync<16>(drow + vec_j, in ? srow + vec_k : src, in);
+                    });
       return;
     }
     if (copy == RowCopy::kSlots) {
-      for_row_slots(src, dst, m0, [&](int i, T* drow, const T* srow, bool ok) {
-        IssueSlot(drow, vec_j, srow, x_slot, ok, RowPlan(plans, i));
-      });
+      for_row_slots(
+          src, dst, m0, rows, [&](int i, T* drow, const T* srow, bool ok) {
+            IssueSlot(drow, vec_j, srow, x_slot, ok, RowPlan(plans, i));
+          });
       return;
     }
     for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
       const int row = v / kPerRow;
       const int j = (v % kPerRow) * kVecElems;
-      const int64_t m = m0 + row;
       T* d = dst + row * RS + j;
       // Unaligned rows: element copies, each column checked (odd C).
       for (int e = 0; e < kVecElems; ++e) {
         const Column ce = ColumnOf(s, log_n, c0, j + e);
-        d[e] = m < end && ce.k >= 0 ? src[m * s.K + ce.k] : FromFloat<T>(0.0f);
+        d[e] = row < rows && ce.k >= 0 ? src[(m0 + row) * s.K + ce.k]
+                                       : FromFloat<T>(0.0f);
       }
     }
   };
@@ -174,55 +180,64 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const int dy_c = (tid % dy_per_row) * kVecElems;
   const SlotColumns dy_slot = MakeSlotColumns<T>(
       c0 + dy_c, min(static_cast<int64_t>(wc - dy_c), s.C - c0 - dy_c), wc);
-  auto for_dy_slots = [&](T* dst, int64_t m0, auto&& f) {
+  auto for_dy_slots = [&](T* dst, int64_t m0, int rows, auto&& f) {
     int i = 0;
     for (int row = tid / dy_per_row; row < kStageTokens;
          row += kThreads / dy_per_row, ++i) {
-      const int64_t m = m0 + row;
-      f(i, dst + row * plan.dy_row, m < end ? dy + m * s.C : dy, m < end);
+      const bool ok = row < rows;
+      f(i, dst + row * plan.dy_row, ok ? dy + (m0 + row) * s.C : dy, ok);
     }
   };
   uint32_t dy_plans = 0;
   if (aggregate && copy == RowCopy::kSlots) {
     // Plans from the rows' own offsets (a stage's global rows stop at M).
-    for_dy_slots(dys, 0, [&](int i, T*, const T*, bool) {
+    for_dy_slots(dys, 0, kStageTokens, [&](int i, T*, const T*, bool) {
       const int64_t row = tid / dy_per_row + i * (kThreads / dy_per_row);
       dy_plans |= SlotPlanOf(dy + row * s.C + dy_slot.k, dy_slot)
                   << (kSlotPlanBits * i);
     });
   }
+  // Valid tokens of stage st.
+  auto rows_of = [&](int64_t m0) {
+    return static_cast<int>(min(end - m0, static_cast<int64_t>(kStageTokens)));
+  };
   auto load_stage = [&](int st) {
     if (st >= stages) return;
     const int buf = st % kStages;
     const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    load_rows(x, xs + buf * kStageTokens * RS, m0, x_plans);
-    // The stage's dh rows are one contiguous run of 32 N floats.
+    const int rows = rows_of(m0);
+    load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
+    // The stage's dh rows are one contiguous run of 32 N (<= 256 NT) floats.
     float* dh_dst = dh_raw + buf * kStageTokens * s.N;
     const float* dh_src = a.dh + m0 * s.N;
-    const int64_t valid = (end - m0) * s.N;
+    const int valid = rows * s.N;
     if (a.dh_vec) {
-      for (int c = tid; c < kStageTokens * s.N / 4; c += kThreads) {
-        const bool ok = 4 * c < valid;
-        CpAsync<16>(dh_dst + 4 * c, ok ? dh_src + 4 * c : a.dh, ok);
+#pragma unroll
+      for (int base = 0; base < kStageTokens * 8 * NT / 4; base += kThreads) {
+        const int c = 4 * (base + tid);
+        if (c >= kStageTokens * s.N) break;
+        CpAsync<16>(dh_dst + c, c < valid ? dh_src + c : a.dh, c < valid);
       }
     } else {
-      for (int c = tid; c < kStageTokens * s.N; c += kThreads) {
-        const bool ok = c < valid;
-        CpAsync<4>(dh_dst + c, ok ? dh_src + c : a.dh, ok);
+#pragma unroll
+      for (int base = 0; base < kStageTokens * 8 * NT; base += kThreads) {
+        const int c = base + tid;
+        if (c >= kStageTokens * s.N) break;
+        CpAsync<4>(dh_dst + c, c < valid ? dh_src + c : a.dh, c < valid);
       }
     }
     if (tid < kStageTokens) {
-      const int64_t m = m0 + tid;
-      CpAsync<4>(dmss + buf * kStageTokens + tid, m < end ? a.dms + m : a.dms,
-                 m < end);
+      const bool ok = tid < rows;
+      CpAsync<4>(dmss + buf * kStageTokens + tid, ok ? a.dms + m0 + tid : a.dms,
+                 ok);
     }
     if (residual) {
-      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, xn_plans);
+      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
       float* r_dst = rs + buf * kStageTokens * n * n;
+      const float* r_src = a.r + m0 * n * n;
       for (int v = tid; v < kStageTokens * n * n; v += kThreads) {
-        const int64_t m = m0 + v / (n * n);
-        const bool ok = m < end;
-        CpAsync<4>(r_dst + v, ok ? a.r + m * n * n + v % (n * n) : a.r, ok);
+        const bool ok = v < rows * n * n;
+        CpAsync<4>(r_dst + v, ok ? r_src + v : a.r, ok);
       }
     }
     if (!aggregate) return;
@@ -231,25 +246,26 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       for (int v = tid; v < kStageTokens * wc; v += kThreads) {
         const int row = v / wc;
         const int c = v % wc;
-        const int64_t m = m0 + row;
-        dy_dst[row * plan.dy_row + c] =
-            m < end && c0 + c < s.C ? dy[m * s.C + c0 + c] : FromFloat<T>(0.0f);
+        dy_dst[row * plan.dy_row + c] = row < rows && c0 + c < s.C
+                                            ? dy[(m0 + row) * s.C + c0 + c]
+                                            : FromFloat<T>(0.0f);
       }
     } else {
-      for_dy_slots(dy_dst, m0, [&](int i, T* drow, const T* srow, bool ok) {
-        if (copy == RowCopy::kVector) {
-          const bool in = ok && dy_slot.valid > 0;
-          CpAsync<16>(drow + dy_c, in ? srow + dy_slot.k : dy, in);
-        } else {
-          IssueSlot(drow, dy_c, srow, dy_slot, ok, RowPlan(dy_plans, i));
-        }
-      });
+      for_dy_slots(
+          dy_dst, m0, rows, [&](int i, T* drow, const T* srow, bool ok) {
+            if (copy == RowCopy::kVector) {
+              const bool in = ok && dy_slot.valid > 0;
+              CpAsync<16>(drow + dy_c, in ? srow + dy_slot.k : dy, in);
+            } else {
+              IssueSlot(drow, dy_c, srow, dy_slot, ok, RowPlan(dy_plans, i));
+            }
+          });
     }
     float* hp_dst = hps + buf * kStageTokens * n;
+    const float* hp_src = a.h_pre + m0 * n;
     for (int v = tid; v < kStageTokens * n; v += kThreads) {
-      const int64_t m = m0 + v / n;
-      const bool ok = m < end;
-      CpAsync<4>(hp_dst + v, ok ? a.h_pre + m * n + v % n : a.h_pre, ok);
+      const bool ok = v < rows * n;
+      CpAsync<4>(hp_dst + v, ok ? hp_src + v : a.h_pre, ok);
     }
   };
 
@@ -258,16 +274,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     if (sizeof(T) == 4 || copy != RowCopy::kSlots) return;
     const int buf = st % kStages;
     const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    const int rows = rows_of(m0);
     auto realign_rows = [&](T* tile, uint32_t plans) {
       // Only the staged rows matter here; x stands in for the global rows.
-      for_row_slots(x, tile, m0, [&](int i, T* drow, const T*, bool ok) {
+      for_row_slots(x, tile, m0, rows, [&](int i, T* drow, const T*, bool ok) {
         RealignSlot(drow, vec_j, x_slot, ok, RowPlan(plans, i));
       });
     };
     realign_rows(xs + buf * kStageTokens * RS, x_plans);
     if (residual) realign_rows(dxns + buf * kStageTokens * RS, xn_plans);
     if (aggregate) {
-      for_dy_slots(dys + buf * kStageTokens * plan.dy_row, m0,
+      for_dy_slots(dys + buf * kStageTokens * plan.dy_row, m0, rows,
                    [&](int i, T* drow, const T*, bool ok) {
                      RealignSlot(drow, dy_c, dy_slot, ok, RowPlan(dy_plans, i));
                    });
@@ -296,13 +313,19 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   }
   const float ms_scale = 2.0f / static_cast<float>(s.K);
-  // Output pairs of this thread: columns j0 + 8 nt + 2 quad (+1), both in
-  // one channel run of one stream (stream major) or one channel (minor).
-  int out_k[2];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    out_k[nt] = ColumnOf(s, log_n, c0, j0 + 8 * nt + 2 * quad).k;
-  }
+  // The vector stores of the warp's dx rows: kStoreLanes lanes per row of
+  // 16 columns; each quarter warp reads rows kStoreLanes apart, which sit in
+  // distinct banks.
+  constexpr int kStoreLanes = 16 / kVecElems;
+  constexpr int kStoreRows = 32 / kStoreLanes;  // rows per instruction
+  constexpr int kStoreRounds = kStageTokens / kStoreRows;
+  const int quarter = lane >> 3;
+  const int store_row = (lane & 7) / kStoreLanes * kStoreLanes +
+                        quarter % kStoreLanes + quarter / kStoreLanes * 8;
+  const int store_j = j0 + lane % kStoreLanes * kVecElems;
+  const int store_k = ColumnOf(s, log_n, c0, store_j).k;
+  // Rows between one lane's stores: kStoreRows (vector rows), 2 (elements).
+  const int64_t store_step = (kVectorRows ? kStoreRows : 2) * s.K;
   // Column j0 + lane % 16 of the row stores without vector rows.
   const int lane_out_k = ColumnOf(s, log_n, c0, j0 + (lane & 15)).k;
 
@@ -313,47 +336,46 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     for (int e = 0; e < 4; ++e) dphi[nt][e] = 0.0f;
   }
 
-  // Rounds the landed dh of stage buffer `buf` into dh_a / dh_b (zero past
-  // N up to the tiles' width).
+  // Rounds the landed dh of stage buffer `buf` into the fragments of dh_a /
+  // dh_b (zero past N up to the tiles' width), one fragment per thread.
   auto convert_dh = [&](int buf) {
     const float* raw = dh_raw + buf * kStageTokens * s.N;
-    // Logits g .. g + 3 (g % 4 == 0) of token t: slots 2 apart in both
-    // layouts.
-    auto put4 = [&](int t, int g, const float(&v)[4]) {
-      const int ia = t * kDhARow + (g & ~7) + ((g >> 2) & 1);
-      const int ib = (t >> 1) * kDhBRow + 2 * g + (t & 1);
+    auto at = [&](int t, int g) { return g < s.N ? raw[t * s.N + g] : 0.0f; };
+    auto put = [&](float* dst, int floats, int f, const auto& v) {
+      constexpr int V = sizeof(v) / sizeof(float);
+      float hi[V];
+      [[maybe_unused]] float lo[V];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t hi, lo;
-        SplitTf32<kIeee>(v[q], hi, lo);
-        dh_a[ia + 2 * q] = __uint_as_float(hi);
-        dh_b[ib + 2 * q] = __uint_as_float(hi);
-        if constexpr (kIeee) {
-          dh_a[kDhAFloats + ia + 2 * q] = __uint_as_float(lo);
-          dh_b[kDhBFloats + ib + 2 * q] = __uint_as_float(lo);
-        }
+      for (int e = 0; e < V; ++e) {
+        uint32_t h, l;
+        SplitTf32<kIeee>(v[e], h, l);
+        hi[e] = __uint_as_float(h);
+        if constexpr (kIeee) lo[e] = __uint_as_float(l);
       }
+      StoreFloats(dst + f * V, hi);
+      if constexpr (kIeee) StoreFloats(dst + floats + f * V, lo);
     };
-    constexpr int kQuads = NT * 2;  // quads of logits per token
-    for (int v = tid; v < kStageTokens * kQuads; v += kThreads) {
-      const int t = v / kQuads;
-      const int g = (v % kQuads) * 4;
-      float q[4];
-      if (s.N % 4 == 0) {  // rows of whole, 16-byte aligned quads
-        const float4 f =
-            g < s.N ? *reinterpret_cast<const float4*>(raw + t * s.N + g)
-                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        q[0] = f.x;
-        q[1] = f.y;
-        q[2] = f.z;
-        q[3] = f.w;
-      } else {
+    constexpr int kAFrags = DhAFloats(NT) / 4, kBFrags = DhBFloats(NT) / 2;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          q[e] = g + e < s.N ? raw[t * s.N + g + e] : 0.0f;
-        }
-      }
-      put4(t, g, q);
+    for (int f0 = 0; f0 < kAFrags; f0 += kThreads) {
+      const int f = f0 + tid;
+      if (f >= kAFrags) break;
+      const int fl = f & 31, tile = f >> 5;  // tile = NT mt + kt
+      const int t = tile / NT * 16 + (fl >> 2);
+      const int g = tile % NT * 8 + (fl & 3);
+      const float v[4] = {at(t, g), at(t + 8, g), at(t, g + 4),
+                          at(t + 8, g + 4)};
+      put(dh_a, kDhAFloats, f, v);
+    }
+#pragma unroll
+    for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
+      const int f = f0 + tid;
+      if (f >= kBFrags) break;
+      const int fl = f & 31, tile = f >> 5;  // tile = NT (2 half + step) + nt
+      const int t = tile / NT * 8 + 2 * (fl & 3);
+      const int g = tile % NT * 8 + (fl >> 2);
+      const float v[2] = {at(t, g), at(t + 1, g)};
+      put(dh_b, kDhBFloats, f, v);
     }
   };
 
@@ -406,15 +428,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 #pragma unroll
         for (int step = 0; step < 2; ++step) {
           // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
-          const float* d =
-              dh_b + (half * 8 + step * 4 + quad) * kDhBRow + 2 * grp + 16 * t0;
+          const float* d = dh_b + ((half * 2 + step) * NT + t0) * 64 + 2 * lane;
 #pragma unroll
           for (int nt = 0; nt < kAccTiles; ++nt) {
-            const float2 b = *reinterpret_cast<const float2*>(d + 16 * nt);
+            const float2 b = *reinterpret_cast<const float2*>(d + 64 * nt);
             Mma1688(acc[nt], xa[half][step], b.x, b.y);
             if constexpr (kIeee) {
               const float2 bl =
-                  *reinterpret_cast<const float2*>(d + kDhBFloats + 16 * nt);
+                  *reinterpret_cast<const float2*>(d + kDhBFloats + 64 * nt);
               Mma1688(acc[nt], xa[half][step], bl.x, bl.y);
             }
             if constexpr (kSplitX) Mma1688(acc[nt], xl[half][step], b.x, b.y);
@@ -430,11 +451,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   };
 
   // dx for the stage's tokens and this warp's columns, stored to global.
-  auto stage_dx = [&](int buf, int64_t m0) {
+  // Rows past the stage's tokens compute (zero-filled, finite) values too,
+  // so the epilogue runs without branches; only the stores below skip them.
+  // kTermsN: 0 without the aggregate and residual terms, else the n they are
+  // built for (4, 8; -1 any n), each a separate copy of the loop so none
+  // carries another's checks.
+  auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
+    constexpr int kTermsN = decltype(terms_tag)::value;
     T* xt = xs + buf * kStageTokens * RS;
-    // Without vector rows the stage's dx goes over this warp's own columns
-    // of the x tile, which the other lanes' ldmatrix reads must have left.
-    if constexpr (!kVectorRows) __syncwarp();
+    // The stage's dx goes over this warp's own columns of the x tile, which
+    // the other lanes' ldmatrix reads must have left.
+    __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < kStageTokens / 16; ++mt) {
       float d[2][4];
@@ -445,22 +472,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
 #pragma unroll
       for (int kt = 0; kt < NT; ++kt) {
-        // Logits 8 kt + quad and 8 kt + quad + 4 of tokens grp and grp + 8.
-        const float* p = dh_a + (mt * 16 + grp) * kDhARow + 8 * kt + 2 * quad;
-        const float2 u = *reinterpret_cast<const float2*>(p);
-        const float2 w = *reinterpret_cast<const float2*>(p + 8 * kDhARow);
-        const uint32_t ah[4] = {__float_as_uint(u.x), __float_as_uint(w.x),
-                                __float_as_uint(u.y), __float_as_uint(w.y)};
+        // Logits 8 kt + quad (+4) of tokens 16 mt + grp (+8).
+        const float* p = dh_a + ((mt * NT + kt) * 32 + lane) * 4;
+        uint32_t ah[4];
         [[maybe_unused]] uint32_t al[4];
-        if constexpr (kIeee) {
-          const float2 ul = *reinterpret_cast<const float2*>(p + kDhAFloats);
-          const float2 wl =
-              *reinterpret_cast<const float2*>(p + kDhAFloats + 8 * kDhARow);
-          al[0] = __float_as_uint(ul.x);
-          al[1] = __float_as_uint(wl.x);
-          al[2] = __float_as_uint(ul.y);
-          al[3] = __float_as_uint(wl.y);
-        }
+        LoadWords(ah, p);
+        if constexpr (kIeee) LoadWords(al, p + kDhAFloats);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           Mma1688(d[nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
@@ -476,8 +493,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int t = mt * 16 + grp + 8 * h;
-        const int64_t m = m0 + t;
-        if (m >= end) continue;
         const float dm = dmss[buf * kStageTokens + t] * ms_scale;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -485,58 +500,60 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
           const float2 v = LoadPair(xt + t * RS + j);
           float out[2] = {fmaf(dm, v.x, d[nt][2 * h]),
                           fmaf(dm, v.y, d[nt][2 * h + 1])};
-          if (aggregate) {
-            const int row = buf * kStageTokens + t;
-            if (n == 4) {
-              AddTerms<T, 4>(s.minor, residual, j, dxns + row * RS,
-                             dys + row * plan.dy_row, hps + row * 4,
-                             rs + row * 16, out);
-            } else if (NT != 3 && n == 8) {  // NT = 3 never has n = 8
-              AddTerms<T, 8>(s.minor, residual, j, dxns + row * RS,
-                             dys + row * plan.dy_row, hps + row * 8,
-                             rs + row * 64, out);
-            } else {
-              const T* dxn_row = dxns + row * RS;
-              const T* dy_row = dys + row * plan.dy_row;
-              const float* hp_row = hps + row * n;
+          const int row = buf * kStageTokens + t;
+          if constexpr (kTermsN > 0) {
+            AddTerms<T, kTermsN>(s.minor, residual, j, dxns + row * RS,
+                                 dys + row * plan.dy_row, hps + row * kTermsN,
+                                 rs + row * kTermsN * kTermsN, out);
+          } else if constexpr (kTermsN < 0) {
+            const T* dxn_row = dxns + row * RS;
+            const T* dy_row = dys + row * plan.dy_row;
+            const float* hp_row = hps + row * n;
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const Column col = ColumnOf(s, log_n, c0, j + e);
-                float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
-                if (residual) {
-                  const float* r_row = rs + (row * n + col.stream) * n;
-                  for (int i = 0; i < n; ++i) {
-                    acc = fmaf(
-                        r_row[i],
-                        ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]),
-                        acc);
-                  }
+            for (int e = 0; e < 2; ++e) {
+              const Column col = ColumnOf(s, log_n, c0, j + e);
+              float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
+              if (residual) {
+                const float* r_row = rs + (row * n + col.stream) * n;
+                for (int i = 0; i < n; ++i) {
+                  acc = fmaf(
+                      r_row[i],
+                      ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]), acc);
                 }
-                out[e] += acc;
               }
+              out[e] += acc;
             }
           }
-          if constexpr (kVectorRows) {
-            if (out_k[nt] >= 0) StoreVec<T, 2>(dx + m * s.K + out_k[nt], out);
-          } else {
-            // Into the x slot this pair was the last read of; to dx below.
-            StoreVec<T, 2>(xt + t * RS + j, out);
-          }
+          // Into the x slot this pair was the last read of; to dx below.
+          StoreVec<T, 2>(xt + t * RS + j, out);
         }
       }
     }
-    if constexpr (!kVectorRows) {
+    __syncwarp();
+    if constexpr (kVectorRows) {
+      // 16-byte rows of the warp's columns, so each instruction writes whole
+      // sectors.
+      T* out = dx + (m0 + store_row) * s.K + store_k;
+#pragma unroll
+      for (int i = 0; i < kStoreRounds; ++i) {
+        const int t = store_row + i * kStoreRows;
+        if (t < rows && store_k >= 0) {
+          *reinterpret_cast<uint4*>(out + i * store_step) =
+              *reinterpret_cast<const uint4*>(xt + t * RS + store_j);
+        }
+      }
+    } else {
       // Rows off the vector boundary: each warp instruction stores two rows
       // of this warp's 16 columns, 16 consecutive elements each, so every
       // sector is written by one instruction instead of by eight pair
       // stores of 2-byte halves.
-      __syncwarp();
-#pragma unroll 4
-      for (int i = 0; i < kStageTokens / 2; ++i) {
-        const int t = 2 * i + (lane >> 4);
-        const int64_t m = m0 + t;
-        if (m < end && lane_out_k >= 0) {
-          dx[m * s.K + lane_out_k] = xt[t * RS + j0 + (lane & 15)];
+      if (lane_out_k >= 0) {
+        const int row = lane >> 4;
+        const T* in = xt + row * RS + j0 + (lane & 15);
+        T* out = dx + (m0 + row) * s.K + lane_out_k;
+#pragma unroll
+        for (int i = 0; i < kStageTokens / 2; ++i) {
+          if (2 * i + row < rows) out[i * store_step] = in[2 * i * RS];
         }
       }
     }
@@ -557,7 +574,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     convert_dh(buf);
     __syncthreads();
     if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
-    stage_dx(buf, begin + static_cast<int64_t>(st) * kStageTokens);
+    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    const int rows = rows_of(m0);
+    if (!aggregate) {
+      stage_dx(buf, m0, rows, IntTag<0>{});
+    } else if (n == 4) {
+      stage_dx(buf, m0, rows, IntTag<4>{});
+    } else if (NT != 3 && n == 8) {  // NT = 3 never has n = 8
+      stage_dx(buf, m0, rows, IntTag<8>{});
+    } else {
+      stage_dx(buf, m0, rows, IntTag<-1>{});
+    }
   }
   CpAsyncWait<0>();
   if (!want_dphi) return;

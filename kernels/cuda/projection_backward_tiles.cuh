@@ -27,26 +27,18 @@ __host__ __device__ constexpr int TilesFor(int N) {
   return N <= 8 ? 1 : N <= 24 ? 3 : 10;
 }
 constexpr int kDphiGroupTiles = 5;  // dphi tiles accumulated per pass (n = 8)
-// dh of the current stage, rounded to tf32 once for all warps in two layouts so
-// every mma fragment is one conflict-free 8-byte load (strides = 8 mod 32):
-// as the dx product's A, [token][DhARow] with logits 8 kt + u and 8 kt + u +
-// 4 side by side; as the dphi product's B, [token pair][DhBRow] holding
-// (g, token 2p) and (g, token 2p + 1) side by side.
-__host__ __device__ constexpr int StrideEight(int floats) {
-  return (floats + 23) / 32 * 32 + 8;  // the least >= floats, = 8 mod 32
-}
-__host__ __device__ constexpr int DhARow(int nt) { return StrideEight(8 * nt); }
-__host__ __device__ constexpr int DhBRow(int nt) {
-  return StrideEight(16 * nt);
-}
+// dh of the current stage, rounded to tf32 once for all warps and laid out
+// as the mma fragments themselves, so a warp's operand is one conflict-free
+// vector load per lane: the dx product's A as [mt][kt][lane][4] (tokens
+// 16 mt + grp (+8), logits 8 kt + quad (+4)), the dphi product's B as
+// [half][step][nt][lane][2] (tokens 16 half + 8 step + 2 quad (+1), logit
+// 8 nt + grp).
 __host__ __device__ constexpr int DhAFloats(int nt) {
-  return kStageTokens * DhARow(nt);
+  return kStageTokens / 16 * nt * 32 * 4;
 }
 __host__ __device__ constexpr int DhBFloats(int nt) {
-  return kStageTokens / 2 * DhBRow(nt);
+  return kStageTokens / 8 * nt * 32 * 2;
 }
-static_assert(DhARow(3) == 40 && DhBRow(3) == 72 && DhARow(10) == 104,
-              "rows = 8 mod 32");
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
 
 // Elements of one staged activation row: 128 columns plus a pad that makes
@@ -151,6 +143,24 @@ __device__ __forceinline__ float2 LoadPair(const T* p) {
   } else {
     return Unpack(*reinterpret_cast<const uint32_t*>(p), T{});
   }
+}
+
+// A fragment's 2 or 4 floats as one shared-memory vector access.
+template <int V>
+__device__ __forceinline__ void StoreFloats(float* p, const float (&v)[V]) {
+  static_assert(V == 2 || V == 4, "8 or 16-byte fragments");
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  }
+}
+__device__ __forceinline__ void LoadWords(uint32_t (&w)[4], const float* p) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  w[0] = u.x;
+  w[1] = u.y;
+  w[2] = u.z;
+  w[3] = u.w;
 }
 
 // tf32 high part, and the low part when split (IEEE).
