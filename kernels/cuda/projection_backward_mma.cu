@@ -313,21 +313,21 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   }
   const float ms_scale = 2.0f / static_cast<float>(s.K);
-  // The vector stores of the warp's dx rows: kStoreLanes lanes per row of
-  // 16 columns; each quarter warp reads rows kStoreLanes apart, which sit in
-  // distinct banks.
-  constexpr int kStoreLanes = 16 / kVecElems;
-  constexpr int kStoreRows = 32 / kStoreLanes;  // rows per instruction
-  constexpr int kStoreRounds = kStageTokens / kStoreRows;
+  // This lane's part of storing the warp's dx rows (16 columns each), every
+  // kStoreRows rows from store_row: with vector rows 16 bytes (kStoreLanes
+  // lanes per row; each quarter warp reads rows kStoreLanes apart, which sit
+  // in distinct banks), else one element (16 lanes per row).
+  constexpr int kStoreLanes = kVectorRows ? 16 / kVecElems : 16;
+  constexpr int kStoreRows = 32 / kStoreLanes;
   const int quarter = lane >> 3;
-  const int store_row = (lane & 7) / kStoreLanes * kStoreLanes +
-                        quarter % kStoreLanes + quarter / kStoreLanes * 8;
-  const int store_j = j0 + lane % kStoreLanes * kVecElems;
+  const int store_row = kVectorRows ? (lane & 7) / kStoreLanes * kStoreLanes +
+                                          quarter % kStoreLanes +
+                                          quarter / kStoreLanes * 8
+                                    : lane >> 4;
+  const int store_j =
+      j0 + (kVectorRows ? lane % kStoreLanes * kVecElems : lane & 15);
   const int store_k = ColumnOf(s, log_n, c0, store_j).k;
-  // Rows between one lane's stores: kStoreRows (vector rows), 2 (elements).
-  const int64_t store_step = (kVectorRows ? kStoreRows : 2) * s.K;
-  // Column j0 + lane % 16 of the row stores without vector rows.
-  const int lane_out_k = ColumnOf(s, log_n, c0, j0 + (lane & 15)).k;
+  const int64_t store_step = kStoreRows * s.K;
 
   float dphi[NT][4];
 #pragma unroll
@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         hi[e] = __uint_as_float(h);
         if constexpr (kIeee) lo[e] = __uint_as_float(l);
       }
-      StoreFloats(dst + f * V, hi);
-      if constexpr (kIeee) StoreFloats(dst + floats + f * V, lo);
+      StoreVec<float, V>(dst + f * V, hi);
+      if constexpr (kIeee) StoreVec<float, V>(dst + floats + f * V, lo);
     };
     constexpr int kAFrags = DhAFloats(NT) / 4, kBFrags = DhBFloats(NT) / 2;
 #pragma unroll
@@ -474,10 +474,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       for (int kt = 0; kt < NT; ++kt) {
         // Logits 8 kt + quad (+4) of tokens 16 mt + grp (+8).
         const float* p = dh_a + ((mt * NT + kt) * 32 + lane) * 4;
+        float hi[4];
+        [[maybe_unused]] float lo[4];
+        LoadVec<float, 4>(p, hi);
+        if constexpr (kIeee) LoadVec<float, 4>(p + kDhAFloats, lo);
         uint32_t ah[4];
         [[maybe_unused]] uint32_t al[4];
-        LoadWords(ah, p);
-        if constexpr (kIeee) LoadWords(al, p + kDhAFloats);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ah[e] = __float_as_uint(hi[e]);
+          if constexpr (kIeee) al[e] = __float_as_uint(lo[e]);
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           Mma1688(d[nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
@@ -530,30 +537,18 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
     }
     __syncwarp();
-    if constexpr (kVectorRows) {
-      // 16-byte rows of the warp's columns, so each instruction writes whole
-      // sectors.
-      T* out = dx + (m0 + store_row) * s.K + store_k;
+    // Whole rows of the warp's columns per instruction, so each writes whole
+    // sectors (vector rows) or at least never pairs of 2-byte halves.
+    T* out = dx + (m0 + store_row) * s.K + store_k;
 #pragma unroll
-      for (int i = 0; i < kStoreRounds; ++i) {
-        const int t = store_row + i * kStoreRows;
-        if (t < rows && store_k >= 0) {
+    for (int i = 0; i < kStageTokens / kStoreRows; ++i) {
+      const int t = store_row + i * kStoreRows;
+      if (t < rows && store_k >= 0) {
+        if constexpr (kVectorRows) {
           *reinterpret_cast<uint4*>(out + i * store_step) =
               *reinterpret_cast<const uint4*>(xt + t * RS + store_j);
-        }
-      }
-    } else {
-      // Rows off the vector boundary: each warp instruction stores two rows
-      // of this warp's 16 columns, 16 consecutive elements each, so every
-      // sector is written by one instruction instead of by eight pair
-      // stores of 2-byte halves.
-      if (lane_out_k >= 0) {
-        const int row = lane >> 4;
-        const T* in = xt + row * RS + j0 + (lane & 15);
-        T* out = dx + (m0 + row) * s.K + lane_out_k;
-#pragma unroll
-        for (int i = 0; i < kStageTokens / 2; ++i) {
-          if (2 * i + row < rows) out[i * store_step] = in[2 * i * RS];
+        } else {
+          out[i * store_step] = xt[t * RS + store_j];
         }
       }
     }

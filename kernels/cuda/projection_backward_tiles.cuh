@@ -145,24 +145,6 @@ __device__ __forceinline__ float2 LoadPair(const T* p) {
   }
 }
 
-// A fragment's 2 or 4 floats as one shared-memory vector access.
-template <int V>
-__device__ __forceinline__ void StoreFloats(float* p, const float (&v)[V]) {
-  static_assert(V == 2 || V == 4, "8 or 16-byte fragments");
-  if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-  }
-}
-__device__ __forceinline__ void LoadWords(uint32_t (&w)[4], const float* p) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  w[0] = u.x;
-  w[1] = u.y;
-  w[2] = u.z;
-  w[3] = u.w;
-}
-
 // tf32 high part, and the low part when split (IEEE).
 template <bool kSplit>
 __device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
