@@ -34,6 +34,7 @@
 // order within the chunk, reduced over chunks in order by
 // LaunchPhiGradReduce. No atomics.
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "dispatch.cuh"
@@ -50,8 +51,12 @@ using namespace dx_mma;  // NOLINT: this file is the kernel of those tiles
 namespace {
 
 // kVectorRows: built for RowCopy::kVector alone, so the aligned path carries
-// none of the other modes' registers or checks.
-template <typename T, int NT, bool kIeee, bool kVectorRows>
+// none of the other modes' registers or checks. kTerms: built with the pre
+// backward's aggregate and residual terms, each switched on where the request
+// has it. The vector kernels fit either way and are built with them only;
+// the other modes build the plain projection backward apart, since the
+// terms' registers would otherwise spill into their copy loops.
+template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                        MmaDxDev a) {
@@ -77,8 +82,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const int64_t end = min(tokens, begin + kTokenChunk);
   const int stages =
       static_cast<int>((end - begin + kStageTokens - 1) / kStageTokens);
-  const bool aggregate = a.h_pre != nullptr;
-  const bool residual = a.r != nullptr;
+  const bool aggregate = kTerms && a.h_pre != nullptr;
+  const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
   const SmemPlan plan = PlanSmem<T>(n, s.N, kIeee, aggregate, residual);
   T* xs = reinterpret_cast<T*>(smem + plan.x);
@@ -121,8 +126,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   constexpr int kRowsPerThread = kStageTokens / kRowStep;
   static_assert(kRowsPerThread <= kSlotPlanRows, "a plan word per tensor");
   const int row0 = tid / kPerRow;
-  const int64_t row0_offset = row0 * s.K;
-  const int64_t row_step_offset = kRowStep * s.K;
+  const int row0_offset = row0 * static_cast<int>(s.K);
+  const int row_step_offset = kRowStep * static_cast<int>(s.K);
   auto for_row_slots = [&](const T* src, T* dst, int64_t m0, int rows,
                            auto&& f) {
     const T* tile = src + m0 * s.K + row0_offset;
@@ -327,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const int store_j =
       j0 + (kVectorRows ? lane % kStoreLanes * kVecElems : lane & 15);
   const int store_k = ColumnOf(s, log_n, c0, store_j).k;
-  const int64_t store_step = kStoreRows * s.K;
+  const int store_step = kStoreRows * static_cast<int>(s.K);
 
   float dphi[NT][4];
 #pragma unroll
@@ -601,12 +606,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
 }
 
-template <typename T, int NT, bool kIeee, bool kVectorRows>
+template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
 cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
                         const MmaDxDev& d, cudaStream_t stream) {
   const SmemPlan plan =
       PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
-  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows>;
+  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>;
   // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
   const cudaError_t e = FitLargeSmemKernel(
       reinterpret_cast<const void*>(kernel), kThreads, plan.total, nullptr);
@@ -648,10 +653,11 @@ bool UseMmaDx(const DxArgs& a) {
   const LayerSpec& spec = *a.spec;
   const int n = spec.n;
   const int N = static_cast<int>(spec.NumLogits());
-  // Whole channels per CTA: 128 / n columns of each stream; k fits an int.
+  // Whole channels per CTA: 128 / n columns of each stream; the offsets of a
+  // stage's elements from its first row fit an int.
   const bool pow2 = n >= 1 && n <= 16 && (n & (n - 1)) == 0;
   if (a.dh == nullptr || !spec.dynamic || !pow2 || N > kMaxTiles * 8 ||
-      spec.K() > INT32_MAX) {
+      spec.K() > INT32_MAX / kStageTokens) {
     return false;
   }
   // fp32 tiles with both extra terms at n = 1 and n = 8 outgrow one SM's
@@ -686,12 +692,20 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
     using T = typename decltype(tt)::type;
     auto go = [&](auto nt_tag) {
       DispatchBool(ieee, [&](auto ieee_tag) {
-        DispatchBool(d.copy == RowCopy::kVector, [&](auto vector_tag) {
+        auto launch = [&](auto vector_tag, auto terms_tag) {
           err =
               LaunchTyped<T, decltype(nt_tag)::value, decltype(ieee_tag)::value,
-                          decltype(vector_tag)::value>(s, a.tokens, a.x, d,
-                                                       stream);
-        });
+                          decltype(vector_tag)::value,
+                          decltype(terms_tag)::value>(s, a.tokens, a.x, d,
+                                                      stream);
+        };
+        if (d.copy == RowCopy::kVector) {
+          launch(std::true_type{}, std::true_type{});
+        } else {
+          DispatchBool(
+              d.h_pre != nullptr || d.r != nullptr,
+              [&](auto terms_tag) { launch(std::false_type{}, terms_tag); });
+        }
       });
     };
     switch (TilesFor(s.N)) {
