@@ -202,14 +202,17 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                   << (kSlotPlanBits * i);
     });
   }
-  // Valid tokens of stage st.
+  // First token and valid tokens of stage st.
+  auto first_token = [&](int st) {
+    return begin + static_cast<int64_t>(st) * kStageTokens;
+  };
   auto rows_of = [&](int64_t m0) {
     return static_cast<int>(min(end - m0, static_cast<int64_t>(kStageTokens)));
   };
   auto load_stage = [&](int st) {
     if (st >= stages) return;
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    const int64_t m0 = first_token(st);
     const int rows = rows_of(m0);
     load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
     // The stage's dh rows are one contiguous run of 32 N (<= 256 NT) floats.
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto realign_stage = [&](int st) {
     if (sizeof(T) == 4 || copy != RowCopy::kSlots) return;
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    const int64_t m0 = first_token(st);
     const int rows = rows_of(m0);
     auto realign_rows = [&](T* tile, uint32_t plans) {
       // Only the staged rows matter here; x stands in for the global rows.
@@ -574,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     convert_dh(buf);
     __syncthreads();
     if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
+    const int64_t m0 = first_token(st);
     const int rows = rows_of(m0);
     if (!aggregate) {
       stage_dx(buf, m0, rows, IntTag<0>{});
