@@ -47,6 +47,9 @@ step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
   "${bin}/cuda_ops_test" --gtest_filter='*/deepseek_v4_bf16'
+step memcheck_rows compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "${bin}/cuda_ops_test" \
+  --gtest_filter='CudaRowAccessTest.*:*ElementwiseOps/deepseek_v4_bf16'
 step memcheck_projection compute-sanitizer --tool memcheck --error-exitcode 1 \
   "${bin}/cuda_projection_test"
 step racecheck_projection compute-sanitizer --tool racecheck \

@@ -40,8 +40,15 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// Odd C at n = 4 (strided rows) took 108 registers, four CTAs per SM, and
+// ran 1.8x slower than at five (bench/RESULTS.md); the other modes already
+// fit more CTAs (0: the compiler's own choice).
+template <int NT, bool kStrided>
+inline constexpr int kAggregateBackwardBlocks = NT == 4 && kStrided ? 5 : 0;
+
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads,
+                                  kAggregateBackwardBlocks<NT, kStrided>)
     aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
                               const T* dy, T* dx, float* dh_pre) {
   const int n = NT == 4 ? 4 : s.n;

@@ -239,8 +239,12 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
 // stride the channels, then a fixed xor tree (order set by C alone).
 constexpr int kDhPreWarps = 4;
+// Odd C at n = 4 (strided rows) took 124 registers; capped for eight CTAs per
+// SM it measured 2 % faster on the whole pre backward (bench/RESULTS.md).
+template <int NT, bool kStrided>
+inline constexpr int kDhPreBlocks = NT == 4 && kStrided ? 8 : 0;
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kDhPreWarps * 32)
+__global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
                   float* dh_pre) {
   const int lane = threadIdx.x & 31;

@@ -35,8 +35,19 @@ __device__ __forceinline__ void LoadMixing(const DevSpec& s, int n,
   __syncthreads();
 }
 
+// Resident CTAs per SM the post kernels are compiled for (a register cap; 0
+// leaves the compiler's own choice). The n = 4 backward holds 20 sums and
+// 2 x 4 streams of loads: uncapped it took 134-156 registers, three CTAs per
+// SM, which left HBM idle (bench/RESULTS.md: 8-15 % slower). The strided
+// forward (odd C) gains from five likewise. The n = 8 backward (72 sums)
+// spills when capped and measured slower.
+template <int NT, bool kStrided>
+inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
+template <int NT>
+inline constexpr int kPostBackwardBlocks = NT == 4 ? 4 : 0;
+
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, kPostForwardBlocks<NT, kStrided>)
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
                         const float* h_res, const float* bias, T* x_next) {
   const int n = NT == 4 ? 4 : s.n;
@@ -73,7 +84,7 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, kPostBackwardBlocks<NT>)
     post_backward_kernel(DevSpec s, const T* dx_next, const T* f, const T* x,
                          const float* h_post, const float* h_res,
                          const float* bias, T* df, T* dx, float* dh_post,

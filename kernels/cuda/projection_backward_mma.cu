@@ -161,10 +161,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       return;
     }
     if (copy == RowCopy::kSlots) {
-      for_row_slots(
-          src, dst, m0, rows, [&](int i, T* drow, const T* srow, bool ok) {
-            IssueSlot(drow, vec_j, srow, x_slot, ok, RowPlan(plans, i));
-          });
+      for_row_slots(src, dst, m0, rows,
+                    [&](int i, T* drow, const T* srow, bool ok) {
+                      IssueSlot(drow, vec_j, srow, x_slot, ok,
+                                RowPlan(plans, i), src + tokens * s.K);
+                    });
       return;
     }
     for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
@@ -259,15 +260,16 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                                             : FromFloat<T>(0.0f);
       }
     } else {
-      for_dy_slots(
-          dy_dst, m0, rows, [&](int i, T* drow, const T* srow, bool ok) {
-            if (copy == RowCopy::kVector) {
-              const bool in = ok && dy_slot.valid > 0;
-              CpAsync<16>(drow + dy_c, in ? srow + dy_slot.k : dy, in);
-            } else {
-              IssueSlot(drow, dy_c, srow, dy_slot, ok, RowPlan(dy_plans, i));
-            }
-          });
+      for_dy_slots(dy_dst, m0, rows,
+                   [&](int i, T* drow, const T* srow, bool ok) {
+                     if (copy == RowCopy::kVector) {
+                       const bool in = ok && dy_slot.valid > 0;
+                       CpAsync<16>(drow + dy_c, in ? srow + dy_slot.k : dy, in);
+                     } else {
+                       IssueSlot(drow, dy_c, srow, dy_slot, ok,
+                                 RowPlan(dy_plans, i), dy + tokens * s.C);
+                     }
+                   });
     }
     float* hp_dst = hps + buf * kStageTokens * n;
     const float* hp_src = a.h_pre + m0 * n;

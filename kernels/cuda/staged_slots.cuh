@@ -12,7 +12,9 @@
 // slot of a row always sits on the next lane), or, for the last full slot
 // of a run, of one extra word that thread copied into the staged row's pad.
 // Partial slots (the tile's last channels) are element copies with zero
-// fill; slots past the last token are zero filled.
+// fill; slots past the last token are zero filled. No copy reads outside the
+// tensor's allocation: p[-1] shares its aligned word with p[0], and where
+// p[7] ends the tensor the extra word's element is copied alone.
 //
 // fp32 elements always start a word, so only 16-bit slots ever realign.
 #ifndef MHC_KERNELS_CUDA_STAGED_SLOTS_CUH_
@@ -75,11 +77,11 @@ __device__ __forceinline__ uint32_t RowPlan(uint32_t plans, int i) {
 
 // Issues the copy of one slot of a stage. `src_row`: the global row (any
 // valid pointer when !row_ok); `dst_row`: the staged row, 16-byte aligned;
-// `plan`: SlotPlanOf the slot's first element.
+// `plan`: SlotPlanOf the slot's first element; `end`: the tensor's end.
 template <typename T>
 __device__ __forceinline__ void IssueSlot(T* dst_row, int j, const T* src_row,
                                           const SlotColumns& c, bool row_ok,
-                                          uint32_t plan) {
+                                          uint32_t plan, const T* end) {
   constexpr int kW = kSlotElems<T>;
   T* slot = dst_row + j;
   if (!row_ok || c.valid == 0) {
@@ -109,7 +111,13 @@ __device__ __forceinline__ void IssueSlot(T* dst_row, int j, const T* src_row,
         CpAsync<4>(slot + w * kW / 4, from + w * kW / 4, true);
       }
   }
-  if (shifted && c.extra >= 0) CpAsync<4>(dst_row + c.extra, from + kW, true);
+  if (shifted && c.extra >= 0) {
+    if (p + kW < end) {
+      CpAsync<4>(dst_row + c.extra, from + kW, true);
+    } else {
+      dst_row[c.extra] = p[kW - 1];  // the low half, all RealignSlot reads
+    }
+  }
 }
 
 // Realigns this thread's slot of a landed stage, after cp.async.wait_group
