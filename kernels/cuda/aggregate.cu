@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Odd C at n = 4 (strided rows) took 108 registers, four CTAs per SM, and
 // ran 1.8x slower than at five (bench/RESULTS.md); the other modes already
-// fit more CTAs (0: the compiler's own choice).
+// fit more CTAs.
 template <int NT, bool kStrided>
 inline constexpr int kAggregateBackwardBlocks = NT == 4 && kStrided ? 5 : 0;
 

@@ -25,6 +25,9 @@ namespace mhc::cuda {
 // whatever the batch looks like.
 inline constexpr int kTokenChunk = 1024;
 // Threads of the row kernels; fixed so the reduction tree never changes.
+// A row kernel may name a minimum of resident CTAs per SM in its
+// __launch_bounds__ (a register cap) where one was measured faster; 0
+// leaves the compiler's own choice.
 inline constexpr int kRowThreads = 128;
 // Tokens per CTA of the static-layer forward.
 inline constexpr int kTileTokens = 4;

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       StoreVec<float, V>(dst + f * V, hi);
       if constexpr (kIeee) StoreVec<float, V>(dst + floats + f * V, lo);
     };
-    constexpr int kAFrags = DhAFloats(NT) / 4, kBFrags = DhBFloats(NT) / 2;
+    constexpr int kAFrags = kDhAFloats / 4, kBFrags = kDhBFloats / 2;
 #pragma unroll
     for (int f0 = 0; f0 < kAFrags; f0 += kThreads) {
       const int f = f0 + tid;
