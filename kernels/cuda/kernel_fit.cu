@@ -20,8 +20,13 @@ cudaError_t SetAttributes(const void* kernel, int device) {
   cudaError_t e = cudaDeviceGetAttribute(
       &max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           max_smem);
+  // The opt-in limit covers the kernel's static shared memory too.
+  cudaFuncAttributes attributes;
+  e = cudaFuncGetAttributes(&attributes, kernel);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      max_smem - static_cast<int>(attributes.sharedSizeBytes));
   if (e != cudaSuccess) return e;
   return cudaFuncSetAttribute(kernel,
                               cudaFuncAttributePreferredSharedMemoryCarveout,

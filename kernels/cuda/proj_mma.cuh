@@ -1,13 +1,14 @@
 // Tensor-core projection h = phi' v with the sum of squares. The work is
 // split into units: a tile of kMmaTokens tokens times one chunk of K
 // (PlanChunks: a function of K and N only) times one group of up to
-// kLogitGroup logits. Persistent CTAs take the units in turn (ProjectUnit)
-// and write each unit's partial sums to workspace; the chunks of a token are
-// then added in chunk order by one thread. No atomics, and a token's h
-// depends only on K and N (never on M, the grid or the token's slot in the
-// tile: mma rows are independent dot products). Small units keep the GPU
-// evenly loaded at any M (a tile-per-cluster split lost up to half a wave to
-// cluster placement).
+// kLogitGroup logits. Persistent CTAs take the units in turn (ProjectUnit;
+// from an integer counter when there is more than one wave) and write each
+// unit's partial sums to workspace; the chunks of a token are then added in
+// chunk order by one thread. No floating-point atomics, and a token's h
+// depends only on K and N (never on M, the grid, which CTA ran a unit or the
+// token's slot in the tile: mma rows are independent dot products). Small units
+// keep the GPU evenly loaded at any M (a tile-per-cluster split lost up to half
+// a wave to cluster placement).
 //
 // Numerics: bf16 x goes to bf16 mmas against a bf16 split of phi'
 // (proj_mma_bf16.cuh). fp16 x converts to tf32 exactly. phi' is split into a
@@ -174,12 +175,12 @@ __device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
 // caller must __syncthreads() after reading it and before the next unit.
 // bf16 x only: phi_split, when given, is phi' already split for every stage
 // of K (phi_split_kernel), copied in with x instead of split per tile.
-template <typename T, bool kIeee>
+template <typename T, bool kIeee, int kXBytes>
 __device__ __forceinline__ const float* ProjectUnit(
     const DevSpec& s, const T* __restrict__ x, const float* __restrict__ phi,
     const float* __restrict__ gamma, const uint32_t* __restrict__ phi_split,
-    int64_t tokens, int64_t m0, int64_t kbeg, int64_t kend, int x_bytes,
-    bool vec_phi, char* smem) {
+    int64_t tokens, int64_t m0, int64_t kbeg, int64_t kend, bool vec_phi,
+    char* smem) {
   constexpr bool ieee = kIeee;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -202,47 +203,56 @@ __device__ __forceinline__ const float* ProjectUnit(
   // Rows of the unit that hold tokens (the rest are zero filled).
   const int live_rows =
       static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
-  // The vector copies of a stage: this thread always takes column vcol of
-  // rows vrow + r * step, so a stage only adds its k offset.
-  auto copy_vectors = [&](auto width, int kb, T* dst) {
-    constexpr int kBytes = decltype(width)::value;
-    constexpr int kPer = kBytes / sizeof(T);
-    constexpr int kPerRow = kMmaBk / kPer;
-    constexpr int kRowStep = kMmaThreads / kPerRow;
-    const int vrow = tid / kPerRow;
-    const int vcol = (tid % kPerRow) * kPer;
-    const int64_t k = kbeg + static_cast<int64_t>(kb) * kMmaBk + vcol;
-    const bool k_ok = k < kend;
-    const T* src = x + (m0 + vrow) * s.K + k;
-    const int64_t row_step = kRowStep * s.K;
-    T* d = dst + vrow * kPitch + vcol;
+  const int span = static_cast<int>(kend - kbeg);
+  // The vector copies (kXBytes wide): this thread always takes column vcol
+  // of rows vrow + r * kRowStep, so its addresses are set once per unit and
+  // a stage only adds its k offset.
+  constexpr int kPer = kXBytes > 0 ? kXBytes / static_cast<int>(sizeof(T)) : 1;
+  constexpr int kPerRow = kMmaBk / kPer;
+  constexpr int kRowStep = kMmaThreads / kPerRow;
+  constexpr int kVecRows = kMmaTokens / kRowStep;
+  const int vrow = tid / kPerRow;
+  const int vcol = (tid % kPerRow) * kPer;
+  const T* vsrc = x + (m0 + vrow) * s.K + kbeg + vcol;
+  const int64_t row_step = kRowStep * s.K;
+  T* const vdst = xs + vrow * kPitch + vcol;
+  unsigned live_mask = 0;
 #pragma unroll
-    for (int r = 0; r < kMmaTokens / kRowStep; ++r) {
-      const bool ok = k_ok && vrow + r * kRowStep < live_rows;
-      const T* from = ok ? src : x;
-      CpAsync<kBytes>(d + r * kRowStep * kPitch, from, ok);
-      src += row_step;
-    }
-  };
+  for (int r = 0; r < kVecRows; ++r) {
+    if (vrow + r * kRowStep < live_rows) live_mask |= 1u << r;
+  }
+  // phi' pre-split: each stage block is kSplitWords words, 16 bytes a copy.
+  constexpr int kSplitWords = kIeee ? kBf16StageWords : kBf16HiMidWords;
+  static_assert(kSplitWords % 4 == 0, "16-byte copies");
+  const uint32_t* split_src =
+      phi_split != nullptr ? phi_split + (kbeg / kMmaBk) * int64_t{kSplitWords}
+                           : nullptr;
   auto load_x = [&](int kb) {
     if (kb >= nkb) return;
+    const int buf = kb % kMmaStages;
     if (kBf16Mma<T> && phi_split != nullptr) {
-      const int words = Bf16SplitWords(ieee);
-      const uint32_t* src = phi_split + (kbeg / kMmaBk + kb) * int64_t{words};
-      uint32_t* dst = planes + (kb % kMmaStages) * kBf16StageWords;
-      for (int w = tid * 4; w < words; w += kMmaThreads * 4) {
-        CpAsync<16>(dst + w, src + w, true);
+      const uint32_t* src = split_src + kb * kSplitWords;
+      uint32_t* dst = planes + buf * kBf16StageWords;
+#pragma unroll
+      for (int w = 0; w < kSplitWords; w += kMmaThreads * 4) {
+        if (w + tid * 4 < kSplitWords) {
+          CpAsync<16>(dst + w + tid * 4, src + w + tid * 4, true);
+        }
       }
     }
-    const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
-    T* dst = xs + (kb % kMmaStages) * kMmaTokens * kPitch;
-    if (x_bytes == 16) {
-      copy_vectors(std::integral_constant<int, 16>{}, kb, dst);
-    } else if (x_bytes == 8) {
-      copy_vectors(std::integral_constant<int, 8>{}, kb, dst);
-    } else if (x_bytes == 4) {
-      copy_vectors(std::integral_constant<int, 4>{}, kb, dst);
+    T* dst = xs + buf * kMmaTokens * kPitch;
+    if constexpr (kXBytes > 0) {
+      const bool k_ok = kb * kMmaBk + vcol < span;
+      const T* src = vsrc + kb * kMmaBk;
+      T* d = vdst + buf * kMmaTokens * kPitch;
+#pragma unroll
+      for (int r = 0; r < kVecRows; ++r) {
+        const bool ok = k_ok && ((live_mask >> r) & 1u);
+        CpAsync<kXBytes>(d + r * kRowStep * kPitch, ok ? src : x, ok);
+        src += row_step;
+      }
     } else {
+      const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
       for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {
         const int row = c / kMmaBk;
         const int col = c % kMmaBk;
@@ -326,14 +336,21 @@ __device__ __forceinline__ const float* ProjectUnit(
   if constexpr (kBf16Mma<T>) bf16_math.Init();
   auto compute = [&](int kb) {
     if constexpr (kBf16Mma<T>) {
-      bf16_math.Compute(
-          reinterpret_cast<const __nv_bfloat16*>(xs) +
-              (kb % kMmaStages) * kMmaTokens * kPitch,
-          planes + (phi_split != nullptr ? kb % kMmaStages : kb & 1) *
-                       kBf16StageWords,
-          nj, ieee);
+      if (bf16_math.token_group * 32 >= live_rows) return;
+      const auto* tile = reinterpret_cast<const __nv_bfloat16*>(xs) +
+                         (kb % kMmaStages) * kMmaTokens * kPitch;
+      const uint32_t* block =
+          planes +
+          (phi_split != nullptr ? kb % kMmaStages : kb & 1) * kBf16StageWords;
+      // Every n = 4 mHC layer has all kBf16Tiles column tiles.
+      if (nj == kBf16Tiles) {
+        bf16_math.Compute<kBf16Tiles>(tile, block, nj, ieee);
+      } else {
+        bf16_math.Compute<0>(tile, block, nj, ieee);
+      }
       if ((kb & 3) == 3) bf16_math.Flush();
     } else {
+      if (warp * 16 >= live_rows) return;
       float st[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -500,6 +517,11 @@ cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
+
+// Workspace for the counter a launch's CTAs take units from when there are
+// more units than CTAs (an integer counter: which CTA computes a unit never
+// changes its bits, and a CTA that finishes early takes the next unit).
+inline constexpr size_t kUnitCounterBytes = 256;
 
 // A unit covers up to kLogitGroup logits (all of them for n <= 4 layers and
 // heads); wider layers (n >= 5) run ceil(N / kLogitGroup) groups of phi rows.

@@ -143,9 +143,12 @@ struct Bf16TileMath {
   }
 
   // One stage: xs is the stage's [kMmaTokens][kBf16Row] bf16 tile, stage
-  // its phi' block.
+  // its phi' block. kTiles > 0 fixes the column tile count at compile time
+  // (no per-tile branches between the mmas); 0 takes `tiles`.
+  template <int kTiles>
   __device__ void Compute(const __nv_bfloat16* xs, const uint32_t* stage,
                           int tiles, bool ieee) {
+    if constexpr (kTiles > 0) tiles = kTiles;
     // ldmatrix.x4 rows: lanes 0-15 give rows 0-15 at k 0, lanes 16-31 the
     // same rows at k 8, so a[0..3] come out in mma A order.
     const __nv_bfloat16* base = xs +

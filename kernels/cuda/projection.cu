@@ -5,7 +5,8 @@
 // chunk order, proj_mma.cuh); the backward
 // computes dx per element with sums over g in order; phi / gamma gradients
 // are partial sums over fixed chunks of kTokenChunk tokens (token order) in
-// workspace, added over chunks in order by a second kernel. No atomics.
+// workspace, added over chunks in order by a second kernel. No floating-point
+// atomics (an integer counter hands out the forward's units).
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -20,19 +21,32 @@ constexpr int kDxThreads = 128;
 // kLogitGroup phi rows; the groups of one tile and chunk run side by side,
 // so x comes from HBM once and from L2 for the other groups), each unit's
 // partials to its PartialOffset columns; group 0 also writes the sum of
-// squares.
-template <typename T, bool kIeee>
+// squares. With more units than CTAs, each CTA takes its next unit from
+// next_unit when it finishes one: unit times vary with HBM traffic, and a
+// fixed stride left the last wave waiting on the slowest CTAs. x is copied
+// kXBytes at a time (MmaCopyBytes), fixed per kernel so that the copy
+// addresses are set once per unit.
+template <typename T, bool kIeee, int kXBytes>
 __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     projection_partials_kernel(DevSpec s, int64_t tokens, const T* x,
                                const float* phi, const float* gamma,
                                const uint32_t* phi_split, float* partial,
-                               int x_bytes, bool vec_phi) {
+                               bool vec_phi, unsigned long long* next_unit) {
   extern __shared__ __align__(16) char mma_smem[];
+  __shared__ int64_t taken;
   const ChunkPlan plan = PlanChunks(s.K, s.N);
   const int groups = LogitGroups(s.N);
   const int64_t units = MmaTiles(tokens) * plan.chunks * groups;
   const int width = s.N + 1;
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int64_t u = blockIdx.x;; u += gridDim.x) {
+    if (next_unit != nullptr) {
+      if (threadIdx.x == 0) {
+        taken = static_cast<int64_t>(atomicAdd(next_unit, 1ull));
+      }
+      __syncthreads();
+      u = taken;
+    }
+    if (u >= units) break;
     const int group = static_cast<int>(u % groups);
     const int64_t tile = u / groups / plan.chunks;
     const int chunk = static_cast<int>(u / groups % plan.chunks);
@@ -41,9 +55,9 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
     const int row0 = group * kLogitGroup;
     DevSpec sg = s;
     sg.N = min(kLogitGroup, s.N - row0);
-    const float* part = ProjectUnit<T, kIeee>(
+    const float* part = ProjectUnit<T, kIeee, kXBytes>(
         sg, x, phi + row0 * s.K, gamma, phi_split, tokens, m0, kbeg,
-        min(s.K, kbeg + plan.chunk), x_bytes, vec_phi, mma_smem);
+        min(s.K, kbeg + plan.chunk), vec_phi, mma_smem);
     float* out =
         partial + PartialOffset(tokens, plan.chunks, width, tile, chunk) + row0;
     const int rows = static_cast<int>(min(int64_t{kMmaTokens}, tokens - m0));
@@ -323,7 +337,8 @@ size_t PhiSplitBytes(const LayerSpec& spec, int64_t tokens, DType dtype) {
 size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
                               DType dtype) {
   if (!spec.dynamic) return 0;
-  return PartialBytes(spec, tokens) + PhiSplitBytes(spec, tokens, dtype);
+  return PartialBytes(spec, tokens) + PhiSplitBytes(spec, tokens, dtype) +
+         kUnitCounterBytes;
 }
 
 size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens,
@@ -352,19 +367,45 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
       s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
   const int64_t units =
       MmaTiles(tokens) * PlanChunks(s.K, s.N).chunks * LogitGroups(s.N);
+  auto* next_unit = reinterpret_cast<unsigned long long*>(
+      static_cast<char*>(workspace) + PartialBytes(spec, tokens) +
+      PhiSplitBytes(spec, tokens, dtype));
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     auto launch = [&](auto kernel) {
+      int64_t resident = 0;
+      err = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
+                               kMmaThreads, MmaSmemBytes<T>(), &resident);
+      if (err != cudaSuccess) return;
+      // A single wave needs no counter.
+      const bool take_in_turn = units > resident;
+      if (take_in_turn) {
+        err = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
+        if (err != cudaSuccess) return;
+      }
       err = LaunchPersistent(kernel, units, MmaSmemBytes<T>(), stream, s,
                              tokens, static_cast<const T*>(x), phi, gamma,
                              static_cast<const uint32_t*>(phi_split), partial,
-                             MmaCopyBytes<T>(s.K, x), vec_phi);
+                             vec_phi, take_in_turn ? next_unit : nullptr);
+    };
+    auto for_width = [&](auto ieee) {
+      constexpr bool kIeee = decltype(ieee)::value;
+      switch (MmaCopyBytes<T>(s.K, x)) {
+        case 16:
+          return launch(projection_partials_kernel<T, kIeee, 16>);
+        case 8:
+          return launch(projection_partials_kernel<T, kIeee, 8>);
+        case 4:
+          return launch(projection_partials_kernel<T, kIeee, 4>);
+        default:
+          return launch(projection_partials_kernel<T, kIeee, 0>);
+      }
     };
     if (ieee) {
-      launch(projection_partials_kernel<T, true>);
+      for_width(std::true_type{});
     } else {
-      launch(projection_partials_kernel<T, false>);
+      for_width(std::false_type{});
     }
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (mma)",
