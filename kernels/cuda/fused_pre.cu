@@ -132,22 +132,42 @@ template <int NT>
 constexpr int PreMixThreads() {
   return NT > 8 ? 16 : 64;
 }
+// Threads per block that add the chunk partials (the first PreMixThreads
+// then run the mixing math).
+template <int NT>
+constexpr int PreMixBlock() {
+  return 4 * PreMixThreads<NT>();
+}
 
 template <int NT>
-__global__ void __launch_bounds__(PreMixThreads<NT>())
+__global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
                            ForwardDev a, float* h_pre) {
-  constexpr int kThreads = PreMixThreads<NT>();
-  __shared__ float h_s[kThreads][NT * NT + 2 * NT + 1];
-  const int64_t m = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (m >= tokens) return;
+  constexpr int kTokens = PreMixThreads<NT>();
+  static_assert(kMmaTokens % kTokens == 0, "a block's tokens share a tile");
+  __shared__ float h_s[kTokens][NT * NT + 2 * NT + 1];
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTokens;
+  const int live = static_cast<int>(min(int64_t{kTokens}, tokens - m0));
   const int chunks = PlanChunks(s.K, s.N).chunks;
-  float* h = h_s[threadIdx.x];
-  for (int col = 0; col <= s.N; ++col) {
-    h[col] = SumChunks(partial, tokens, chunks, s.N + 1, m, col);
+  const int width = s.N + 1;
+  // The block's rows are contiguous in each chunk's partials of their tile:
+  // coalesced loads, each element added over the chunks in order (the bits
+  // of SumChunks).
+  const int64_t tile = m0 / kMmaTokens;
+  const int64_t at0 = PartialOffset(tokens, chunks, width, tile, 0);
+  const int64_t step = PartialOffset(tokens, chunks, width, tile, 1) - at0;
+  const float* rows = partial + at0 + (m0 % kMmaTokens) * width;
+  for (int e = threadIdx.x; e < live * width; e += PreMixBlock<NT>()) {
+    float sum = 0.0f;
+    for (int c = 0; c < chunks; ++c) sum += rows[e + c * step];
+    h_s[e / width][e % width] = sum;
   }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) >= live) return;
+  const float* h = h_s[threadIdx.x];
   float hp[NT];
-  ForwardMixToken<NT>(s, m, h, h[s.N] / static_cast<float>(s.K), a, h_pre, hp);
+  ForwardMixToken<NT>(s, m0 + threadIdx.x, h, h[s.N] / static_cast<float>(s.K),
+                      a, h_pre, hp);
 }
 
 struct BackwardMixDev {
@@ -484,10 +504,10 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
                                    a.weights.phi, gamma, ws.data, stream));
       auto mix = [&](auto nt) {
         constexpr int kNT = decltype(nt)::value;
-        constexpr int kThreads = PreMixThreads<kNT>();
+        constexpr int kTokens = PreMixThreads<kNT>();
         pre_mix_forward_kernel<kNT>
-            <<<GridSize((a.tokens + kThreads - 1) / kThreads), kThreads, 0,
-               stream>>>(s, a.tokens, partial, d, h_pre);
+            <<<GridSize((a.tokens + kTokens - 1) / kTokens), PreMixBlock<kNT>(),
+               0, stream>>>(s, a.tokens, partial, d, h_pre);
       };
       // Per-thread arrays sized to n (mixing state lives in registers).
       if (s.n == 4) {
