@@ -240,7 +240,6 @@ __device__ __forceinline__ const float* ProjectUnit(
         }
       }
     }
-    T* dst = xs + buf * kMmaTokens * kPitch;
     if constexpr (kXBytes > 0) {
       const bool k_ok = kb * kMmaBk + vcol < span;
       const T* src = vsrc + kb * kMmaBk;
@@ -252,6 +251,7 @@ __device__ __forceinline__ const float* ProjectUnit(
         src += row_step;
       }
     } else {
+      T* dst = xs + buf * kMmaTokens * kPitch;
       const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk;
       for (int c = tid; c < kMmaTokens * kMmaBk; c += kMmaThreads) {
         const int row = c / kMmaBk;
