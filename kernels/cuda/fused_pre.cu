@@ -150,17 +150,11 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   const int live = static_cast<int>(min(int64_t{kTokens}, tokens - m0));
   const int chunks = PlanChunks(s.K, s.N).chunks;
   const int width = s.N + 1;
-  // The block's rows are contiguous in each chunk's partials of their tile:
-  // coalesced loads, each element added over the chunks in order (the bits
-  // of SumChunks).
-  const int64_t tile = m0 / kMmaTokens;
-  const int64_t at0 = PartialOffset(tokens, chunks, width, tile, 0);
-  const int64_t step = PartialOffset(tokens, chunks, width, tile, 1) - at0;
-  const float* rows = partial + at0 + (m0 % kMmaTokens) * width;
+  // The block's rows are consecutive in each chunk's partials of their tile:
+  // the whole block adds them element by element, coalesced.
+  const TokenChunks rows = ChunksOf(partial, tokens, chunks, width, m0);
   for (int e = threadIdx.x; e < live * width; e += PreMixBlock<NT>()) {
-    float sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) sum += rows[e + c * step];
-    h_s[e / width][e % width] = sum;
+    h_s[e / width][e % width] = SumChunks(rows, chunks, e);
   }
   __syncthreads();
   if (static_cast<int>(threadIdx.x) >= live) return;

@@ -485,37 +485,55 @@ __host__ __device__ inline int64_t PartialOffset(int64_t tokens, int chunks,
   return (m0 * chunks + chunk * rows) * width;
 }
 
-// Column col (h_col, or the sum of squares at col = N) of token m, its
-// chunks added in chunk order.
-__device__ __forceinline__ float SumChunks(const float* partial, int64_t tokens,
-                                           int chunks, int width, int64_t m,
-                                           int col) {
+// Where token m's chunk partials start (chunk 0, column 0) and the distance
+// between its chunks; the tokens of one tile are consecutive rows.
+struct TokenChunks {
+  const float* first;
+  int64_t step;
+};
+__host__ __device__ inline TokenChunks ChunksOf(const float* partial,
+                                                int64_t tokens, int chunks,
+                                                int width, int64_t m) {
   const int64_t tile = m / kMmaTokens;
-  const float* p = partial + PartialOffset(tokens, chunks, width, tile, 0) +
-                   (m % kMmaTokens) * width + col;
-  const int64_t step = PartialOffset(tokens, chunks, width, tile, 1) -
-                       PartialOffset(tokens, chunks, width, tile, 0);
+  const int64_t at0 = PartialOffset(tokens, chunks, width, tile, 0);
+  return TokenChunks{partial + at0 + (m % kMmaTokens) * width,
+                     PartialOffset(tokens, chunks, width, tile, 1) - at0};
+}
+
+// Element e of a token's row (or of the consecutive rows after it) from its
+// ChunksOf, the chunks added in chunk order.
+__device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
+                                           int64_t e) {
   float sum = 0.0f;
-  for (int c = 0; c < chunks; ++c) sum += p[c * step];
+  for (int c = 0; c < chunks; ++c) sum += rows.first[e + c * rows.step];
   return sum;
 }
 
 // Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the
-// units in turn.
+// units in turn. The kernel's last parameter receives next_unit when there
+// is more than one wave (zeroed here first; the CTAs take units from it) and
+// null otherwise (each CTA strides by gridDim.x).
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
-                             cudaStream_t stream, Act&&... args) {
+                             unsigned long long* next_unit, cudaStream_t stream,
+                             Act&&... args) {
   int64_t resident = 0;
-  const cudaError_t e = FitLargeSmemKernel(
-      reinterpret_cast<const void*>(kernel), kMmaThreads, smem, &resident);
+  cudaError_t e = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
+                                     kMmaThreads, smem, &resident);
   if (e != cudaSuccess) return e;
+  const bool take_in_turn = units > resident;
+  if (take_in_turn) {
+    e = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim =
       dim3(static_cast<unsigned>(units < resident ? units : resident));
   cfg.blockDim = dim3(kMmaThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...,
+                            take_in_turn ? next_unit : nullptr);
 }
 
 // Workspace for the counter a launch's CTAs take units from when there are

@@ -108,7 +108,8 @@ __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
   if (idx >= tokens * width) return;
   const int64_t m = idx / width;
   const int col = static_cast<int>(idx % width);
-  const float sum = SumChunks(partial, tokens, chunks, width, m, col);
+  const float sum =
+      SumChunks(ChunksOf(partial, tokens, chunks, width, m), chunks, col);
   if (col < s.N) {
     h[m * s.N + col] = sum;
   } else {
@@ -374,20 +375,10 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     auto launch = [&](auto kernel) {
-      int64_t resident = 0;
-      err = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
-                               kMmaThreads, MmaSmemBytes<T>(), &resident);
-      if (err != cudaSuccess) return;
-      // A single wave needs no counter.
-      const bool take_in_turn = units > resident;
-      if (take_in_turn) {
-        err = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
-        if (err != cudaSuccess) return;
-      }
-      err = LaunchPersistent(kernel, units, MmaSmemBytes<T>(), stream, s,
-                             tokens, static_cast<const T*>(x), phi, gamma,
-                             static_cast<const uint32_t*>(phi_split), partial,
-                             vec_phi, take_in_turn ? next_unit : nullptr);
+      err = LaunchPersistent(kernel, units, MmaSmemBytes<T>(), next_unit,
+                             stream, s, tokens, static_cast<const T*>(x), phi,
+                             gamma, static_cast<const uint32_t*>(phi_split),
+                             partial, vec_phi);
     };
     auto for_width = [&](auto ieee) {
       constexpr bool kIeee = decltype(ieee)::value;
