@@ -79,9 +79,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const int wc = kCols >> log_n;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * wc;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
-  const int64_t end = min(tokens, begin + kTokenChunk);
-  const int stages =
-      static_cast<int>((end - begin + kStageTokens - 1) / kStageTokens);
+  // int, so that the per-stage counts never go through 64-bit math.
+  const int chunk_tokens =
+      static_cast<int>(min(tokens - begin, static_cast<int64_t>(kTokenChunk)));
+  const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
@@ -181,15 +182,19 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   };
   // This thread's slot of the dy rows ([kStageTokens x wc channels] of an
-  // [M, C] tensor, wc / kVecElems slots per row: a divisor of 32).
+  // [M, C] tensor, wc / kVecElems slots per row: a divisor of 32), counted
+  // from thread kDyFirst (see load_stage).
+  constexpr int kDyFirst = 64;
   const int dy_per_row = wc / kVecElems;
-  const int dy_c = (tid % dy_per_row) * kVecElems;
+  const int dy_tid = (tid - kDyFirst) & (kThreads - 1);
+  const int dy_c = (dy_tid % dy_per_row) * kVecElems;
+  const int dy_row0 = dy_tid / dy_per_row;
+  const int dy_row_step = kThreads / dy_per_row;
   const SlotColumns dy_slot = MakeSlotColumns<T>(
       c0 + dy_c, min(static_cast<int64_t>(wc - dy_c), s.C - c0 - dy_c), wc);
   auto for_dy_slots = [&](T* dst, int64_t m0, int rows, auto&& f) {
     int i = 0;
-    for (int row = tid / dy_per_row; row < kStageTokens;
-         row += kThreads / dy_per_row, ++i) {
+    for (int row = dy_row0; row < kStageTokens; row += dy_row_step, ++i) {
       const bool ok = row < rows;
       f(i, dst + row * plan.dy_row, ok ? dy + (m0 + row) * s.C : dy, ok);
     }
@@ -198,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   if (aggregate && copy == RowCopy::kSlots) {
     // Plans from the rows' own offsets (a stage's global rows stop at M).
     for_dy_slots(dys, 0, kStageTokens, [&](int i, T*, const T*, bool) {
-      const int64_t row = tid / dy_per_row + i * (kThreads / dy_per_row);
+      const int64_t row = dy_row0 + i * dy_row_step;
       dy_plans |= SlotPlanOf(dy + row * s.C + dy_slot.k, dy_slot)
                   << (kSlotPlanBits * i);
     });
@@ -207,49 +212,56 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto first_token = [&](int st) {
     return begin + static_cast<int64_t>(st) * kStageTokens;
   };
-  auto rows_of = [&](int64_t m0) {
-    return static_cast<int>(min(end - m0, static_cast<int64_t>(kStageTokens)));
+  auto rows_of = [&](int st) {
+    return min(chunk_tokens - st * kStageTokens, kStageTokens);
   };
-  auto load_stage = [&](int st) {
+  // A stage's run of `width` floats per token (dh, dms, H_pre, R rows): the
+  // rows of its tokens, zero past them; thread `first` takes the first copy.
+  auto load_run = [&](float* dst, const float* base, int width, int64_t m0,
+                      int rows, int first) {
+    const float* src = base + m0 * width;
+    const int total = kStageTokens * width;  // a multiple of 4
+    const int valid = rows * width;
+    const int run_tid = (tid - first) & (kThreads - 1);
+    if (a.runs16) {
+      for (int v = 4 * run_tid; v < total; v += 4 * kThreads) {
+        const int left = valid - v;
+        if (left >= 4 || left <= 0) {
+          CpAsync<16>(dst + v, left > 0 ? src + v : base, left > 0);
+        } else {
+          // The tensor may end inside this vector: no read past it.
+          for (int e = 0; e < 4; ++e) {
+            CpAsync<4>(dst + v + e, e < left ? src + v + e : base, e < left);
+          }
+        }
+      }
+    } else {
+      for (int v = run_tid; v < total; v += kThreads) {
+        CpAsync<4>(dst + v, v < valid ? src + v : base, v < valid);
+      }
+    }
+  };
+  // kTermsN as in stage_dx below: the terms' tensors, with n known at
+  // compile time where it is 4 or 8.
+  auto load_stage = [&](int st, auto terms_tag) {
+    constexpr int kTermsN = decltype(terms_tag)::value;
     if (st >= stages) return;
     const int buf = st % kStages;
     const int64_t m0 = first_token(st);
-    const int rows = rows_of(m0);
+    const int rows = rows_of(st);
     load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
-    // The stage's dh rows are one contiguous run of 32 N (<= 256 NT) floats.
-    float* dh_dst = dh_raw + buf * kStageTokens * s.N;
-    const float* dh_src = a.dh + m0 * s.N;
-    const int valid = rows * s.N;
-    if (a.dh_vec) {
-#pragma unroll
-      for (int base = 0; base < kStageTokens * 8 * NT / 4; base += kThreads) {
-        const int c = 4 * (base + tid);
-        if (c >= kStageTokens * s.N) break;
-        CpAsync<16>(dh_dst + c, c < valid ? dh_src + c : a.dh, c < valid);
-      }
-    } else {
-#pragma unroll
-      for (int base = 0; base < kStageTokens * 8 * NT; base += kThreads) {
-        const int c = base + tid;
-        if (c >= kStageTokens * s.N) break;
-        CpAsync<4>(dh_dst + c, c < valid ? dh_src + c : a.dh, c < valid);
-      }
-    }
-    if (tid < kStageTokens) {
-      const bool ok = tid < rows;
-      CpAsync<4>(dmss + buf * kStageTokens + tid, ok ? a.dms + m0 + tid : a.dms,
-                 ok);
-    }
+    // Each run starts on its own threads, so the warps issue about as many
+    // copies each and meet at the barrier together (n = 4: dh 192 copies on
+    // warps 0-5, R 128 on 6, 7, 0, 1, dy 128 on 2-5, H_pre 32 on 6, dms 8
+    // on 7).
+    load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows, 0);
+    load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, 224);
+    if constexpr (kTermsN == 0) return;
+    const int tn = kTermsN > 0 ? kTermsN : n;
     if (residual) {
       load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
-      float* r_dst = rs + buf * kStageTokens * n * n;
-      const float* r_src = a.r + m0 * n * n;
-      for (int v = tid; v < kStageTokens * n * n; v += kThreads) {
-        const bool ok = v < rows * n * n;
-        CpAsync<4>(r_dst + v, ok ? r_src + v : a.r, ok);
-      }
+      load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows, 192);
     }
-    if (!aggregate) return;
     T* dy_dst = dys + buf * kStageTokens * plan.dy_row;
     if (copy == RowCopy::kElements) {
       for (int v = tid; v < kStageTokens * wc; v += kThreads) {
@@ -271,12 +283,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                      }
                    });
     }
-    float* hp_dst = hps + buf * kStageTokens * n;
-    const float* hp_src = a.h_pre + m0 * n;
-    for (int v = tid; v < kStageTokens * n; v += kThreads) {
-      const bool ok = v < rows * n;
-      CpAsync<4>(hp_dst + v, ok ? hp_src + v : a.h_pre, ok);
-    }
+    load_run(hps + buf * kStageTokens * tn, a.h_pre, tn, m0, rows, 192);
   };
 
   // Realigns this thread's unaligned 16-bit slots of a landed stage.
@@ -284,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     if (sizeof(T) == 4 || copy != RowCopy::kSlots) return;
     const int buf = st % kStages;
     const int64_t m0 = first_token(st);
-    const int rows = rows_of(m0);
+    const int rows = rows_of(st);
     auto realign_rows = [&](T* tile, uint32_t plans) {
       // Only the staged rows matter here; x stands in for the global rows.
       for_row_slots(x, tile, m0, rows, [&](int i, T* drow, const T*, bool ok) {
@@ -377,9 +384,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                           at(t + 8, g + 4)};
       put(dh_a, kDhAFloats, f, v);
     }
+    // From thread 192, so the second pass (n = 4) lands on warps 6 and 7,
+    // which took no A fragment, and 0, 1.
+    const int b_tid = (tid - 192) & (kThreads - 1);
 #pragma unroll
     for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
-      const int f = f0 + tid;
+      const int f = f0 + b_tid;
       if (f >= kBFrags) break;
       const int fl = f & 31, tile = f >> 5;  // tile = NT (2 half + step) + nt
       const int t = tile / NT * 8 + 2 * (fl & 3);
@@ -464,11 +474,20 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   // Rows past the stage's tokens compute (zero-filled, finite) values too,
   // so the epilogue runs without branches; only the stores below skip them.
   // kTermsN: 0 without the aggregate and residual terms, else the n they are
-  // built for (4, 8; -1 any n), each a separate copy of the loop so none
-  // carries another's checks.
+  // built for (4, 8; -1 any n), each a separate copy of the stage loop so
+  // none carries another's checks. The lane's staged rows are set once per
+  // stage: every pair below is them plus compile-time offsets.
   auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
     constexpr int kTermsN = decltype(terms_tag)::value;
     T* xt = xs + buf * kStageTokens * RS;
+    const int lane_row = buf * kStageTokens + grp;
+    T* x_pairs = xt + grp * RS + j0 + 2 * quad;
+    const float* dms_rows = dmss + lane_row;
+    [[maybe_unused]] TermLane<T> terms;
+    if constexpr (kTermsN > 0) {
+      terms = TermLaneOf<T, kTermsN>(s.minor, j0, quad, lane_row, dxns, dys,
+                                     hps, rs, RS);
+    }
     // The stage's dx goes over this warp's own columns of the x tile, which
     // the other lanes' ldmatrix reads must have left.
     __syncwarp();
@@ -509,20 +528,19 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int t = mt * 16 + grp + 8 * h;
-        const float dm = dmss[buf * kStageTokens + t] * ms_scale;
+        const int dt = mt * 16 + 8 * h;  // rows below the lane's first
+        const float dm = dms_rows[dt] * ms_scale;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const int j = j0 + 8 * nt + 2 * quad;
-          const float2 v = LoadPair(xt + t * RS + j);
+          T* pair = x_pairs + dt * RS + 8 * nt;
+          const float2 v = LoadPair(pair);
           float out[2] = {fmaf(dm, v.x, d[nt][2 * h]),
                           fmaf(dm, v.y, d[nt][2 * h + 1])};
-          const int row = buf * kStageTokens + t;
           if constexpr (kTermsN > 0) {
-            AddTerms<T, kTermsN>(s.minor, residual, j, dxns + row * RS,
-                                 dys + row * plan.dy_row, hps + row * kTermsN,
-                                 rs + row * kTermsN * kTermsN, out);
+            AddTerms<T, kTermsN, RS>(s.minor, residual, terms, dt, nt, out);
           } else if constexpr (kTermsN < 0) {
+            const int j = j0 + 8 * nt + 2 * quad;
+            const int row = lane_row + dt;
             const T* dxn_row = dxns + row * RS;
             const T* dy_row = dys + row * plan.dy_row;
             const float* hp_row = hps + row * n;
@@ -542,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
             }
           }
           // Into the x slot this pair was the last read of; to dx below.
-          StoreVec<T, 2>(xt + t * RS + j, out);
+          StoreVec<T, 2>(pair, out);
         }
       }
     }
@@ -564,31 +582,36 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   };
 
+  auto run_stages = [&](auto terms_tag) {
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    load_stage(st);
-    CpAsyncCommit();
-  }
-  for (int st = 0; st < stages; ++st) {
-    CpAsyncWait<kStages - 2>();
-    realign_stage(st);
-    __syncthreads();
-    load_stage(st + kStages - 1);
-    CpAsyncCommit();
-    const int buf = st % kStages;
-    convert_dh(buf);
-    __syncthreads();
-    if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
-    const int64_t m0 = first_token(st);
-    const int rows = rows_of(m0);
-    if (!aggregate) {
-      stage_dx(buf, m0, rows, IntTag<0>{});
-    } else if (n == 4) {
-      stage_dx(buf, m0, rows, IntTag<4>{});
+    for (int st = 0; st < kStages - 1; ++st) {
+      load_stage(st, terms_tag);
+      CpAsyncCommit();
+    }
+    for (int st = 0; st < stages; ++st) {
+      CpAsyncWait<kStages - 2>();
+      realign_stage(st);
+      __syncthreads();
+      load_stage(st + kStages - 1, terms_tag);
+      CpAsyncCommit();
+      const int buf = st % kStages;
+      convert_dh(buf);
+      __syncthreads();
+      if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
+      stage_dx(buf, first_token(st), rows_of(st), terms_tag);
+    }
+  };
+  // The residual term comes only with the aggregate one (the fused pre
+  // backward), so !aggregate is the plain projection backward.
+  if (!aggregate) {
+    run_stages(IntTag<0>{});
+  } else if constexpr (kTerms) {
+    if (n == 4) {
+      run_stages(IntTag<4>{});
     } else if (NT != 3 && n == 8) {  // NT = 3 never has n = 8
-      stage_dx(buf, m0, rows, IntTag<8>{});
+      run_stages(IntTag<8>{});
     } else {
-      stage_dx(buf, m0, rows, IntTag<-1>{});
+      run_stages(IntTag<-1>{});
     }
   }
   CpAsyncWait<0>();
@@ -690,7 +713,9 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
                    a.dx,
                    a.dphi_partial,
                    ChooseRowCopy(a, s),
-                   s.N % 4 == 0 && Aligned16(a.dh)};
+                   Aligned16(a.dh) && Aligned16(a.dms) &&
+                       (a.h_pre == nullptr || Aligned16(a.h_pre)) &&
+                       (a.r == nullptr || Aligned16(a.r))};
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {

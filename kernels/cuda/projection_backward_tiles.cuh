@@ -75,8 +75,17 @@ struct MmaDxDev {
   void* dx;
   float* dphi_partial;  // null: no parameter gradients
   RowCopy copy;
-  bool dh_vec;  // 16-byte copies of dh (aligned, N % 4 == 0)
+  // 16-byte copies of the per-token float runs (dh, dms, H_pre, R): their
+  // bases are 16-byte aligned, so every stage's run is (32 tokens).
+  bool runs16;
 };
+
+// Elements per staged dy row: the tile's 128 / n channels plus a 16-byte
+// pad.
+template <typename T>
+__host__ __device__ constexpr int DyRow(int n) {
+  return kCols / n + 16 / static_cast<int>(sizeof(T));
+}
 
 // Byte offsets of one CTA's shared memory, all stages of each buffer
 // together. Depends on n (the dy tile is 128 / n channels wide) and on
@@ -92,7 +101,7 @@ __host__ __device__ inline SmemPlan PlanSmem(int n, int N, bool ieee,
                                              bool aggregate, bool residual) {
   SmemPlan p;
   const int xb = kStages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
-  p.dy_row = kCols / n + 16 / static_cast<int>(sizeof(T));
+  p.dy_row = DyRow<T>(n);
   int at = 0;
   p.x = at;
   at += xb;
@@ -181,51 +190,77 @@ __device__ __forceinline__ int TileColumn(const DevSpec& s, int log_n,
   return s.minor ? (chan << log_n) + stream : (stream << (7 - log_n)) + chan;
 }
 
-// The aggregate and residual terms of output columns j, j + 1 of one token
-// for n = 4 (the production shape) and n = 8, with the staged rows: the pair
-// shares a stream and a dx_next run (stream major) or a channel (stream
-// minor), so R rows, gates and dx_next come in vector loads. Same products in
-// the same order as the general path.
+// The staged rows of the aggregate and residual terms as one lane reads
+// them for its output pair (stage row grp, tile column j0 + 2 quad), set once
+// per stage so every pair of the stage is these pointers plus compile-time
+// offsets. The pair shares a stream and a dx_next run (stream major) or a
+// channel (stream minor), so R rows, gates and dx_next come in vector loads.
+template <typename T>
+struct TermLane {
+  const T* dxn;     // dx_next at the pair's channel (major) / channel run
+  const T* dy;      // dy at the pair's channel
+  const float* hp;  // H_pre at the pair's (first) stream
+  const float* r;   // the R row of that stream
+};
+
 template <typename T, int kN>
-__device__ __forceinline__ void AddTerms(bool minor, bool residual, int j,
-                                         const T* dxn_row, const T* dy_row,
-                                         const float* hp_row,
-                                         const float* r_rows, float (&out)[2]) {
-  static_assert(kN % 4 == 0, "R rows load as float4");
+__device__ __forceinline__ TermLane<T> TermLaneOf(bool minor, int j0, int quad,
+                                                  int row, const T* dxns,
+                                                  const T* dys,
+                                                  const float* hps,
+                                                  const float* rs, int rs_row) {
   constexpr int kWc = kCols / kN;  // channels per stream in the tile
+  const int j = j0 + 2 * quad;
+  const int stream = minor ? j % kN : j / kWc;
+  const int chan = minor ? j / kN : j % kWc;
+  TermLane<T> p;
+  p.dxn = dxns + row * rs_row + (minor ? kN * chan : chan);
+  p.dy = dys + row * DyRow<T>(kN) + chan;
+  p.hp = hps + row * kN + stream;
+  p.r = rs + (row * kN + stream) * kN;
+  return p;
+}
+
+// Adds the aggregate and residual terms to output pair out of the lane's
+// pair dt rows below and 8 nt columns right of its TermLane (n = 4, the
+// production shape, and n = 8). Same products in the same order as the
+// general path.
+template <typename T, int kN, int kRowStride>
+__device__ __forceinline__ void AddTerms(bool minor, bool residual,
+                                         const TermLane<T>& p, int dt, int nt,
+                                         float (&out)[2]) {
+  static_assert(kN % 4 == 0, "R rows load as float4");
+  constexpr int kWc = kCols / kN;
+  const T* dxn = p.dxn + dt * kRowStride + 8 * nt;
+  const float* hp = p.hp + dt * kN;
+  const float* r = p.r + dt * kN * kN;
   float acc[2];
   if (!minor) {
-    const int stream = j / kWc;
-    const int chan = j % kWc;
-    const float2 d = LoadPair(dy_row + chan);
-    const float hp = hp_row[stream];
-    acc[0] = hp * d.x;
-    acc[1] = hp * d.y;
+    const float2 d = LoadPair(p.dy + dt * DyRow<T>(kN) + 8 * nt);
+    acc[0] = hp[0] * d.x;
+    acc[1] = hp[0] * d.y;
     if (residual) {
 #pragma unroll
       for (int i0 = 0; i0 < kN; i0 += 4) {
-        const float4 r =
-            *reinterpret_cast<const float4*>(r_rows + kN * stream + i0);
-        const float rv[4] = {r.x, r.y, r.z, r.w};
+        const float4 rv4 = *reinterpret_cast<const float4*>(r + i0);
+        const float rv[4] = {rv4.x, rv4.y, rv4.z, rv4.w};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const float2 g = LoadPair(dxn_row + kWc * (i0 + q) + chan);
+          const float2 g = LoadPair(dxn + kWc * (i0 + q));
           acc[0] = fmaf(rv[q], g.x, acc[0]);
           acc[1] = fmaf(rv[q], g.y, acc[1]);
         }
       }
     }
   } else {
-    const int stream = j % kN;  // even: streams stream, stream + 1
-    const int chan = j / kN;
-    const float d = ToFloat(dy_row[chan]);
+    const float d = ToFloat(p.dy[dt * DyRow<T>(kN) + 8 * nt / kN]);
 #pragma unroll
-    for (int e = 0; e < 2; ++e) acc[e] = hp_row[stream + e] * d;
+    for (int e = 0; e < 2; ++e) acc[e] = hp[e] * d;
     if (residual) {
       float g[kN];
 #pragma unroll
       for (int i = 0; i < kN; i += 2) {
-        const float2 pair = LoadPair(dxn_row + kN * chan + i);
+        const float2 pair = LoadPair(dxn + i);
         g[i] = pair.x;
         g[i + 1] = pair.y;
       }
@@ -233,9 +268,8 @@ __device__ __forceinline__ void AddTerms(bool minor, bool residual, int j,
       for (int e = 0; e < 2; ++e) {
 #pragma unroll
         for (int i0 = 0; i0 < kN; i0 += 4) {
-          const float4 r =
-              *reinterpret_cast<const float4*>(r_rows + kN * (stream + e) + i0);
-          const float rv[4] = {r.x, r.y, r.z, r.w};
+          const float4 rv4 = *reinterpret_cast<const float4*>(r + kN * e + i0);
+          const float rv[4] = {rv4.x, rv4.y, rv4.z, rv4.w};
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[e] = fmaf(rv[q], g[i0 + q], acc[e]);
         }
