@@ -183,10 +183,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   };
   // This thread's slot of the dy rows ([kStageTokens x wc channels] of an
   // [M, C] tensor, wc / kVecElems slots per row: a divisor of 32), counted
-  // from thread kDyFirst (see load_stage).
-  constexpr int kDyFirst = 64;
+  // from thread FirstThread::kDy.
   const int dy_per_row = wc / kVecElems;
-  const int dy_tid = (tid - kDyFirst) & (kThreads - 1);
+  const int dy_tid = (tid - FirstThread::kDy) & (kThreads - 1);
   const int dy_c = (dy_tid % dy_per_row) * kVecElems;
   const int dy_row0 = dy_tid / dy_per_row;
   const int dy_row_step = kThreads / dy_per_row;
@@ -250,17 +249,15 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     const int64_t m0 = first_token(st);
     const int rows = rows_of(st);
     load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
-    // Each run starts on its own threads, so the warps issue about as many
-    // copies each and meet at the barrier together (n = 4: dh 192 copies on
-    // warps 0-5, R 128 on 6, 7, 0, 1, dy 128 on 2-5, H_pre 32 on 6, dms 8
-    // on 7).
-    load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows, 0);
-    load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, 224);
+    load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows,
+             FirstThread::kDh);
+    load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, FirstThread::kDms);
     if constexpr (kTermsN == 0) return;
     const int tn = kTermsN > 0 ? kTermsN : n;
     if (residual) {
       load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
-      load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows, 192);
+      load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows,
+               FirstThread::kR);
     }
     T* dy_dst = dys + buf * kStageTokens * plan.dy_row;
     if (copy == RowCopy::kElements) {
@@ -283,7 +280,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                      }
                    });
     }
-    load_run(hps + buf * kStageTokens * tn, a.h_pre, tn, m0, rows, 192);
+    load_run(hps + buf * kStageTokens * tn, a.h_pre, tn, m0, rows,
+             FirstThread::kHPre);
   };
 
   // Realigns this thread's unaligned 16-bit slots of a landed stage.
@@ -384,9 +382,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                           at(t + 8, g + 4)};
       put(dh_a, kDhAFloats, f, v);
     }
-    // From thread 192, so the second pass (n = 4) lands on warps 6 and 7,
-    // which took no A fragment, and 0, 1.
-    const int b_tid = (tid - 192) & (kThreads - 1);
+    const int b_tid = (tid - FirstThread::kDhB) & (kThreads - 1);
 #pragma unroll
     for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
       const int f = f0 + b_tid;
@@ -485,8 +481,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     const float* dms_rows = dmss + lane_row;
     [[maybe_unused]] TermLane<T> terms;
     if constexpr (kTermsN > 0) {
-      terms = TermLaneOf<T, kTermsN>(s.minor, j0, quad, lane_row, dxns, dys,
-                                     hps, rs, RS);
+      terms = TermLaneOf<T, kTermsN, RS>(s.minor, j0, quad, lane_row, dxns, dys,
+                                         hps, rs);
     }
     // The stage's dx goes over this warp's own columns of the x tile, which
     // the other lanes' ldmatrix reads must have left.

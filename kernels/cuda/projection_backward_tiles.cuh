@@ -41,6 +41,16 @@ __host__ __device__ constexpr int DhBFloats(int nt) {
 }
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
 
+// The thread that issues the first copy of each per-stage run, so the warps
+// issue about as many copies each and meet at the barrier together. At n = 4
+// (bf16, 24 logits): dh 192 copies on warps 0-5, R 128 on warps 6, 7, 0, 1,
+// dy 128 on 2-5, H_pre 32 on 6, dms 8 on 7; of the dh fragments, the A
+// fragments on warps 0-5 and the B fragments' second pass on 6, 7, 0, 1.
+struct FirstThread {
+  static constexpr int kDh = 0, kR = 192, kDy = 64, kHPre = 192, kDms = 224;
+  static constexpr int kDhB = 192;
+};
+
 // Elements of one staged activation row: 128 columns plus a pad that makes
 // the ldmatrix rows (16-bit: the stride is 16 mod 128 bytes times an odd
 // number) and the fp32 fragment loads bank-conflict free. A 16-bit row's pad
@@ -76,7 +86,7 @@ struct MmaDxDev {
   float* dphi_partial;  // null: no parameter gradients
   RowCopy copy;
   // 16-byte copies of the per-token float runs (dh, dms, H_pre, R): their
-  // bases are 16-byte aligned, so every stage's run is (32 tokens).
+  // bases are 16-byte aligned, and so is every stage's run (32 tokens on).
   bool runs16;
 };
 
@@ -203,18 +213,19 @@ struct TermLane {
   const float* r;   // the R row of that stream
 };
 
-template <typename T, int kN>
+// kRowStride: elements per staged dx_next row.
+template <typename T, int kN, int kRowStride>
 __device__ __forceinline__ TermLane<T> TermLaneOf(bool minor, int j0, int quad,
                                                   int row, const T* dxns,
                                                   const T* dys,
                                                   const float* hps,
-                                                  const float* rs, int rs_row) {
+                                                  const float* rs) {
   constexpr int kWc = kCols / kN;  // channels per stream in the tile
   const int j = j0 + 2 * quad;
   const int stream = minor ? j % kN : j / kWc;
   const int chan = minor ? j / kN : j % kWc;
   TermLane<T> p;
-  p.dxn = dxns + row * rs_row + (minor ? kN * chan : chan);
+  p.dxn = dxns + row * kRowStride + (minor ? kN * chan : chan);
   p.dy = dys + row * DyRow<T>(kN) + chan;
   p.hp = hps + row * kN + stream;
   p.r = rs + (row * kN + stream) * kN;
