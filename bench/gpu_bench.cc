@@ -12,7 +12,9 @@
 //   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
 //                                         every config: e.g. odd C = 5129)
-//                 [--flush=write|read]   (--help lists them)
+//                 [--flush=write|read]
+//                 [--recompute_projection]  (layer cases: the pre backward
+//                                            recomputes h from x)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +52,9 @@ ABSL_FLAG(int32_t, n, 4, "residual streams (1..16)");
 ABSL_FLAG(int64_t, hidden, 0,
           "one hidden width C for every config (0: each config's own), "
           "e.g. odd 5129");
+ABSL_FLAG(bool, recompute_projection, false,
+          "layer cases: the pre backward recomputes the projection from x "
+          "instead of taking the one the pre forward kept");
 ABSL_FLAG(std::string, flush, "write",
           "L2 flush before each timed run: write or read a 256 MiB buffer");
 
@@ -116,6 +121,7 @@ struct Options {
   Flush flush = Flush::kWrite;
   int streams = 0;
   int64_t hidden = 0;
+  bool keep_projection = true;
 };
 
 const char* FlushName(Flush f) { return f == Flush::kWrite ? "write" : "read"; }
@@ -131,6 +137,7 @@ absl::Status ParseOptions(Options& flags) {
   }
   flags.hidden = absl::GetFlag(FLAGS_hidden);
   if (flags.hidden < 0) return absl::InvalidArgumentError("--hidden: >= 0");
+  flags.keep_projection = !absl::GetFlag(FLAGS_recompute_projection);
   const std::string flush = absl::GetFlag(FLAGS_flush);
   if (flush == "write") {
     flags.flush = Flush::kWrite;
@@ -181,13 +188,14 @@ struct Result {
 class Bench {
  public:
   Bench(Backend& gpu, FlushedTimer& timer, double copy_gbps, int reps,
-        int streams, int64_t hidden)
+        int streams, int64_t hidden, bool keep_projection)
       : gpu_(gpu),
         timer_(timer),
         copy_gbps_(copy_gbps),
         reps_(reps),
         streams_(streams),
-        hidden_(hidden) {}
+        hidden_(hidden),
+        keep_projection_(keep_projection) {}
   ~Bench() {
     for (void* p : dev_.p) {
       if (p != nullptr) gpu_.Free(p);
@@ -250,10 +258,11 @@ class Bench {
         if (!st.ok()) return st;
       }
       absl::StatusOr<double> us = timer_.MedianUs(kWarmup, reps_, [&] {
-        return RunCase(c, gpu_, spec, head, dev_, M);
+        return RunCase(c, gpu_, spec, head, dev_, M, keep_projection_);
       });
       if (!us.ok()) return us.status();
-      const double bytes = BytesPerToken(c, spec) * static_cast<double>(M);
+      const double bytes =
+          BytesPerToken(c, spec, keep_projection_) * static_cast<double>(M);
       const double gbps = bytes / (*us * 1e3);
       const double pct = 100.0 * gbps / copy_gbps_;
       row[c] = Result{*us, pct};
@@ -349,7 +358,7 @@ class Bench {
       got[check.tensor] = host[check.tensor];
     std::vector<uint8_t> ws(WorkspaceFor(*ref_, spec, head, kCheckTokens));
     ref.ws = Workspace{ws.data(), ws.size()};
-    st = RunCase(c, *ref_, spec, head, ref, kCheckTokens);
+    st = RunCase(c, *ref_, spec, head, ref, kCheckTokens, keep_projection_);
     if (!st.ok()) return st;
     bool ok = true;
     for (const Check& check : Info(c).checks) {
@@ -378,6 +387,7 @@ class Bench {
   const int reps_;
   const int streams_;
   const int64_t hidden_;  // 0: each config's own width
+  const bool keep_projection_;
   Tensors dev_;
 };
 
@@ -458,7 +468,7 @@ int Run() {
   std::vector<std::map<int, Result>> rows;
   {
     Bench bench(**gpu, **timer, copy_gbps, flags.reps, flags.streams,
-                flags.hidden);
+                flags.hidden, flags.keep_projection);
     absl::Status st = bench.Allocate(flags.configs);
     for (size_t i = 0; st.ok() && i < flags.configs.size(); ++i) {
       rows.emplace_back();
@@ -482,6 +492,10 @@ int Run() {
       device.c_str(), copy_gbps, peak, flags.streams, flags.reps,
       flags.flush == Flush::kWrite ? "write" : "read", *floor_kernel,
       *floor_events);
+  std::printf("layer cases: the pre backward %s\n",
+              flags.keep_projection
+                  ? "takes the projection the pre forward kept"
+                  : "recomputes the projection from x");
   if (flags.hidden > 0) {
     std::printf("every config run at C = %lld (labels keep B, T, C)\n",
                 static_cast<long long>(flags.hidden));

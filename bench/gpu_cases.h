@@ -151,12 +151,14 @@ inline const CaseInfo& Info(int c) {
 
 // Bytes per token that must move (PERFORMANCE.md, counted exactly: every
 // per-token input read once and every output written once; parameters are
-// per layer and left out).
-inline double BytesPerToken(int c, const LayerSpec& s) {
+// per layer and left out). With keep_projection the layer cases also write
+// the projection (h, mean square) forward and read it back backward.
+inline double BytesPerToken(int c, const LayerSpec& s, bool keep_projection) {
   const double n = s.n, C = s.hidden, K = static_cast<double>(s.K()),
                N = static_cast<double>(s.NumLogits());
   const double a = 2.0;                  // bf16
   const double mix = 4.0 * (n + n * n);  // H_post and H_res
+  const double kept = keep_projection ? 4 * (N + 1) : 0.0;
   // clang-format off
   switch (c) {
     case kProjFwd: return a * K + 4 * N + 4;
@@ -175,10 +177,10 @@ inline double BytesPerToken(int c, const LayerSpec& s) {
     case kHeadFwd: return a * K + a * C + 4 * n;
     case kHeadBwd: return 2 * a * K + a * C;
     // pre fwd + post fwd.
-    case kLayerFwd: return 3 * a * K + 2 * a * C + 2 * mix;
+    case kLayerFwd: return 3 * a * K + 2 * a * C + 2 * mix + kept;
     // + post bwd without dx (dx_next, f, x, H -> df, dH) + pre bwd folding
     // in the residual path (x, dy, dx_next, dH -> dx).
-    case kLayerFwdBwd: return 8 * a * K + 5 * a * C + 5 * mix;
+    case kLayerFwdBwd: return 8 * a * K + 5 * a * C + 5 * mix + 2 * kept;
   }
   // clang-format on
   return 0;
@@ -205,10 +207,12 @@ inline PreBackwardParams PreBackwardOf(const LayerSpec& spec, int64_t M,
   return p;
 }
 
-// Runs one case on `be` over `M` tokens of `t`.
+// Runs one case on `be` over `M` tokens of `t`. keep_projection: the layer
+// cases' pre forward keeps h and the mean square for the pre backward, as a
+// training step would (otherwise the backward recomputes them from x).
 inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
-                            const LayerSpec& head, const Tensors& t,
-                            int64_t M) {
+                            const LayerSpec& head, const Tensors& t, int64_t M,
+                            bool keep_projection) {
   switch (c) {
     case kProjFwd: {
       ProjectionForwardParams p;
@@ -310,8 +314,13 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
     }
     case kLayerFwd:
     case kLayerFwdBwd: {
-      absl::Status st = RunCase(kPreFwd, be, spec, head, t, M);
-      if (st.ok()) st = RunCase(kPostFwd, be, spec, head, t, M);
+      PreForwardParams pf;
+      pf.spec = &spec, pf.tokens = M, pf.act_dtype = kAct, pf.x = t.p[kX];
+      pf.weights = t.Weights(), pf.y = t.p[kY], pf.h_post = t.f(kHPost);
+      pf.h_res = t.f(kHRes);
+      if (keep_projection) pf.h = t.f(kH), pf.mean_square = t.f(kMs);
+      absl::Status st = be.PreForward(pf, t.ws);
+      if (st.ok()) st = RunCase(kPostFwd, be, spec, head, t, M, false);
       if (!st.ok() || c == kLayerFwd) return st;
       // The post's dx is left to the pre backward, which folds it in.
       PostBackwardParams pb = PostBackwardOf(spec, M, t);
@@ -320,6 +329,7 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
       if (!st.ok()) return st;
       PreBackwardParams qb = PreBackwardOf(spec, M, t);
       qb.dx_next = t.p[kDxNext];
+      qb.h = pf.h, qb.mean_square = pf.mean_square;
       return be.PreBackward(qb, t.ws);
     }
   }

@@ -181,6 +181,8 @@ absl::Status LaunchPre(Backend& b, const BoundOp& op, Workspace ws) {
   p.h_pre = F(op.out[1]);
   p.h_post = F(op.out[2]);
   p.h_res = F(op.out[3]);
+  p.h = F(op.out[4]);
+  p.mean_square = F(op.out[5]);
   return b.PreForward(p, ws);
 }
 
@@ -195,6 +197,8 @@ absl::Status LaunchPreBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.dh_post = F(op.in[2]);
   p.dh_res = F(op.in[3]);
   p.dx_next = op.in[4];
+  p.h = F(op.in[5]);
+  p.mean_square = F(op.in[6]);
   p.dx = op.out[0];
   p.grads = op.grads;
   return b.PreBackward(p, ws);
@@ -273,6 +277,7 @@ OpDef Make(const char* op_field, const char* rpc, OpKind kind, LayerRule rule,
   def.skip_grads_field =
       FieldOrDie(request, "skip_parameter_gradients", accumulates);
   def.skip_dx_field = FieldOrDie(request, "skip_dx", false);
+  def.keep_projection_field = FieldOrDie(request, "keep_projection", false);
   def.lead_shape_field = FieldOrDie(request, "lead_shape", false);
   return def;
 }
@@ -361,14 +366,18 @@ std::vector<OpDef> BuildTable() {
                    v1::PreRequest::descriptor(), v1::PreResponse::descriptor(),
                    {Act("x", D::kX)},
                    {Act("y", D::kHidden), F32("h_pre", D::kStreams),
-                    F32("h_post", D::kStreams), F32("h_res", D::kMatrix)},
+                    F32("h_post", D::kStreams), F32("h_res", D::kMatrix),
+                    F32("h", D::kLogits, Need::kIfKeepProjection),
+                    F32("mean_square", D::kToken, Need::kIfKeepProjection)},
                    LaunchPre));
   t.push_back(
       Make("pre_backward", "PreBackward", K::kPreBackward, R::kMhc,
            v1::PreBackwardRequest::descriptor(),
            v1::PreBackwardResponse::descriptor(),
            {Act("x", D::kX), Act("dy", D::kHidden), F32("dh_post", D::kStreams),
-            F32("dh_res", D::kMatrix), Act("dx_next", D::kX, Need::kOptional)},
+            F32("dh_res", D::kMatrix), Act("dx_next", D::kX, Need::kOptional),
+            F32("h", D::kLogits, Need::kKeptProjection),
+            F32("mean_square", D::kToken, Need::kKeptProjection)},
            {Act("dx", D::kX)}, LaunchPreBackward, true, true));
   t.push_back(Make(
       "head", "Head", K::kHeadForward, R::kHead, v1::HeadRequest::descriptor(),

@@ -31,10 +31,19 @@ enum class Dims : uint8_t {
 // When a tensor takes part, given the layer and the request's flags.
 enum class Need : uint8_t {
   kRequired,
-  kOptional,      // input the client may leave out
-  kIfDynamic,     // dynamic layers only (absent for static ones)
-  kIfMhc,         // MHC layers only (absent for HEAD)
-  kUnlessSkipDx,  // output left out when the request sets skip_dx
+  kOptional,          // input the client may leave out
+  kIfDynamic,         // dynamic layers only (absent for static ones)
+  kIfMhc,             // MHC layers only (absent for HEAD)
+  kUnlessSkipDx,      // output left out when the request sets skip_dx
+  kKeptProjection,    // input: the projection Pre kept (dynamic layers;
+                      // all of an op's such inputs or none)
+  kIfKeepProjection,  // output of a dynamic layer asked for keep_projection
+};
+
+// The request's flags that decide which tensors take part.
+struct RequestFlags {
+  bool skip_dx = false;
+  bool keep_projection = false;
 };
 
 // Which layers an op is valid for (FAILED_PRECONDITION otherwise).
@@ -83,6 +92,7 @@ struct OpDef {
   const google::protobuf::FieldDescriptor* regions_field = nullptr;
   const google::protobuf::FieldDescriptor* skip_grads_field = nullptr;
   const google::protobuf::FieldDescriptor* skip_dx_field = nullptr;
+  const google::protobuf::FieldDescriptor* keep_projection_field = nullptr;
   const google::protobuf::FieldDescriptor* lead_shape_field = nullptr;
 };
 

@@ -95,23 +95,28 @@ struct Batch {
   absl::flat_hash_map<std::string, int> by_name;
 };
 
-bool Participates(Need need, const LayerSpec& spec, bool skip_dx) {
+bool Participates(Need need, const LayerSpec& spec, RequestFlags flags) {
   switch (need) {
     case Need::kRequired:
     case Need::kOptional:
       return true;
     case Need::kIfDynamic:
+    case Need::kKeptProjection:
       return spec.dynamic;
     case Need::kIfMhc:
       return spec.kind == LayerKind::kMhc;
     case Need::kUnlessSkipDx:
-      return !skip_dx;
+      return !flags.skip_dx;
+    case Need::kIfKeepProjection:
+      return spec.dynamic && flags.keep_projection;
   }
   return true;
 }
 
 absl::string_view WhyAbsent(Need need) {
-  return need == Need::kIfDynamic ? "a static layer" : "a HEAD layer";
+  return need == Need::kIfDynamic || need == Need::kKeptProjection
+             ? "a static layer"
+             : "a HEAD layer";
 }
 
 absl::Status CheckLayerRule(const OpDef& def, const Layer& layer) {
@@ -209,16 +214,36 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
   const LayerSpec& spec = layer.spec();
   MHC_RETURN_IF_ERROR(CheckLayerRule(def, layer));
   const bool host = op.layer->executor()->HostAccessible();
-  const bool skip_dx =
+  RequestFlags flags;
+  flags.skip_dx =
       def.skip_dx_field != nullptr && refl->GetBool(request, def.skip_dx_field);
+  flags.keep_projection = def.keep_projection_field != nullptr &&
+                          refl->GetBool(request, def.keep_projection_field);
+  if (flags.keep_projection && !spec.dynamic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_projection: ", layer.Describe(),
+                     " is static (it has no projection to keep)"));
+  }
   op.accumulate =
       def.accumulates && !refl->GetBool(request, def.skip_grads_field);
 
   OpShapes shapes(layer.Describe());
   op.inputs.resize(def.inputs.size());
+  int kept_given = 0, kept_slots = 0;
+  for (const SlotDef& slot : def.inputs) {
+    if (slot.need != Need::kKeptProjection) continue;
+    ++kept_slots;
+    kept_given += refl->HasField(request, slot.field) ? 1 : 0;
+  }
+  if (kept_given != 0 && kept_given != kept_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(def.rpc,
+                     ": h and mean_square (the projection Pre kept) go "
+                     "together; one of them is missing"));
+  }
   for (size_t i = 0; i < def.inputs.size(); ++i) {
     const SlotDef& slot = def.inputs[i];
-    const bool wanted = Participates(slot.need, spec, skip_dx);
+    const bool wanted = Participates(slot.need, spec, flags);
     const bool has = refl->HasField(request, slot.field);
     if (!wanted) {
       if (has) {
@@ -229,7 +254,9 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
       continue;
     }
     if (!has) {
-      if (slot.need == Need::kOptional) continue;
+      if (slot.need == Need::kOptional || slot.need == Need::kKeptProjection) {
+        continue;
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           slot.name, ": required by ", def.rpc, " on ", layer.Describe()));
     }
@@ -304,7 +331,7 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
   op.outputs.assign(def.outputs.size(), -1);
   for (size_t j = 0; j < def.outputs.size(); ++j) {
     const SlotDef& slot = def.outputs[j];
-    if (!Participates(slot.need, spec, skip_dx)) continue;
+    if (!Participates(slot.need, spec, flags)) continue;
     auto out = std::make_unique<PlannedOutput>();
     out->name = id.empty() ? slot.name : absl::StrCat(id, ".", slot.name);
     out->info.dtype = slot.activation ? op.act_dtype : DType::kF32;

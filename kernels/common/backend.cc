@@ -110,6 +110,23 @@ absl::Status CheckLogitWeights(absl::string_view op, const LayerSpec& spec,
   return absl::OkStatus();
 }
 
+// The pre ops' kept projection: h and mean_square both or neither, and only
+// for dynamic layers (a static layer has no projection to keep).
+absl::Status CheckKeptProjection(absl::string_view op, const LayerSpec& spec,
+                                 const void* h, const void* mean_square) {
+  if ((h == nullptr) != (mean_square == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": h and mean_square go together (",
+                     h == nullptr ? "h" : "mean_square", " is null)"));
+  }
+  if (h != nullptr && !spec.dynamic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op,
+        ": h / mean_square given for a static layer (it has no projection)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Backend::ProjectionForward(const ProjectionForwardParams& p,
@@ -305,6 +322,7 @@ absl::Status Backend::PreForward(const PreForwardParams& p, Workspace ws) {
       kOp, p.tokens,
       {{"x", p.x}, {"y", p.y}, {"h_post", p.h_post}, {"h_res", p.h_res}}));
   MHC_RETURN_IF_ERROR(CheckLogitWeights(kOp, *p.spec, p.tokens, p.weights));
+  MHC_RETURN_IF_ERROR(CheckKeptProjection(kOp, *p.spec, p.h, p.mean_square));
   if (p.tokens == 0) return absl::OkStatus();
   return RunPreForward(p, ws);
 }
@@ -320,6 +338,7 @@ absl::Status Backend::PreBackward(const PreBackwardParams& p, Workspace ws) {
                                      {"dh_res", p.dh_res},
                                      {"dx", p.dx}}));
   MHC_RETURN_IF_ERROR(CheckLogitWeights(kOp, *p.spec, p.tokens, p.weights));
+  MHC_RETURN_IF_ERROR(CheckKeptProjection(kOp, *p.spec, p.h, p.mean_square));
   if (p.tokens == 0) return absl::OkStatus();
   return RunPreBackward(p, ws);
 }

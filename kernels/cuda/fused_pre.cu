@@ -9,8 +9,9 @@
 // projection units, its mixing values from one thread, its y / dx from
 // elementwise code with fixed-order sums, and dh_pre from a fixed xor tree
 // (a warp per token); nothing depends on M. The backward: projection
-// recompute, dh_pre, the per-token reverse mode, then the dx / dphi kernel
-// (projection_backward_mma.cu where it applies). Parameter
+// recompute (skipped when the forward kept h and the mean square: they are
+// the recompute's bits), dh_pre, the per-token reverse mode, then the dx /
+// dphi kernel (projection_backward_mma.cu where it applies). Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
 // summed in a fixed order (launch.h), never with atomics.
 #include "common.cuh"
@@ -139,10 +140,16 @@ constexpr int PreMixBlock() {
   return 4 * PreMixThreads<NT>();
 }
 
+// The projection kept for the backward (null: not kept).
+struct KeptOut {
+  float* h;            // [M, N]
+  float* mean_square;  // [M]
+};
+
 template <int NT>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
-                           ForwardDev a, float* h_pre) {
+                           ForwardDev a, float* h_pre, KeptOut kept) {
   constexpr int kTokens = PreMixThreads<NT>();
   static_assert(kMmaTokens % kTokens == 0, "a block's tokens share a tile");
   __shared__ float h_s[kTokens][NT * NT + 2 * NT + 1];
@@ -154,7 +161,17 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   // the whole block adds them element by element, coalesced.
   const TokenChunks rows = ChunksOf(partial, tokens, chunks, width, m0);
   for (int e = threadIdx.x; e < live * width; e += PreMixBlock<NT>()) {
-    h_s[e / width][e % width] = SumChunks(rows, chunks, e);
+    const int t = e / width, col = e % width;
+    const float sum = SumChunks(rows, chunks, e);
+    h_s[t][col] = sum;
+    // As projection_finish_kernel writes them: the backward's recompute and
+    // this copy are the same bits.
+    if (kept.h == nullptr) continue;
+    if (col < s.N) {
+      kept.h[(m0 + t) * s.N + col] = sum;
+    } else {
+      kept.mean_square[m0 + t] = sum / static_cast<float>(s.K);
+    }
   }
   __syncthreads();
   if (static_cast<int>(threadIdx.x) >= live) return;
@@ -478,8 +495,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     float* h_pre = a.h_pre != nullptr ? a.h_pre : at(f.h_pre);
     if (SplitMix(*a.spec)) {
       // h and the mean square, then the scale and Sinkhorn op kernels.
-      float* h = at(f.h);
-      float* ms = at(f.ms);
+      float* h = a.h != nullptr ? a.h : at(f.h);
+      float* ms = a.h != nullptr ? a.mean_square : at(f.ms);
       float* logits = at(f.logits);
       MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
                                               a.x, a.weights.phi, gamma, base,
@@ -501,7 +518,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
         constexpr int kTokens = PreMixThreads<kNT>();
         pre_mix_forward_kernel<kNT>
             <<<GridSize((a.tokens + kTokens - 1) / kTokens), PreMixBlock<kNT>(),
-               0, stream>>>(s, a.tokens, partial, d, h_pre);
+               0, stream>>>(s, a.tokens, partial, d, h_pre,
+                            KeptOut{a.h, a.mean_square});
       };
       // Per-thread arrays sized to n (mixing state lives in registers).
       if (s.n == 4) {
@@ -561,7 +579,10 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                    at(b.h_pre),     residual ? at(b.r) : nullptr,
                    at(b.contrib),   nullptr,
                    nullptr};
-  if (s.dynamic) {
+  if (s.dynamic && a.h != nullptr) {
+    d.h_in = a.h;
+    d.ms_in = a.mean_square;
+  } else if (s.dynamic) {
     MHC_RETURN_IF_ERROR(LaunchMmaProjection(
         *a.spec, a.tokens, a.act_dtype, a.x, a.weights.phi, gamma,
         base + b.proj_partial, at(b.h_fwd), at(b.ms_fwd), stream));
@@ -636,6 +657,8 @@ absl::Status LaunchPreForward(const PreForwardParams& p, Workspace ws,
   a.h_pre = p.h_pre;
   a.h_post = p.h_post;
   a.h_res = p.h_res;
+  a.h = p.h;
+  a.mean_square = p.mean_square;
   return LaunchFusedForward(a, ws, stream);
 }
 
@@ -653,6 +676,8 @@ absl::Status LaunchPreBackward(const PreBackwardParams& p, Workspace ws,
   a.dx_next = p.dx_next;
   a.dx = p.dx;
   a.grads = p.grads;
+  a.h = p.h;
+  a.mean_square = p.mean_square;
   return LaunchFusedBackward(a, ws, stream);
 }
 

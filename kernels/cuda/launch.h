@@ -92,9 +92,11 @@ struct FusedForwardArgs {
   const void* x = nullptr;
   LayerWeights weights;
   void* y = nullptr;
-  float* h_pre = nullptr;   // optional (kHead: the mix)
-  float* h_post = nullptr;  // kMhc
-  float* h_res = nullptr;   // kMhc
+  float* h_pre = nullptr;        // optional (kHead: the mix)
+  float* h_post = nullptr;       // kMhc
+  float* h_res = nullptr;        // kMhc
+  float* h = nullptr;            // optional [M, N], dynamic: the projection
+  float* mean_square = nullptr;  // with h [M]
 };
 struct FusedBackwardArgs {
   const LayerSpec* spec = nullptr;
@@ -108,6 +110,8 @@ struct FusedBackwardArgs {
   const void* dx_next = nullptr;   // optional (kMhc)
   void* dx = nullptr;
   LayerGrads grads;
+  const float* h = nullptr;  // optional [M, N]: the forward's projection
+  const float* mean_square = nullptr;  // with h [M]
 };
 absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
                                 cudaStream_t stream);

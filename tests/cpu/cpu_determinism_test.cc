@@ -123,6 +123,33 @@ TEST(CpuBatchInvarianceTest, TokenAloneEqualsTokenInBatch) {
   }
 }
 
+// The projection PreForward keeps is the one PreBackward recomputes: taking
+// it changes no bit of dx or of the parameter gradients.
+TEST(CpuKeptProjectionTest, BackwardFromKeptEqualsRecompute) {
+  auto cpu = MakeCpuBackend(2);
+  for (const char* preset : {"deepseek_v4", "liger"}) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(absl::StrCat(preset, " ", DTypeName(dtype)));
+      Inputs in = MakeInputs(TestSpec(preset, 4, 1031), 137, dtype);
+      in.keep_projection = true;
+      const std::vector<Output> forward = RunOp(*cpu, OpKind::kPreForward, in);
+      ASSERT_EQ(forward.size(), 6u);
+      ASSERT_EQ(forward[4].name, "h");
+      const std::vector<float> random_h = in.h;
+      in.h = forward[4].values;
+      in.ms = forward[5].values;
+      const std::vector<Output> kept = RunOp(*cpu, OpKind::kPreBackward, in);
+      in.keep_projection = false;
+      ExpectBitwiseEqual(kept, RunOp(*cpu, OpKind::kPreBackward, in));
+      // And it is used: another h gives another dx.
+      in.keep_projection = true;
+      in.h = random_h;
+      EXPECT_FALSE(kept[0].bits ==
+                   RunOp(*cpu, OpKind::kPreBackward, in)[0].bits);
+    }
+  }
+}
+
 bool AnyNonFinite(const std::vector<float>& v, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     if (!std::isfinite(v[i])) return true;
@@ -246,6 +273,54 @@ TEST(CpuWorkspaceTest, TooSmallWorkspaceIsRejected) {
       {&spec, 3, DType::kBF16, in.x.data(), w, h.data(), ms.data()},
       Workspace{small.data(), small.size()});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// h and mean_square of the kept projection go together, and only with a
+// dynamic layer.
+TEST(CpuKeptProjectionTest, HalfOrStaticIsRejected) {
+  auto cpu = MakeCpuBackend(2);
+  LayerSpec spec = TestSpec("deepseek_v4", 4, 64);
+  Inputs in = MakeInputs(spec, 3, DType::kBF16);
+  std::vector<float> dx(3 * spec.K()), h_post(3 * 4), h_res(3 * 16);
+  LayerWeights w;
+  w.phi = in.phi.data();
+  w.alpha = in.alpha.data();
+  w.beta = in.beta.data();
+  w.gamma = in.gamma.data();
+  std::vector<uint8_t> ws(
+      cpu->WorkspaceBytes(OpKind::kPreBackward, spec, 3, DType::kBF16));
+  PreBackwardParams p;
+  p.spec = &spec;
+  p.tokens = 3;
+  p.act_dtype = DType::kBF16;
+  p.x = in.x.data();
+  p.weights = w;
+  p.dy = in.dy.data();
+  p.dh_post = in.dh_post.data();
+  p.dh_res = in.dh_res.data();
+  p.dx = dx.data();
+  p.h = in.h.data();  // without mean_square
+  absl::Status status = cpu->PreBackward(p, Workspace{ws.data(), ws.size()});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("mean_square"), std::string::npos) << status;
+  PreForwardParams f;
+  f.spec = &spec;
+  f.tokens = 3;
+  f.act_dtype = DType::kBF16;
+  f.x = in.x.data();
+  f.weights = w;
+  f.y = dx.data();
+  f.h_post = h_post.data();
+  f.h_res = h_res.data();
+  f.mean_square = h_post.data();
+  EXPECT_EQ(cpu->PreForward(f, Workspace{ws.data(), ws.size()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  spec.dynamic = false;
+  spec.has_gamma = false;
+  p.mean_square = in.h.data();
+  status = cpu->PreBackward(p, Workspace{ws.data(), ws.size()});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("static"), std::string::npos) << status;
 }
 
 }  // namespace

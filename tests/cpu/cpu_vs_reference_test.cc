@@ -32,15 +32,18 @@ namespace {
 
 // Runs `op` on both backends with the same inputs and compares.
 void CompareOp(Backend& cpu, Backend& ref, OpKind op, const LayerSpec& base,
-               int64_t tokens, DType dtype, bool use_dx_next = true) {
+               int64_t tokens, DType dtype, bool use_dx_next = true,
+               bool keep_projection = false) {
   const LayerSpec spec = SpecFor(op, base);
   SCOPED_TRACE(absl::StrCat(
       OpFamilyName(op), " ", OpDirectionName(op), " M=", tokens, " n=", spec.n,
       " C=", spec.hidden, " ", DTypeName(dtype), " ", LayoutName(spec.layout),
       spec.dynamic ? " dynamic" : " static", spec.has_gamma ? " gamma" : "",
-      spec.has_post_bias ? " bias" : "", use_dx_next ? "" : " no-dx_next"));
+      spec.has_post_bias ? " bias" : "", use_dx_next ? "" : " no-dx_next",
+      keep_projection ? " kept projection" : ""));
   Inputs in = MakeInputs(spec, tokens, dtype);
   in.use_dx_next = use_dx_next;
+  in.keep_projection = keep_projection;
   const std::vector<Output> got = RunOp(cpu, op, in);
   const std::vector<Output> want = RunOp(ref, op, in);
   // Token-by-token reference runs give parameter gradients their proper
@@ -59,8 +62,9 @@ using CrossParam = std::tuple<std::string, Layout, DType>;
 class CpuCrossProductTest : public ::testing::TestWithParam<CrossParam> {};
 
 // Every op x preset x layout x dtype at a small odd shape, in the variants
-// that change the math: gamma and post bias on and off, static layers, and
-// pre backward with and without the folded residual gradient.
+// that change the math: gamma and post bias on and off, static layers, pre
+// backward with and without the folded residual gradient, and the pre ops
+// keeping / taking the projection.
 TEST_P(CpuCrossProductTest, MatchesReference) {
   const auto& [preset, layout, dtype] = GetParam();
   auto cpu = MakeCpuBackend(2);
@@ -75,6 +79,10 @@ TEST_P(CpuCrossProductTest, MatchesReference) {
     CompareOp(*cpu, *ref, op, with, 13, dtype);
     LayerSpec without = *base;
     CompareOp(*cpu, *ref, op, without, 13, dtype, /*use_dx_next=*/false);
+    if (op == OpKind::kPreForward || op == OpKind::kPreBackward) {
+      CompareOp(*cpu, *ref, op, with, 13, dtype, /*use_dx_next=*/true,
+                /*keep_projection=*/true);
+    }
     if (!NeedsDynamic(op) && op != OpKind::kSinkhornForward &&
         op != OpKind::kSinkhornBackward) {
       LayerSpec fixed = *base;

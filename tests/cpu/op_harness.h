@@ -69,6 +69,9 @@ struct Inputs {
   std::vector<float> dh, dms, dh_pre, dh_post, dh_res, dlogits;
   std::vector<float> grad_init;  // starting value of every accumulator
   bool use_dx_next = true;       // PreBackward folds the residual path in
+  // Dynamic layers: PreForward also returns its projection, PreBackward
+  // takes h / ms as the kept projection instead of recomputing it.
+  bool keep_projection = false;
 };
 
 inline Inputs MakeInputs(const LayerSpec& spec, int64_t tokens, DType dtype) {
@@ -289,11 +292,18 @@ inline std::vector<Output> RunOp(Backend& backend, OpKind op,
     case OpKind::kPreForward: {
       ActTensor y = MakeAct(dt, m * c);
       std::vector<float> h_pre(m * n), h_post(m * n), h_res(m * n * n);
-      status = backend.PreForward({&spec, m, dt, in.x.data(), w, y.data(),
-                                   h_pre.data(), h_post.data(), h_res.data()},
-                                  ws);
+      const bool keep = in.keep_projection && spec.dynamic;
+      std::vector<float> h(keep ? m * big_n : 0), ms(keep ? m : 0);
+      status = backend.PreForward(
+          {&spec, m, dt, in.x.data(), w, y.data(), h_pre.data(), h_post.data(),
+           h_res.data(), keep ? h.data() : nullptr, keep ? ms.data() : nullptr},
+          ws);
       out = {FromAct("y", y), FromFloats("h_pre", h_pre),
              FromFloats("h_post", h_post), FromFloats("h_res", h_res)};
+      if (keep) {
+        out.push_back(FromFloats("h", h));
+        out.push_back(FromFloats("mean_square", ms));
+      }
       break;
     }
     case OpKind::kPreBackward: {
@@ -310,6 +320,10 @@ inline std::vector<Output> RunOp(Backend& backend, OpKind op,
       p.dx_next = in.use_dx_next ? in.dx_next.data() : nullptr;
       p.dx = dx.data();
       p.grads = grads;
+      if (in.keep_projection && spec.dynamic) {
+        p.h = in.h.data();
+        p.mean_square = in.ms.data();
+      }
       status = backend.PreBackward(p, ws);
       out = {FromAct("dx", dx)};
       grad_outputs(out, true, true, false);

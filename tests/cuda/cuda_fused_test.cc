@@ -140,6 +140,9 @@ TEST_P(CudaFusedTest, PreAndHead) {
       }
       Pair hq = h.Output(M * n * 4);
       Pair hr = h.Output(M * n * n * 4);
+      // Dynamic layers keep their projection for the backward with dx_next.
+      const int64_t N = spec.NumLogits();
+      Pair kept_h = h.Output(M * N * 4), kept_ms = h.Output(M * 4);
       PreForwardParams p[2];
       for (int b = 0; b < 2; ++b) {
         p[b].spec = &spec;
@@ -151,6 +154,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
         p[b].h_pre = hp.f(b);
         p[b].h_post = hq.f(b);
         p[b].h_res = hr.f(b);
+        if (spec.dynamic) p[b].h = kept_h.f(b), p[b].mean_square = kept_ms.f(b);
       }
       MHC_RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
       // y = sum_i h_pre[i] x[i][c] can cancel far below its terms (one
@@ -161,6 +165,12 @@ TEST_P(CudaFusedTest, PreAndHead) {
       ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "pre h_pre");
       ExpectClose(h, hq, DType::kF32, M * n, kMixTol, false, "pre h_post");
       ExpectClose(h, hr, DType::kF32, M * n * n, kMixTol, false, "pre h_res");
+      if (spec.dynamic) {
+        ExpectClose(h, kept_h, DType::kF32, M * N, kMixTol, false,
+                    "pre kept h");
+        ExpectClose(h, kept_ms, DType::kF32, M, kMixTol, false,
+                    "pre kept mean square");
+      }
       for (bool residual : {false, true}) {
         Pair dhq = h.Floats(M * n, FreshSeed());
         Pair dhr = h.Floats(M * n * n, FreshSeed());
@@ -180,10 +190,14 @@ TEST_P(CudaFusedTest, PreAndHead) {
           q[b].dx_next = residual ? dxn.ptr(b) : nullptr;
           q[b].dx = dx.ptr(b);
           q[b].grads = gr.g[b];
+          if (residual && spec.dynamic) {
+            q[b].h = kept_h.f(b), q[b].mean_square = kept_ms.f(b);
+          }
         }
         MHC_RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
-        ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false,
-                    residual ? "pre dx (with dx_next)" : "pre dx");
+        ExpectClose(
+            h, dx, dt, M * K, BackwardTol(dt), false,
+            residual ? "pre dx (with dx_next, kept projection)" : "pre dx");
         ExpectGrads(h, gr, spec, BackwardTol(dt));
       }
     }
@@ -215,11 +229,12 @@ struct LayerRun {
 
 // Runs pre forward, post forward, post backward and pre backward (with the
 // residual folded in) on the CUDA backend only, for tokens [first, first +
-// count) of the host inputs.
+// count) of the host inputs; with keep_projection the pre backward takes the
+// projection the pre forward kept.
 LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
                   const ActTensor& x, const ActTensor& f, const ActTensor& dxn,
                   const ActTensor& dy, const std::vector<float>& params,
-                  int64_t first, int64_t count) {
+                  int64_t first, int64_t count, bool keep_projection = false) {
   Backend& cuda = h.cuda();
   const int64_t C = spec.hidden, K = spec.K(), n = spec.n;
   const int64_t N = spec.NumLogits();
@@ -240,7 +255,8 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
        hq = h.Output(count * n * 4), hr = h.Output(count * n * n * 4),
        xn = h.Output(count * K * es), df = h.Output(count * C * es),
        dxp = h.Output(count * K * es), dhq = h.Output(count * n * 4),
-       dhr = h.Output(count * n * n * 4), dx = h.Output(count * K * es);
+       dhr = h.Output(count * n * n * 4), dx = h.Output(count * K * es),
+       kept_h = h.Output(count * N * 4), kept_ms = h.Output(count * 4);
   std::vector<float> zeros(N * K + 3 + N + K + C, 0.0f);
   Pair g = h.Input(zeros.data(), zeros.size() * 4);
   LayerGrads lg;
@@ -261,6 +277,7 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   pf.h_pre = hp.f(1);
   pf.h_post = hq.f(1);
   pf.h_res = hr.f(1);
+  if (keep_projection) pf.h = kept_h.f(1), pf.mean_square = kept_ms.f(1);
   EXPECT_TRUE(cuda.PreForward(pf, ws(OpKind::kPreForward)).ok());
   PostForwardParams po;
   po.spec = &spec;
@@ -301,6 +318,8 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   qb.dx_next = gs.dev;
   qb.dx = dx.dev;
   qb.grads = lg;
+  qb.h = pf.h;
+  qb.mean_square = pf.mean_square;
   EXPECT_TRUE(cuda.PreBackward(qb, ws(OpKind::kPreBackward)).ok());
   EXPECT_TRUE(cuda.Synchronize().ok());
   LayerRun r;
@@ -368,6 +387,14 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   EXPECT_EQ(a.dx_post, b.dx_post);
   EXPECT_EQ(a.dphi, b.dphi) << "parameter gradients must be deterministic";
   EXPECT_EQ(a.dbeta, b.dbeta);
+  // The kept projection is the recompute's bits: the same layer, the same
+  // bits.
+  const LayerRun kept =
+      RunLayer(h, spec, c.dt, x, f, dxn, dy, params, 0, c.M, true);
+  EXPECT_EQ(kept.y, a.y);
+  EXPECT_EQ(kept.dx, a.dx) << "pre backward from the kept projection";
+  EXPECT_EQ(kept.dphi, a.dphi);
+  EXPECT_EQ(kept.dbeta, a.dbeta);
 
   for (int64_t t : {int64_t{0}, c.M / 2, c.M - 1}) {
     SCOPED_TRACE(absl::StrCat("token ", t));

@@ -409,6 +409,7 @@ TEST_F(ServerApiTest, FusedLayerBf16MatchesReference) {
   pre.set_layer("fused");
   *pre.mutable_x() = ToTensorRef(x);
   MHC_ASSERT_OK_AND_ASSIGN(auto pre_out, client_->Pre(pre));
+  EXPECT_FALSE(pre_out.has_h()) << "the projection only when asked for";
   HostTensor y = Zeros(bf16, {m, c_dim});
   HostTensor h_pre = Zeros(DType::kF32, {m, n}),
              h_post = Zeros(DType::kF32, {m, n});
@@ -507,6 +508,25 @@ TEST_F(ServerApiTest, FusedLayerBf16MatchesReference) {
   ExpectGradients(*client_, "fused", host, 1e-3, "Pre/PostBackward");
   MHC_ASSERT_OK_AND_ASSIGN(auto info, client_->GetLayer("fused"));
   EXPECT_EQ(info.gradient_tokens(), m) << "one layer backward counts M once";
+
+  // The projection Pre keeps is the one PreBackward recomputes: the same dx,
+  // bit for bit.
+  pre.set_keep_projection(true);
+  MHC_ASSERT_OK_AND_ASSIGN(auto kept_out, client_->Pre(pre));
+  EXPECT_EQ(kept_out.y().SerializeAsString(), pre_out.y().SerializeAsString());
+  ASSERT_EQ(kept_out.h().shape_size(), 2);
+  EXPECT_EQ(kept_out.h().shape(1), spec.NumLogits());
+  ASSERT_EQ(kept_out.mean_square().shape_size(), 1);
+  *pre_bwd.mutable_h() = kept_out.h();
+  *pre_bwd.mutable_mean_square() = kept_out.mean_square();
+  pre_bwd.set_skip_parameter_gradients(true);
+  MHC_ASSERT_OK_AND_ASSIGN(auto kept_bwd, client_->PreBackward(pre_bwd));
+  EXPECT_EQ(kept_bwd.dx().SerializeAsString(),
+            pre_bwd_out.dx().SerializeAsString());
+  pre_bwd.clear_mean_square();
+  EXPECT_EQ(client_->PreBackward(pre_bwd).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "h without mean_square";
 }
 
 TEST_F(ServerApiTest, HeadMatchesReference) {
@@ -663,6 +683,10 @@ TEST_F(ServerApiTest, StaticLayerFromExplicitParameters) {
                        {}));
   ExpectMatches(pre_out.y(), y, 1e-2, "static Pre.y (fp16)");
   ExpectMatches(pre_out.h_res(), hr, kTol, "static Pre.h_res");
+  pre.set_keep_projection(true);
+  EXPECT_EQ(client_->Pre(pre).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a static layer has no projection to keep";
 }
 
 TEST_F(ServerApiTest, ZeroTokensIsANoOp) {

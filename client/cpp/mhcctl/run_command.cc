@@ -54,6 +54,8 @@ struct Check {
 struct Pass {
   HostTensor x, dx_next, y, f, x_next, df, dy, dx;
   HostTensor h_pre, h_post, h_res, dh_post, dh_res;
+  // A dynamic layer's projection, kept by Pre for PreBackward (inline).
+  v1::TensorRef kept_h, kept_mean_square;
   std::vector<float> y_float;  // F's input before rounding, for dF
 };
 
@@ -198,10 +200,12 @@ std::map<std::string, std::vector<float>> GradientFloats(
 // One forward and backward pass through the daemon.
 absl::Status RunPass(client::Client& client, const std::string& layer,
                      const std::string& f_kind, Timings& timings, Pass& p,
-                     int64_t streams, ShmStage* shm) {
+                     const LayerSpec& spec, ShmStage* shm) {
+  const int64_t streams = spec.n;
   v1::PreRequest pre;
   pre.set_layer(layer);
   *pre.mutable_x() = client::ToTensorRef(p.x);
+  pre.set_keep_projection(spec.dynamic);
   if (shm != nullptr) {
     shm->Reset();
     MHC_ASSIGN_OR_RETURN(*pre.mutable_x(), shm->In(p.x));
@@ -222,6 +226,8 @@ absl::Status RunPass(client::Client& client, const std::string& layer,
   MHC_ASSIGN_OR_RETURN(p.h_pre, Read(pre_out.h_pre(), "Pre.h_pre", shm));
   MHC_ASSIGN_OR_RETURN(p.h_post, Read(pre_out.h_post(), "Pre.h_post", shm));
   MHC_ASSIGN_OR_RETURN(p.h_res, Read(pre_out.h_res(), "Pre.h_res", shm));
+  p.kept_h = pre_out.h();
+  p.kept_mean_square = pre_out.mean_square();
 
   // F, locally.
   p.y_float = p.y.ToFloats();
@@ -283,6 +289,10 @@ absl::Status RunPass(client::Client& client, const std::string& layer,
   *pre_bwd.mutable_dh_post() = client::ToTensorRef(p.dh_post);
   *pre_bwd.mutable_dh_res() = client::ToTensorRef(p.dh_res);
   *pre_bwd.mutable_dx_next() = client::ToTensorRef(p.dx_next);
+  if (spec.dynamic) {
+    *pre_bwd.mutable_h() = p.kept_h;
+    *pre_bwd.mutable_mean_square() = p.kept_mean_square;
+  }
   MHC_ASSIGN_OR_RETURN(
       v1::PreBackwardResponse pre_bwd_out,
       timings.Time("PreBackward", [&] { return client.PreBackward(pre_bwd); }));
@@ -478,7 +488,7 @@ int RunRun(client::Client& client) {
     }
     for (int i = 0; i < iterations && status.ok(); ++i) {
       status =
-          RunPass(client, layer, f_kind, timings, pass, host.spec.n, shm.get());
+          RunPass(client, layer, f_kind, timings, pass, host.spec, shm.get());
     }
     if (!status.ok()) return;
     auto after = timings.Time("GetGradients",

@@ -473,10 +473,22 @@ class Client:
         r = self.compute("pre", layer, x=x, **kw)
         return PreResult(r["y"], r["h_pre"], r["h_post"], r["h_res"])
 
+    def pre_keeping_projection(self, layer: str, x: Any, **kw: Any
+                               ) -> Tuple[PreResult, ProjectionResult]:
+        """Pre of a dynamic layer plus its projection (N + 1 floats per
+        token): pass it to ``pre_backward(projection=...)``, which then does
+        not recompute it from x."""
+        r = self.compute("pre", layer, x=x, keep_projection=True, **kw)
+        return (PreResult(r["y"], r["h_pre"], r["h_post"], r["h_res"]),
+                ProjectionResult(r["h"], r["mean_square"]))
+
     def pre_backward(self, layer: str, x: Any, dy: Any, dh_post: Any,
                      dh_res: Any, dx_next: Any = None,
                      skip_parameter_gradients: bool = False,
+                     projection: Optional[ProjectionResult] = None,
                      **kw: Any) -> np.ndarray:
+        if projection is not None:
+            kw.update(h=projection.h, mean_square=projection.mean_square)
         return self.compute("pre_backward", layer, x=x, dy=dy, dh_post=dh_post,
                             dh_res=dh_res, dx_next=dx_next,
                             skip_parameter_gradients=skip_parameter_gradients,

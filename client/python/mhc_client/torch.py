@@ -136,13 +136,23 @@ class _PreFunction(torch.autograd.Function):
         owner.sync_before_forward()
         n, lead = owner.spec.n, _lead(x)
         c = owner.spec.hidden
-        out = owner.transport.run(
-            "pre", owner.name, {"x": x},
-            {"y": (lead + (c,), x.dtype), "h_pre": (lead + (n,), torch.float32),
-             "h_post": (lead + (n,), torch.float32),
-             "h_res": (lead + (n, n), torch.float32)})
+        wanted = {"y": (lead + (c,), x.dtype),
+                  "h_pre": (lead + (n,), torch.float32),
+                  "h_post": (lead + (n,), torch.float32),
+                  "h_res": (lead + (n, n), torch.float32)}
+        # A dynamic layer keeps its projection (N + 1 floats per token) so
+        # the backward does not read x once more to recompute it.
+        keep = bool(owner.spec.dynamic)
+        if keep:
+            wanted["h"] = (lead + (owner.spec.logits,), torch.float32)
+            wanted["mean_square"] = (lead, torch.float32)
+        out = owner.transport.run("pre", owner.name, {"x": x}, wanted,
+                                  keep_projection=keep)
         ctx.owner, ctx.link, ctx.n_params = owner, link, len(params)
-        ctx.save_for_backward(x)
+        if keep:
+            ctx.save_for_backward(x, out["h"], out["mean_square"])
+        else:
+            ctx.save_for_backward(x)
         ctx.mark_non_differentiable(out["h_pre"])
         return out["y"], out["h_pre"], out["h_post"], out["h_res"]
 
@@ -150,7 +160,7 @@ class _PreFunction(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor, _dh_pre: torch.Tensor,  # type: ignore[override]
                  dh_post: torch.Tensor, dh_res: torch.Tensor
                  ) -> Tuple[Optional[torch.Tensor], ...]:
-        (x,) = ctx.saved_tensors
+        x, *projection = ctx.saved_tensors
         owner: _Owner = ctx.owner
         dx_next = None
         if ctx.link is not None:
@@ -159,6 +169,8 @@ class _PreFunction(torch.autograd.Function):
                   "dh_post": dh_post.float().contiguous(),
                   "dh_res": dh_res.float().contiguous(),
                   "dx_next": None if dx_next is None else dx_next.contiguous()}
+        if projection:
+            inputs["h"], inputs["mean_square"] = projection
         dx = owner.transport.run("pre_backward", owner.name, inputs,
                                  {"dx": (tuple(x.shape), x.dtype)})["dx"]
         grads = owner.take_gradients() if ctx.n_params else []

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import reference as ref
-from mhc_client import Batch, Client, LayerSpec, Ref, eager, tensors
+from mhc_client import Batch, Client, LayerSpec, Ref, eager, errors, tensors
 
 FP32_TOL = 1e-5
 LOW_TOL = 1e-2
@@ -118,6 +118,27 @@ def test_layer_backward_matches_autograd(client, layer_name, rng, tokens, dtype)
     assert ref.rel_error(tensors.to_float32(dx), tx.grad.numpy()) <= tol
     for name in ("phi", "alpha", "beta", "gamma", "bias"):
         assert ref.rel_error(grads[name], tp[name].grad.numpy()) <= grad_tol, name
+
+
+def test_pre_backward_from_the_kept_projection(client, layer_name, rng):
+    """Pre's kept projection is what PreBackward recomputes: same dx bits."""
+    spec = client.create_layer(layer_name, 24, n=4, seed=5, has_gamma=True).spec
+    x = tensors.round_to(_x(rng, spec, (7,)), "bf16")
+    plain = client.pre(layer_name, x, dtype="bf16")
+    kept, projection = client.pre_keeping_projection(layer_name, x, dtype="bf16")
+    assert np.array_equal(tensors.to_float32(kept.y), tensors.to_float32(plain.y))
+    assert projection.h.shape == (7, spec.logits)
+    assert projection.mean_square.shape == (7,)
+    dy = tensors.round_to(rng.standard_normal((7, spec.hidden)), "bf16")
+    dh_post = rng.standard_normal((7, 4)).astype(np.float32)
+    dh_res = rng.standard_normal((7, 4, 4)).astype(np.float32)
+    args = (layer_name, x, dy, dh_post, dh_res)
+    recomputed = client.pre_backward(*args, dtype="bf16", skip_parameter_gradients=True)
+    from_kept = client.pre_backward(*args, dtype="bf16", skip_parameter_gradients=True,
+                                    projection=projection)
+    assert np.array_equal(tensors.to_float32(from_kept), tensors.to_float32(recomputed))
+    with pytest.raises(errors.InvalidArgument):
+        client.pre_backward(*args, dtype="bf16", h=projection.h)
 
 
 def test_post_backward_dx_and_dest_rows(client, layer_name, rng):

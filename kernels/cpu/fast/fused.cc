@@ -3,7 +3,8 @@
 //
 // Determinism and batch invariance: the forward runs every token through the
 // same per-token helpers on one thread. The backward has three passes:
-// (1) per token, on one thread: recompute the forward, dH_pre (fixed-block
+// (1) per token, on one thread: recompute the forward (from the kept
+// projection when the caller has it), dH_pre (fixed-block
 // dot), the Sinkhorn and scale reverse mode, and stage dh, dz, dms, H_pre,
 // R and the dalpha terms in the workspace; (2) per channel block: dx of
 // every token in one fp32 expression rounded once (projection terms, H_pre
@@ -18,11 +19,22 @@
 namespace mhc::cpu {
 namespace {
 
-// h and ms of a token group into the thread's group buffers (static layers
-// have neither).
+// A dynamic layer's projection kept from its forward (null: recompute it).
+struct KeptProjection {
+  const float* h = nullptr;            // [M, N]
+  const float* mean_square = nullptr;  // [M]
+};
+
+// h and ms of a token group into the thread's group buffers: computed from x,
+// or copied from the kept projection (static layers have neither).
 void ProjectGroup(const LayerSpec& spec, DType dtype, const void* x, int64_t m0,
-                  int count, const LayerWeights& w, const ThreadScratch& s) {
-  if (spec.dynamic) {
+                  int count, const LayerWeights& w, const ThreadScratch& s,
+                  const KeptProjection& kept = {}) {
+  if (spec.dynamic && kept.h != nullptr) {
+    const int64_t big_n = spec.NumLogits();
+    std::memcpy(s.hgroup, kept.h + m0 * big_n, count * big_n * sizeof(float));
+    std::memcpy(s.msgroup, kept.mean_square + m0, count * sizeof(float));
+  } else if (spec.dynamic) {
     ProjectTokens(spec, dtype, x, m0, count, w, s, s.hgroup, s.msgroup);
   } else {
     for (int t = 0; t < count; ++t) s.msgroup[t] = 0.0f;
@@ -70,7 +82,8 @@ void BackwardTokenPass(const OpContext& ctx, DType dtype, const void* x,
 void FusedBackward(const OpContext& ctx, DType dtype, int64_t tokens,
                    const void* x, const LayerWeights& w, const void* dy,
                    const float* dh_post, const float* dh_res,
-                   const void* dx_next, void* dx, const LayerGrads& grads) {
+                   const void* dx_next, void* dx, const LayerGrads& grads,
+                   const KeptProjection& kept = {}) {
   const LayerSpec& spec = *ctx.spec;
   const FusedRecord rec = MakeFusedRecord(spec);
   float* rows = reinterpret_cast<float*>(ctx.shared);
@@ -78,7 +91,7 @@ void FusedBackward(const OpContext& ctx, DType dtype, int64_t tokens,
   const int64_t big_n = spec.NumLogits();
   ForTokenGroups(
       ctx, tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
-        ProjectGroup(spec, dtype, x, m0, count, w, s);
+        ProjectGroup(spec, dtype, x, m0, count, w, s, kept);
         for (int t = 0; t < count; ++t) {
           const int64_t m = m0 + t;
           BackwardTokenPass(ctx, dtype, x, dy, dh_post, dh_res, keep_r, m,
@@ -111,6 +124,11 @@ absl::Status PreForward(const OpContext& ctx, const PreForwardParams& p) {
   ForTokenGroups(
       ctx, p.tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
         ProjectGroup(spec, p.act_dtype, p.x, m0, count, p.weights, s);
+        if (p.h != nullptr) {
+          std::memcpy(p.h + m0 * big_n, s.hgroup,
+                      count * big_n * sizeof(float));
+          std::memcpy(p.mean_square + m0, s.msgroup, count * sizeof(float));
+        }
         for (int t = 0; t < count; ++t) {
           const int64_t m = m0 + t;
           float* h_pre = s.small;
@@ -129,7 +147,7 @@ absl::Status PreForward(const OpContext& ctx, const PreForwardParams& p) {
 
 absl::Status PreBackward(const OpContext& ctx, const PreBackwardParams& p) {
   FusedBackward(ctx, p.act_dtype, p.tokens, p.x, p.weights, p.dy, p.dh_post,
-                p.dh_res, p.dx_next, p.dx, p.grads);
+                p.dh_res, p.dx_next, p.dx, p.grads, {p.h, p.mean_square});
   return absl::OkStatus();
 }
 

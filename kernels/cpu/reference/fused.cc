@@ -4,6 +4,7 @@
 // composition" holds by construction here and is what the fast backends are
 // held to. Single threaded, fixed order: bitwise deterministic; token outputs
 // and dx are batch invariant; parameter gradients are summed in token order.
+#include <algorithm>
 #include <vector>
 
 #include "cpu/reference/reference_math.h"
@@ -21,11 +22,17 @@ struct LayerState {
   std::vector<double> h_res;        // [M, n, n] (kMhc)
 };
 
+// With kept_h / kept_mean_square (a dynamic layer's projection kept from its
+// forward) the projection is taken from them instead of computed from x.
 LayerState ComputeState(const LayerSpec& spec, int64_t tokens, const double* x,
-                        const Weights& w) {
+                        const Weights& w, const double* kept_h = nullptr,
+                        const double* kept_mean_square = nullptr) {
   const int64_t n = spec.n;
   LayerState state;
-  if (spec.dynamic) {
+  if (spec.dynamic && kept_h != nullptr) {
+    state.h.assign(kept_h, kept_h + tokens * spec.NumLogits());
+    state.mean_square.assign(kept_mean_square, kept_mean_square + tokens);
+  } else if (spec.dynamic) {
     state.h.assign(tokens * spec.NumLogits(), 0.0);
     state.mean_square.assign(tokens, 0.0);
     ProjectionForward(spec, tokens, x, w, state.h.data(),
@@ -63,10 +70,14 @@ void ProjectionIntoDx(const LayerSpec& spec, int64_t tokens, const double* x,
 
 void PreForward(const LayerSpec& spec, int64_t tokens, const double* x,
                 const Weights& w, double* y, double* h_pre, double* h_post,
-                double* h_res) {
+                double* h_res, double* h, double* mean_square) {
   if (tokens == 0) return;
   const LayerState state = ComputeState(spec, tokens, x, w);
   AggregateForward(spec, tokens, x, state.h_pre.data(), y);
+  if (h != nullptr) {
+    std::copy(state.h.begin(), state.h.end(), h);
+    std::copy(state.mean_square.begin(), state.mean_square.end(), mean_square);
+  }
   const int64_t n = spec.n;
   for (int64_t e = 0; e < tokens * n; ++e) {
     if (h_pre != nullptr) h_pre[e] = state.h_pre[e];
@@ -78,10 +89,12 @@ void PreForward(const LayerSpec& spec, int64_t tokens, const double* x,
 void PreBackward(const LayerSpec& spec, int64_t tokens, const double* x,
                  const Weights& w, const double* dy, const double* dh_post,
                  const double* dh_res, const double* dx_next, double* dx,
-                 const Grads& grads) {
+                 const Grads& grads, const double* kept_h,
+                 const double* kept_mean_square) {
   if (tokens == 0) return;
   const int64_t n = spec.n;
-  const LayerState state = ComputeState(spec, tokens, x, w);
+  const LayerState state =
+      ComputeState(spec, tokens, x, w, kept_h, kept_mean_square);
   std::vector<double> dh_pre(tokens * n, 0.0);
   AggregateBackward(spec, tokens, x, state.h_pre.data(), dy, dx, dh_pre.data());
   if (dx_next != nullptr) {

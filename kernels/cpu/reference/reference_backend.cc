@@ -373,12 +373,18 @@ class ReferenceBackend final : public Backend {
     const DoubleWeights w(spec, p.weights);
     std::vector<double> y(m * spec.hidden), h_pre(m * n), h_post(m * n),
         h_res(m * n * n);
+    const bool keep = p.h != nullptr;
+    std::vector<double> h(keep ? m * spec.NumLogits() : 0),
+        mean_square(keep ? m : 0);
     reference::PreForward(spec, m, x.data(), w.view(), y.data(), h_pre.data(),
-                          h_post.data(), h_res.data());
+                          h_post.data(), h_res.data(), OrNull(h),
+                          OrNull(mean_square));
     StoreAct(y, p.act_dtype, p.y);
     StoreFloat(h_pre, p.h_pre);
     StoreFloat(h_post, p.h_post);
     StoreFloat(h_res, p.h_res);
+    StoreFloat(h, p.h);
+    StoreFloat(mean_square, p.mean_square);
     return absl::OkStatus();
   }
 
@@ -396,10 +402,13 @@ class ReferenceBackend final : public Backend {
             ? std::vector<double>()
             : ActToDouble(p.dx_next, p.act_dtype, m * spec.K());
     const DoubleGrads grads(spec, p.grads);
+    const auto kept_h = FloatToDouble(p.h, m * spec.NumLogits());
+    const auto kept_mean_square = FloatToDouble(p.mean_square, m);
     std::vector<double> dx(m * spec.K());
     reference::PreBackward(spec, m, x.data(), w.view(), dy.data(),
                            dh_post.data(), dh_res.data(), OrNull(dx_next),
-                           dx.data(), grads.view());
+                           dx.data(), grads.view(), OrNull(kept_h),
+                           OrNull(kept_mean_square));
     StoreAct(dx, p.act_dtype, p.dx);
     grads.Flush();
     return absl::OkStatus();

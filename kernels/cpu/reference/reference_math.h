@@ -153,18 +153,23 @@ void ExpandBackward(const LayerSpec& spec, int64_t tokens, const double* dx,
 // ------------------------------------------------------------------ fused --
 
 // pre = projection -> scale -> Sinkhorn -> aggregate (kMhc, static or
-// dynamic). h_pre may be null.
+// dynamic). h_pre may be null; h [M, N] and mean_square [M] (dynamic layers,
+// both or neither) receive the projection.
 void PreForward(const LayerSpec& spec, int64_t tokens, const double* x,
                 const Weights& w, double* y, double* h_pre, double* h_post,
-                double* h_res);
+                double* h_res, double* h = nullptr,
+                double* mean_square = nullptr);
 
-// Reverse mode of PreForward, recomputing the forward from x. With dx_next
-// (may be null) the post's residual path sum_j R[i][j] dx_next[j][c] is added
-// to dx, R from the recomputed H_res, so dx is the layer's whole gradient.
+// Reverse mode of PreForward, recomputing the forward from x, or from the
+// projection kept_h / kept_mean_square when given (dynamic layers). With
+// dx_next (may be null) the post's residual path sum_j R[i][j] dx_next[j][c]
+// is added to dx, R from the recomputed H_res, so dx is the layer's whole
+// gradient.
 void PreBackward(const LayerSpec& spec, int64_t tokens, const double* x,
                  const Weights& w, const double* dy, const double* dh_post,
                  const double* dh_res, const double* dx_next, double* dx,
-                 const Grads& grads);
+                 const Grads& grads, const double* kept_h = nullptr,
+                 const double* kept_mean_square = nullptr);
 
 // head (kHead): u = (phi' v) r, mix[i] = sigmoid(s u_i + b_head[i]) +
 // eps_pre, y[c] = sum_i mix[i] x[i][c]. mix may be null.

@@ -1,8 +1,11 @@
 // Fused layer ops: pre (projection -> scale -> Sinkhorn -> aggregate) and head
 // (projection -> scale -> aggregate), forward and backward. The backward ops
-// recompute the forward from x, so nothing but the forward's inputs is kept
-// between forward and backward. Deterministic; token outputs and dx are batch
-// invariant; parameter gradients are sums over tokens in a fixed order.
+// recompute the forward from x, so nothing but the forward's inputs need be
+// kept between forward and backward; a dynamic pre layer may instead keep its
+// projection (h and the mean square, N + 1 floats per token) from the forward
+// and hand it to the backward, which then skips a read of x. Deterministic;
+// token outputs and dx are batch invariant; parameter gradients are sums over
+// tokens in a fixed order.
 #ifndef MHC_OPS_FUSED_H_
 #define MHC_OPS_FUSED_H_
 
@@ -23,6 +26,10 @@ struct PreForwardParams {
   float* h_pre = nullptr;   // [M, n] fp32 out, optional (null: not written)
   float* h_post = nullptr;  // [M, n] fp32 out
   float* h_res = nullptr;   // [M, n, n] fp32 out
+  // Optional, dynamic layers, both or neither: the projection (SPEC section
+  // 1's h and mean square) for PreBackward to take instead of recomputing it.
+  float* h = nullptr;            // [M, N] fp32 out
+  float* mean_square = nullptr;  // [M] fp32 out
 };
 
 struct PreBackwardParams {
@@ -40,6 +47,10 @@ struct PreBackwardParams {
   const void* dx_next = nullptr;
   void* dx = nullptr;  // [M, K] act_dtype out
   LayerGrads grads;    // phi, alpha, beta, gamma accumulated (+=)
+  // Optional, dynamic layers, both or neither: PreForward's h and
+  // mean_square for this x and phi; given, the projection is not recomputed.
+  const float* h = nullptr;            // [M, N] fp32
+  const float* mean_square = nullptr;  // [M] fp32
 };
 
 struct HeadForwardParams {
