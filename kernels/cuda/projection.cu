@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(kDxThreads)
 // flight: a thread per k alone was latency bound (47 us for 13 MB).
 constexpr int kReduceCols = 32;
 constexpr int kReduceRows = 8;
+constexpr int kReduceGroup = 8;
 __global__ void __launch_bounds__(kReduceCols* kReduceRows)
     phi_grad_reduce_kernel(DevSpec s, int64_t chunks, const float* partial,
                            const float* phi, const float* gamma,
@@ -289,12 +290,28 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   if (k < s.K) {
     for (int g = row; g < s.N; g += kReduceRows) {
       const float* p = partial + g * s.K + k;
+      // The loads of a group of chunks (and of phi and the gradient) go out
+      // together, then add in chunk order: one L2 round trip per group, not
+      // per chunk.
+      const float phi_gk = phi[g * s.K + k];
+      const float grad_gk =
+          grads_phi != nullptr ? grads_phi[g * s.K + k] : 0.0f;
       float sum = 0.0f;
-      for (int64_t q = 0; q < chunks; ++q) sum += p[q * plane];
-      if (grads_phi != nullptr) {
-        grads_phi[g * s.K + k] += s.has_gamma ? sum * gamma[k] : sum;
+      for (int64_t q = 0; q < chunks; q += kReduceGroup) {
+        float part[kReduceGroup];
+#pragma unroll
+        for (int u = 0; u < kReduceGroup; ++u) {
+          part[u] = q + u < chunks ? p[(q + u) * plane] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kReduceGroup; ++u) {
+          if (q + u < chunks) sum += part[u];
+        }
       }
-      dgamma = fmaf(sum, phi[g * s.K + k], dgamma);
+      if (grads_phi != nullptr) {
+        grads_phi[g * s.K + k] = grad_gk + (s.has_gamma ? sum * gamma[k] : sum);
+      }
+      dgamma = fmaf(sum, phi_gk, dgamma);
     }
   }
   dgamma_rows[row][col] = dgamma;
