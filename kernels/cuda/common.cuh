@@ -167,6 +167,28 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
 
 // ----------------------------------------------------------- reductions --
 
+// The sum of first[q * step] for q in [0, count), added in order q = 0, 1, ...
+// Each group of kGroup values is loaded before its adds: the values are
+// partial sums sitting in L2, and one load per add would wait out its
+// latency count times.
+template <int kGroup>
+__device__ __forceinline__ float OrderedSum(const float* first, int64_t step,
+                                            int64_t count) {
+  float sum = 0.0f;
+  for (int64_t q = 0; q < count; q += kGroup) {
+    float part[kGroup];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      part[u] = q + u < count ? first[(q + u) * step] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      if (q + u < count) sum += part[u];
+    }
+  }
+  return sum;
+}
+
 // Sums W values over the whole block in a fixed order (xor tree inside each
 // warp, then warps in index order) and leaves the totals in out[0..W) in
 // shared memory. red holds W * (blockDim.x / 32) floats. The order depends

@@ -501,22 +501,10 @@ __host__ __device__ inline TokenChunks ChunksOf(const float* partial,
 }
 
 // Element e of a token's row (or of the consecutive rows after it) from its
-// ChunksOf, the chunks added in chunk order. Every chunk's load is issued
-// before the first add: the partials sit in L2, and one load per add would
-// wait out its latency chunks times.
+// ChunksOf, the chunks added in chunk order (all loads in one group).
 __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
                                            int64_t e) {
-  float part[kMaxChunks];
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    part[c] = c < chunks ? rows.first[e + c * rows.step] : 0.0f;
-  }
-  float sum = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    if (c < chunks) sum += part[c];
-  }
-  return sum;
+  return OrderedSum<kMaxChunks>(rows.first + e, rows.step, chunks);
 }
 
 // Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the

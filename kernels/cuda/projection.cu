@@ -289,25 +289,12 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   float dgamma = 0.0f;
   if (k < s.K) {
     for (int g = row; g < s.N; g += kReduceRows) {
-      const float* p = partial + g * s.K + k;
-      // The loads of a group of chunks (and of phi and the gradient) go out
-      // together, then add in chunk order: one L2 round trip per group, not
-      // per chunk.
+      // phi and the gradient load beside the chunk partials, not after.
       const float phi_gk = phi[g * s.K + k];
       const float grad_gk =
           grads_phi != nullptr ? grads_phi[g * s.K + k] : 0.0f;
-      float sum = 0.0f;
-      for (int64_t q = 0; q < chunks; q += kReduceGroup) {
-        float part[kReduceGroup];
-#pragma unroll
-        for (int u = 0; u < kReduceGroup; ++u) {
-          part[u] = q + u < chunks ? p[(q + u) * plane] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < kReduceGroup; ++u) {
-          if (q + u < chunks) sum += part[u];
-        }
-      }
+      const float sum =
+          OrderedSum<kReduceGroup>(partial + g * s.K + k, plane, chunks);
       if (grads_phi != nullptr) {
         grads_phi[g * s.K + k] = grad_gk + (s.has_gamma ? sum * gamma[k] : sum);
       }
