@@ -186,8 +186,9 @@ inline double BytesPerToken(int c, const LayerSpec& s, bool keep_projection) {
   return 0;
 }
 
-// The post and pre backward of the single-op cases; the layer case adjusts
-// them to fold the residual path into the pre backward.
+// The pre forward, post and pre backward of the single-op cases; the layer
+// case adjusts them (the kept projection, the residual path folded into the
+// pre backward).
 inline PostBackwardParams PostBackwardOf(const LayerSpec& spec, int64_t M,
                                          const Tensors& t) {
   PostBackwardParams p;
@@ -195,6 +196,14 @@ inline PostBackwardParams PostBackwardOf(const LayerSpec& spec, int64_t M,
   p.dx_next = t.p[kDxNext], p.f = t.p[kF], p.x = t.p[kX];
   p.h_post = t.f(kHPost), p.h_res = t.f(kHRes), p.df = t.p[kDf];
   p.dx = t.p[kDx], p.dh_post = t.f(kDhPost), p.dh_res = t.f(kDhRes);
+  return p;
+}
+inline PreForwardParams PreForwardOf(const LayerSpec& spec, int64_t M,
+                                     const Tensors& t) {
+  PreForwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.Weights(), p.y = t.p[kY], p.h_post = t.f(kHPost);
+  p.h_res = t.f(kHRes);
   return p;
 }
 inline PreBackwardParams PreBackwardOf(const LayerSpec& spec, int64_t M,
@@ -289,13 +298,8 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
       p.dx = t.p[kDxNext], p.de = t.p[kDe];
       return be.ExpandBackward(p, t.ws);
     }
-    case kPreFwd: {
-      PreForwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.weights = t.Weights(), p.y = t.p[kY], p.h_post = t.f(kHPost);
-      p.h_res = t.f(kHRes);
-      return be.PreForward(p, t.ws);
-    }
+    case kPreFwd:
+      return be.PreForward(PreForwardOf(spec, M, t), t.ws);
     case kPreBwd:
       return be.PreBackward(PreBackwardOf(spec, M, t), t.ws);
     case kHeadFwd: {
@@ -314,10 +318,7 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
     }
     case kLayerFwd:
     case kLayerFwdBwd: {
-      PreForwardParams pf;
-      pf.spec = &spec, pf.tokens = M, pf.act_dtype = kAct, pf.x = t.p[kX];
-      pf.weights = t.Weights(), pf.y = t.p[kY], pf.h_post = t.f(kHPost);
-      pf.h_res = t.f(kHRes);
+      PreForwardParams pf = PreForwardOf(spec, M, t);
       if (keep_projection) pf.h = t.f(kH), pf.mean_square = t.f(kMs);
       absl::Status st = be.PreForward(pf, t.ws);
       if (st.ok()) st = RunCase(kPostFwd, be, spec, head, t, M, false);

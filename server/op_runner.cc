@@ -229,17 +229,17 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
 
   OpShapes shapes(layer.Describe());
   op.inputs.resize(def.inputs.size());
-  int kept_given = 0, kept_slots = 0;
+  std::vector<absl::string_view> kept_slots, kept_missing;
   for (const SlotDef& slot : def.inputs) {
     if (slot.need != Need::kKeptProjection) continue;
-    ++kept_slots;
-    kept_given += refl->HasField(request, slot.field) ? 1 : 0;
+    kept_slots.push_back(slot.name);
+    if (!refl->HasField(request, slot.field)) kept_missing.push_back(slot.name);
   }
-  if (kept_given != 0 && kept_given != kept_slots) {
+  if (!kept_missing.empty() && kept_missing.size() != kept_slots.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(def.rpc,
-                     ": h and mean_square (the projection Pre kept) go "
-                     "together; one of them is missing"));
+        absl::StrCat(def.rpc, ": ", absl::StrJoin(kept_slots, " and "),
+                     " (the projection Pre kept) go together; missing ",
+                     absl::StrJoin(kept_missing, ", ")));
   }
   for (size_t i = 0; i < def.inputs.size(); ++i) {
     const SlotDef& slot = def.inputs[i];
