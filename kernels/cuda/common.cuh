@@ -167,24 +167,34 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
 
 // ----------------------------------------------------------- reductions --
 
-// The sum of first[q * step] for q in [0, count), added in order q = 0, 1, ...
-// Each group of kGroup values is loaded before its adds: the values are
+// sum + first[u * step] for u in [0, min(count, kGroup)), added in order u =
+// 0, 1, ... with every load issued before the first add: the values are
 // partial sums sitting in L2, and one load per add would wait out its
-// latency count times.
+// latency each time.
+template <int kGroup>
+__device__ __forceinline__ float AddGroup(const float* first, int64_t step,
+                                          int count, float sum) {
+  float part[kGroup];
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    part[u] = u < count ? first[u * step] : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    if (u < count) sum += part[u];
+  }
+  return sum;
+}
+
+// The sum of first[q * step] for q in [0, count) in order q = 0, 1, ..., a
+// group of kGroup loads at a time.
 template <int kGroup>
 __device__ __forceinline__ float OrderedSum(const float* first, int64_t step,
                                             int64_t count) {
   float sum = 0.0f;
   for (int64_t q = 0; q < count; q += kGroup) {
-    float part[kGroup];
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      part[u] = q + u < count ? first[(q + u) * step] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      if (q + u < count) sum += part[u];
-    }
+    const int left = static_cast<int>(min(count - q, int64_t{kGroup}));
+    sum = AddGroup<kGroup>(first + q * step, step, left, sum);
   }
   return sum;
 }

@@ -38,9 +38,9 @@ __device__ __forceinline__ void LoadMixing(const DevSpec& s, int n,
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
 // why). The n = 4 backward holds 20 sums and 2 x 4 streams of loads:
 // uncapped it took 134-156 registers, three CTAs per SM, which left HBM idle
-// (bench/RESULTS.md: 8-15 % slower). The strided
-// forward (odd C) gains from five likewise. The n = 8 backward (72 sums)
-// spills when capped and measured slower.
+// (bench/RESULTS.md: 8-15 % slower); capped at five or six it spills. The
+// strided forward (odd C) gains from five likewise. The n = 8 backward (72
+// sums) spills when capped and measured slower.
 template <int NT, bool kStrided>
 inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
 template <int NT>

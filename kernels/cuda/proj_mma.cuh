@@ -501,10 +501,11 @@ __host__ __device__ inline TokenChunks ChunksOf(const float* partial,
 }
 
 // Element e of a token's row (or of the consecutive rows after it) from its
-// ChunksOf, the chunks added in chunk order (all loads in one group).
+// ChunksOf, the chunks added in chunk order (at most kMaxChunks: one group
+// of loads).
 __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
                                            int64_t e) {
-  return OrderedSum<kMaxChunks>(rows.first + e, rows.step, chunks);
+  return AddGroup<kMaxChunks>(rows.first + e, rows.step, chunks, 0.0f);
 }
 
 // Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the
