@@ -265,9 +265,7 @@ TEST(CpuWorkspaceTest, TooSmallWorkspaceIsRejected) {
   ASSERT_GT(cpu->WorkspaceBytes(OpKind::kPreBackward, spec, 3, DType::kBF16),
             0u);
   std::vector<float> h(3 * spec.NumLogits()), ms(3);
-  LayerWeights w;
-  w.phi = in.phi.data();
-  w.gamma = in.gamma.data();
+  const LayerWeights w = WeightsOf(in);
   std::vector<uint8_t> small(16);
   absl::Status status = cpu->ProjectionForward(
       {&spec, 3, DType::kBF16, in.x.data(), w, h.data(), ms.data()},
@@ -282,11 +280,7 @@ TEST(CpuKeptProjectionTest, HalfOrStaticIsRejected) {
   LayerSpec spec = TestSpec("deepseek_v4", 4, 64);
   Inputs in = MakeInputs(spec, 3, DType::kBF16);
   std::vector<float> dx(3 * spec.K()), h_post(3 * 4), h_res(3 * 16);
-  LayerWeights w;
-  w.phi = in.phi.data();
-  w.alpha = in.alpha.data();
-  w.beta = in.beta.data();
-  w.gamma = in.gamma.data();
+  const LayerWeights w = WeightsOf(in);
   std::vector<uint8_t> ws(
       cpu->WorkspaceBytes(OpKind::kPreBackward, spec, 3, DType::kBF16));
   PreBackwardParams p;

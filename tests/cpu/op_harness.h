@@ -135,6 +135,17 @@ inline Output FromFloats(std::string name, const std::vector<float>& v) {
 
 }  // namespace internal
 
+// The layer weights of `in`, as its spec uses them.
+inline LayerWeights WeightsOf(const Inputs& in) {
+  LayerWeights w;
+  w.phi = in.phi.data();
+  w.alpha = in.alpha.data();
+  w.beta = in.beta.data();
+  if (in.spec.has_gamma) w.gamma = in.gamma.data();
+  if (in.spec.has_post_bias) w.bias = in.bias.data();
+  return w;
+}
+
 // Runs `op` of `backend` on `in` and returns every output, including the
 // parameter gradient accumulators after the op added to them.
 inline std::vector<Output> RunOp(Backend& backend, OpKind op,
@@ -148,12 +159,7 @@ inline std::vector<Output> RunOp(Backend& backend, OpKind op,
   std::vector<uint8_t> ws_bytes(
       std::max<size_t>(backend.WorkspaceBytes(op, spec, m, dt), 1) + 64);
   Workspace ws{ws_bytes.data(), ws_bytes.size()};
-  LayerWeights w;
-  w.phi = in.phi.data();
-  w.alpha = in.alpha.data();
-  w.beta = in.beta.data();
-  if (spec.has_gamma) w.gamma = in.gamma.data();
-  if (spec.has_post_bias) w.bias = in.bias.data();
+  const LayerWeights w = WeightsOf(in);
   auto grad = [&](int64_t size) {
     return std::vector<float>(in.grad_init.begin(),
                               in.grad_init.begin() + size);
