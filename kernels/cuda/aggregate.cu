@@ -11,18 +11,24 @@
 namespace mhc::cuda {
 namespace {
 
+// H_pre of token m, slot i < NT (zero past n).
+template <int NT>
+__device__ __forceinline__ void FetchHPre(CtaValues<NT>& hp, int n,
+                                          const float* h_pre, int64_t m) {
+  hp.Fetch([&](int i) { return i < n ? h_pre[m * n + i] : 0.0f; });
+}
+
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   __shared__ float hp[NT];
-  if (threadIdx.x < NT) {
-    hp[threadIdx.x] = threadIdx.x < n ? h_pre[m * n + threadIdx.x] : 0.0f;
-  }
-  __syncthreads();
+  CtaValues<NT> mixing;
+  FetchHPre(mixing, n, h_pre, m);
   const T* row = x + m * s.K;
   T* out = y + m * s.C;
+  mixing.Publish(hp);
   for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
        c += kRowThreads * V) {
     float xv[NT][V];
@@ -56,33 +62,37 @@ __global__ void __launch_bounds__(kRowThreads,
   __shared__ float hp[NT];
   __shared__ float red[NT * (kRowThreads / 32)];
   __shared__ float total[NT];
-  if (threadIdx.x < NT) {
-    hp[threadIdx.x] = threadIdx.x < n ? h_pre[m * n + threadIdx.x] : 0.0f;
-  }
-  __syncthreads();
+  CtaValues<NT> mixing;
+  FetchHPre(mixing, n, h_pre, m);
   const T* row = x + m * s.K;
   const T* dy_row = dy + m * s.C;
   T* dx_row = dx + m * s.K;
   float acc[NT];
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-       c += kRowThreads * V) {
-    float xv[NT][V];
-    float d[V];
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
-    LoadChannels<T, V, kStrided>(dy_row, c, s.C, d);
-    float out[NT][V];
+  struct Loaded {
+    float x[NT][V];
+    float dy[V];
+  };
+  ForEachChannelStep<Loaded, V, kStrided, !kStrided>(
+      s.C, threadIdx.x,
+      [&](int64_t c, Loaded& l) {
+        LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+        LoadChannels<T, V, kStrided>(dy_row, c, s.C, l.dy);
+      },
+      [&] { mixing.Publish(hp); },
+      [&](int64_t c, const Loaded& l) {
+        float out[NT][V];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
+        for (int i = 0; i < NT; ++i) {
 #pragma unroll
-      for (int v = 0; v < V; ++v) {
-        acc[i] = fmaf(d[v], xv[i][v], acc[i]);
-        out[i][v] = hp[i] * d[v];
-      }
-    }
-    StoreStreams<T, NT, V, kStrided>(s, n, dx_row, c, out);
-  }
+          for (int v = 0; v < V; ++v) {
+            acc[i] = fmaf(l.dy[v], l.x[i][v], acc[i]);
+            out[i][v] = hp[i] * l.dy[v];
+          }
+        }
+        StoreStreams<T, NT, V, kStrided>(s, n, dx_row, c, out);
+      });
   BlockSum<NT>(acc, red, total);
   if (threadIdx.x < n) dh_pre[m * n + threadIdx.x] = total[threadIdx.x];
 }

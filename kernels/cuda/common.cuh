@@ -199,16 +199,19 @@ __device__ __forceinline__ float OrderedSum(const float* first, int64_t step,
   return sum;
 }
 
-// Sums W values over the whole block in a fixed order (xor tree inside each
-// warp, then warps in index order) and leaves the totals in out[0..W) in
-// shared memory. red holds W * (blockDim.x / 32) floats. The order depends
-// only on blockDim, never on the token count, so results are batch invariant.
+// Sums W values over each group of group_threads consecutive threads (a
+// multiple of 32) in a fixed order (xor tree inside each warp, then the
+// group's warps in index order) and leaves group g's totals in
+// out[g * W .. g * W + W) in shared memory. red holds W * (blockDim.x / 32)
+// floats. The order depends only on the group size, never on the token
+// count, so results are batch invariant.
 template <int W>
-__device__ __forceinline__ void BlockSum(float (&v)[W], float* red,
-                                         float* out) {
+__device__ __forceinline__ void GroupSum(float (&v)[W], int group_threads,
+                                         float* red, float* out) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
+  const int group = threadIdx.x / group_threads;
+  const int warps = group_threads >> 5;
 #pragma unroll
   for (int w = 0; w < W; ++w) {
     float x = v[w];
@@ -221,12 +224,20 @@ __device__ __forceinline__ void BlockSum(float (&v)[W], float* red,
     for (int w = 0; w < W; ++w) red[warp * W + w] = v[w];
   }
   __syncthreads();
-  for (int w = threadIdx.x; w < W; w += blockDim.x) {
+  const float* group_red = red + group * warps * W;
+  for (int w = threadIdx.x % group_threads; w < W; w += group_threads) {
     float total = 0.0f;
-    for (int q = 0; q < warps; ++q) total += red[q * W + w];
-    out[w] = total;
+    for (int q = 0; q < warps; ++q) total += group_red[q * W + w];
+    out[group * W + w] = total;
   }
   __syncthreads();
+}
+
+// GroupSum over the whole block: the totals in out[0..W).
+template <int W>
+__device__ __forceinline__ void BlockSum(float (&v)[W], float* red,
+                                         float* out) {
+  GroupSum<W>(v, blockDim.x, red, out);
 }
 
 }  // namespace mhc::cuda

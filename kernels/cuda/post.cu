@@ -2,7 +2,7 @@
 // sum_i R[i][j] x[i][c] and its backward.
 // Determinism / batch invariance: one CTA per token; x_next, df and dx are
 // elementwise with sums in a fixed stream order; dH_post and dH_res are
-// reduced over channels by the fixed-shape BlockSum. dbias is summed over
+// reduced over channels by the fixed-shape GroupSum. dbias is summed over
 // fixed chunks of kTokenChunk tokens (token order inside a chunk) into
 // workspace partials, then over chunks in order: deterministic for any M.
 #include "common.cuh"
@@ -13,61 +13,96 @@
 namespace mhc::cuda {
 namespace {
 
-// Loads H_post and R (source-rows form, R[i][j] at i*NT + j) of token m.
+// The wide backward kernels split a token's streams into kSlices slices of
+// S = NT / kSlices, one group of kRowThreads threads each: group p computes
+// dx and the dH_res rows of streams [p S, p S + S) from all of dx_next,
+// whose rows the other groups read again from L1 / L2; group 0 also
+// computes df and dH_post. One thread holding all NT + NT^2 sums took 254
+// registers at n = 8 (two CTAs of four warps per SM, 33 % of copy
+// bandwidth) and local memory at n = 16. The forward splits only at n = 16
+// (x_next rows by slice, from all of x): at n = 8 the second read of x cost
+// more than the halved per-thread sums saved (bench/RESULTS.md).
 template <int NT>
-__device__ __forceinline__ void LoadMixing(const DevSpec& s, int n,
-                                           const float* h_post,
-                                           const float* h_res, int64_t m,
-                                           float* hp, float* r) {
-  for (int t = threadIdx.x; t < NT * NT; t += blockDim.x) {
-    const int i = t / NT;
-    const int j = t % NT;
-    float value = 0.0f;
-    if (i < n && j < n) {
-      const int idx = s.dest_rows ? j * n + i : i * n + j;
-      value = h_res[m * n * n + idx];
+inline constexpr int kPostForwardSlices = NT >= 16 ? 4 : 1;
+template <int NT>
+inline constexpr int kPostBackwardSlices = NT >= 16 ? 4 : (NT >= 8 ? 2 : 1);
+
+// The slice of the calling thread's group: its first stream, and the
+// thread's index within the group.
+struct PostSlice {
+  int first;
+  int thread;
+};
+template <int NT, int kSlices>
+__device__ __forceinline__ PostSlice SliceOfThread() {
+  if constexpr (kSlices == 1) return PostSlice{0, int(threadIdx.x)};
+  return PostSlice{int(threadIdx.x) / kRowThreads * (NT / kSlices),
+                   int(threadIdx.x) % kRowThreads};
+}
+
+// R (source-rows form, R[i][j] at slot i*NT + j) and H_post (slot NT*NT + j)
+// of token m.
+template <int NT>
+inline constexpr int kMixingSlots = NT* NT + NT;
+template <int NT, int kThreads>
+using PostMixing = CtaValues<kMixingSlots<NT>, kThreads>;
+template <int NT, int kThreads>
+__device__ __forceinline__ void FetchMixing(PostMixing<NT, kThreads>& mix,
+                                            const DevSpec& s, int n,
+                                            const float* h_post,
+                                            const float* h_res, int64_t m) {
+  mix.Fetch([&](int slot) {
+    if (slot >= NT * NT) {
+      const int j = slot - NT * NT;
+      return j < n ? h_post[m * n + j] : 0.0f;
     }
-    r[t] = value;
-  }
-  if (threadIdx.x < NT) {
-    hp[threadIdx.x] = threadIdx.x < n ? h_post[m * n + threadIdx.x] : 0.0f;
-  }
-  __syncthreads();
+    const int i = slot / NT;
+    const int j = slot % NT;
+    if (i >= n || j >= n) return 0.0f;
+    return h_res[m * n * n + (s.dest_rows ? j * n + i : i * n + j)];
+  });
 }
 
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
 // why). The n = 4 backward holds 20 sums and 2 x 4 streams of loads:
 // uncapped it took 134-156 registers, three CTAs per SM, which left HBM idle
 // (bench/RESULTS.md: 8-15 % slower); capped at five or six it spills. The
-// strided forward (odd C) gains from five likewise. The n = 8 backward (72
-// sums) spills when capped and measured slower.
+// strided forward (odd C) gains from five likewise.
 template <int NT, bool kStrided>
 inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
 template <int NT>
 inline constexpr int kPostBackwardBlocks = NT == 4 ? 4 : 0;
 
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads, kPostForwardBlocks<NT, kStrided>)
+__global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
+                                  kPostForwardBlocks<NT, kStrided>)
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
                         const float* h_res, const float* bias, T* x_next) {
+  constexpr int kSlices = kPostForwardSlices<NT>;
+  constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
-  __shared__ float hp[NT];
-  __shared__ float r[NT * NT];
-  LoadMixing<NT>(s, n, h_post, h_res, m, hp, r);
+  const PostSlice slice = SliceOfThread<NT, kSlices>();
+  __shared__ float mix[kMixingSlots<NT>];
+  const float* r = mix;
+  const float* hp = mix + NT * NT;
+  PostMixing<NT, kRowThreads * kSlices> mixing;
+  FetchMixing<NT>(mixing, s, n, h_post, h_res, m);
   const T* row = x + m * s.K;
   const T* f_row = f + m * s.C;
   T* out_row = x_next + m * s.K;
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+  mixing.Publish(mix);
+  for (int64_t c = FirstChannel<V, kStrided>(slice.thread); c < s.C;
        c += kRowThreads * V) {
     float xv[NT][V];
     float fv[V];
     LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
     LoadChannels<T, V, kStrided>(f_row, c, s.C, fv);
     if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, fv);
-    float out[NT][V];
+    float out[kS][V];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+    for (int a = 0; a < kS; ++a) {
+      const int j = slice.first + a;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         float acc = hp[j] * fv[v];
@@ -76,98 +111,122 @@ __global__ void __launch_bounds__(kRowThreads, kPostForwardBlocks<NT, kStrided>)
           if (i >= n) break;
           acc = fmaf(r[i * NT + j], xv[i][v], acc);
         }
-        out[j][v] = acc;
+        out[a][v] = acc;
       }
     }
-    StoreStreams<T, NT, V, kStrided>(s, n, out_row, c, out);
+    StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, out_row, slice.first, c,
+                                             out);
   }
 }
 
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads, kPostBackwardBlocks<NT>)
+__global__ void __launch_bounds__(kRowThreads* kPostBackwardSlices<NT>,
+                                  kPostBackwardBlocks<NT>)
     post_backward_kernel(DevSpec s, const T* dx_next, const T* f, const T* x,
                          const float* h_post, const float* h_res,
                          const float* bias, T* df, T* dx, float* dh_post,
                          float* dh_res) {
+  constexpr int kSlices = kPostBackwardSlices<NT>;
+  constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
-  constexpr int kW = NT + NT * NT;
-  __shared__ float hp[NT];
-  __shared__ float r[NT * NT];
-  __shared__ float red[kW * (kRowThreads / 32)];
-  __shared__ float total[kW];
-  LoadMixing<NT>(s, n, h_post, h_res, m, hp, r);
+  const PostSlice slice = SliceOfThread<NT, kSlices>();
+  const bool first_group = slice.first == 0;
+  // acc[j] = dH_post[j] (group 0), acc[NT + a*NT + j] = dR[first + a][j].
+  constexpr int kW = NT + kS * NT;
+  __shared__ float mix[kMixingSlots<NT>];
+  __shared__ float red[kW * kSlices * (kRowThreads / 32)];
+  __shared__ float total[kW * kSlices];
+  const float* r = mix;
+  const float* hp = mix + NT * NT;
+  PostMixing<NT, kRowThreads * kSlices> mixing;
+  FetchMixing<NT>(mixing, s, n, h_post, h_res, m);
   const T* g_row = dx_next + m * s.K;
   const T* x_row = x + m * s.K;
   const T* f_row = f + m * s.C;
-  // acc[j] = dH_post[j], acc[NT + i*NT + j] = dR[i][j].
   float acc[kW];
 #pragma unroll
   for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-       c += kRowThreads * V) {
-    float gv[NT][V];
-    float xv[NT][V];
-    float fv[V];
-    LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, gv);
-    LoadStreams<T, NT, V, kStrided>(s, n, x_row, c, xv);
-    LoadChannels<T, V, kStrided>(f_row, c, s.C, fv);
-    if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, fv);
-    float dfv[V];
+  struct Loaded {
+    float g[NT][V];
+    float x[kS][V];
+    float f[V];
+  };
+  ForEachChannelStep<Loaded, V, kStrided, !kStrided>(
+      s.C, slice.thread,
+      [&](int64_t c, Loaded& l) {
+        LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
+        LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
+                                                l.x);
+        if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
+      },
+      [&] { mixing.Publish(mix); },
+      [&](int64_t c, Loaded& l) {
+        if (first_group) {
+          if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
+          float dfv[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float d = 0.0f;
+          for (int v = 0; v < V; ++v) {
+            float d = 0.0f;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (j >= n) break;
-        d = fmaf(hp[j], gv[j][v], d);
-      }
-      dfv[v] = d;
-    }
-    StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[j] = fmaf(gv[j][v], fv[v], acc[j]);
-    }
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[NT + i * NT + j] = fmaf(xv[i][v], gv[j][v], acc[NT + i * NT + j]);
-        }
-      }
-    }
-    if (dx != nullptr) {
-      float out[NT][V];
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          float d = 0.0f;
+            for (int j = 0; j < NT; ++j) {
+              if (j >= n) break;
+              d = fmaf(hp[j], l.g[j][v], d);
+            }
+            dfv[v] = d;
+          }
+          StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            if (j >= n) break;
-            d = fmaf(r[i * NT + j], gv[j][v], d);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+              acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
+            }
           }
-          out[i][v] = d;
         }
-      }
-      StoreStreams<T, NT, V, kStrided>(s, n, dx + m * s.K, c, out);
+#pragma unroll
+        for (int a = 0; a < kS; ++a) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+              acc[NT + a * NT + j] =
+                  fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+            }
+          }
+        }
+        if (dx == nullptr) return;
+        float out[kS][V];
+#pragma unroll
+        for (int a = 0; a < kS; ++a) {
+          const int i = slice.first + a;
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            float d = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              if (j >= n) break;
+              d = fmaf(r[i * NT + j], l.g[j][v], d);
+            }
+            out[a][v] = d;
+          }
+        }
+        StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
+                                                 slice.first, c, out);
+      });
+  GroupSum<kW>(acc, kRowThreads, red, total);
+  const float* sums = total + slice.first / kS * kW;
+  for (int t = slice.thread; t < kS * NT; t += kRowThreads) {
+    const int i = slice.first + t / NT;
+    const int j = t % NT;
+    // dH_res is the gradient of H_res itself: transpose back for DEST_ROWS.
+    if (i < n && j < n) {
+      dh_res[m * n * n + (s.dest_rows ? j * n + i : i * n + j)] = sums[NT + t];
     }
   }
-  BlockSum<kW>(acc, red, total);
-  for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
-    const int a = t / n;
-    const int b = t % n;
-    // dH_res is the gradient of H_res itself: transpose back for DEST_ROWS.
-    const int i = s.dest_rows ? b : a;
-    const int j = s.dest_rows ? a : b;
-    dh_res[m * n * n + t] = total[NT + i * NT + j];
+  if (first_group && slice.thread < n) {
+    dh_post[m * n + slice.thread] = sums[slice.thread];
   }
-  if (threadIdx.x < n) dh_post[m * n + threadIdx.x] = total[threadIdx.x];
 }
 
 // Per-chunk partial sums of df over the chunk's tokens in token order.
@@ -210,9 +269,11 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
         using T = typename decltype(tt)::type;
         post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                             decltype(rt)::value>
-            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-                s, static_cast<const T*>(p.f), static_cast<const T*>(p.x),
-                p.h_post, p.h_res, bias, static_cast<T*>(p.x_next));
+            <<<GridSize(p.tokens),
+               kRowThreads * kPostForwardSlices<decltype(nt)::value>, 0,
+               stream>>>(s, static_cast<const T*>(p.f),
+                         static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
+                         static_cast<T*>(p.x_next));
       });
   MHC_CUDA_CHECK_LAUNCH("post forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
@@ -231,11 +292,12 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
         using T = typename decltype(tt)::type;
         post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                              decltype(rt)::value>
-            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-                s, static_cast<const T*>(p.dx_next), static_cast<const T*>(p.f),
-                static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
-                static_cast<T*>(p.df), static_cast<T*>(p.dx), p.dh_post,
-                p.dh_res);
+            <<<GridSize(p.tokens),
+               kRowThreads * kPostBackwardSlices<decltype(nt)::value>, 0,
+               stream>>>(s, static_cast<const T*>(p.dx_next),
+                         static_cast<const T*>(p.f), static_cast<const T*>(p.x),
+                         p.h_post, p.h_res, bias, static_cast<T*>(p.df),
+                         static_cast<T*>(p.dx), p.dh_post, p.dh_res);
       });
   MHC_CUDA_CHECK_LAUNCH("post backward", shape);
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();

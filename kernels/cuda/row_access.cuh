@@ -164,6 +164,136 @@ __device__ __forceinline__ void AddChannels(const float* bias, int64_t c0,
   }
 }
 
+// Streams first .. first + S - 1 of the NT of the channel slots from c0 of
+// one token row (streams past n read as zero and are not written): all of
+// them through LoadStreams / StoreStreams when S == NT. Otherwise the vector
+// path takes one access per stream in the stream-major layout and element
+// accesses in the stream-minor one, where a slice of streams is not
+// contiguous.
+template <typename T, int NT, int S, int V, bool kStrided>
+__device__ __forceinline__ void LoadStreamSlice(const DevSpec& s, int n,
+                                                const T* row, int first,
+                                                int64_t c0,
+                                                float (&out)[S][V]) {
+  if constexpr (S == NT) {
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c0, out);
+  } else {
+    if constexpr (V > 1 && !kStrided) {
+      if (!s.minor) {
+#pragma unroll
+        for (int a = 0; a < S; ++a) {
+          LoadVec<T, V>(row + (first + a) * s.C + c0, out[a]);
+        }
+        return;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int64_t c = c0 + kSlotStride<kStrided> * v;
+        const int i = first + a;
+        out[a][v] = i < n && c < s.C ? ToFloat(row[XIndex(s, i, c)]) : 0.0f;
+      }
+    }
+  }
+}
+
+template <typename T, int NT, int S, int V, bool kStrided>
+__device__ __forceinline__ void StoreStreamSlice(const DevSpec& s, int n,
+                                                 T* row, int first, int64_t c0,
+                                                 const float (&in)[S][V]) {
+  if constexpr (S == NT) {
+    StoreStreams<T, NT, V, kStrided>(s, n, row, c0, in);
+  } else {
+    if constexpr (V > 1 && !kStrided) {
+      if (!s.minor) {
+#pragma unroll
+        for (int a = 0; a < S; ++a) {
+          StoreVec<T, V>(row + (first + a) * s.C + c0, in[a]);
+        }
+        return;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int64_t c = c0 + kSlotStride<kStrided> * v;
+        const int i = first + a;
+        if (i < n && c < s.C) row[XIndex(s, i, c)] = FromFloat<T>(in[a][v]);
+      }
+    }
+  }
+}
+
+// A token's values that every thread of a row kernel's CTA of kThreads
+// reads (H_pre, H_post, R), slot t held by thread t % kThreads. Fetch issues
+// the global loads into registers; the kernel then issues its first channel
+// loads and Publish stores the values to shared memory and syncs, so the two
+// round trips overlap. (Loaded and synced first, they added a round trip to
+// every CTA, whose whole life is a few of them.)
+template <int kSlots, int kThreads = kRowThreads>
+class CtaValues {
+ public:
+  // value_of(slot) reads the slot's value from global memory.
+  template <typename ValueOf>
+  __device__ __forceinline__ void Fetch(ValueOf value_of) {
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const int slot = static_cast<int>(threadIdx.x) + q * kThreads;
+      value_[q] = slot < kSlots ? value_of(slot) : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void Publish(float (&shared)[kSlots]) {
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const int slot = static_cast<int>(threadIdx.x) + q * kThreads;
+      if (slot < kSlots) shared[slot] = value_[q];
+    }
+    __syncthreads();
+  }
+
+ private:
+  static constexpr int kPer = (kSlots + kThreads - 1) / kThreads;
+  float value_[kPer];
+};
+
+// A row kernel's channel loop over the slots of thread (of kRowThreads
+// threads per token row): load(c, loaded) fills a Loaded with the
+// channel step at c, step(c, loaded) consumes it, after publish()
+// (CtaValues::Publish of values fetched earlier). With kOverlapFirst the
+// first step's loads are issued before publish(), so their round trips
+// overlap; that step is peeled rather than its values carried around the
+// loop, which would hold them converted to fp32 across the back edge. It
+// costs registers: measured faster for the backward kernels' vector and
+// element paths, slower for the forward kernels and strided rows
+// (bench/RESULTS.md).
+template <typename Loaded, int V, bool kStrided, bool kOverlapFirst,
+          typename Load, typename Publish, typename Step>
+__device__ __forceinline__ void ForEachChannelStep(int64_t C, int thread,
+                                                   Load load, Publish publish,
+                                                   Step step) {
+  constexpr int kStep = kRowThreads * V;
+  int64_t c = FirstChannel<V, kStrided>(thread);
+  if constexpr (kOverlapFirst) {
+    {
+      Loaded first;
+      if (c < C) load(c, first);
+      publish();
+      if (c < C) step(c, first);
+    }
+    c += kStep;
+  } else {
+    publish();
+  }
+  for (; c < C; c += kStep) {
+    Loaded next;
+    load(c, next);
+    step(c, next);
+  }
+}
+
 }  // namespace mhc::cuda
 
 #endif  // MHC_KERNELS_CUDA_ROW_ACCESS_CUH_
