@@ -1,6 +1,9 @@
 // Stream and channel accesses of the row kernels (aggregate, expand, post,
 // the fused pre's aggregate and dh_pre): each thread handles V channels of
-// every stream of a token, or of a [C] row, per loop step.
+// every stream of a token (or of a slice of its streams, where a kernel
+// splits them over thread groups), or of a [C] row, per loop step; the
+// token's mixing values reach its CTA through CtaValues and the channel
+// loop runs through ForEachChannelStep.
 //
 // Three modes, picked per launch by ChooseRowAccess (dispatch.cuh):
 //  - element (V == 1): any n, C, layout and alignment;
