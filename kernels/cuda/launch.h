@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "mhc/ops/aggregate.h"
@@ -70,6 +71,16 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
 absl::Status LaunchPostForward(const PostForwardParams& p, cudaStream_t stream);
 absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream);
+// The tensor-core post kernels (post_mma.cu), which LaunchPost* pick where
+// PostOnTensorCores: bf16 activations, stream-major layout, n = 3 or 5..16,
+// C % 8 == 0 and every given tensor (bias included) on 16 bytes.
+bool PostOnTensorCores(const LayerSpec& spec, DType dtype,
+                       std::initializer_list<const void*> tensors);
+absl::Status LaunchPostForwardMma(const PostForwardParams& p,
+                                  cudaStream_t stream);
+// Everything but the bias gradient.
+absl::Status LaunchPostBackwardMma(const PostBackwardParams& p,
+                                   cudaStream_t stream);
 absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream);
 absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,

@@ -5,9 +5,12 @@
 // reduced over channels by the fixed-shape GroupSum. dbias is summed over
 // fixed chunks of kTokenChunk tokens (token order inside a chunk) into
 // workspace partials, then over chunks in order: deterministic for any M.
+// bf16 stream-major rows at n = 3 and 5..16 run on the tensor cores instead
+// (post_mma.cu; PostOnTensorCores says where).
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "post_mixing.cuh"
 #include "row_access.cuh"
 
 namespace mhc::cuda {
@@ -38,29 +41,6 @@ __device__ __forceinline__ PostSlice SliceOfThread() {
   if constexpr (kSlices == 1) return PostSlice{0, int(threadIdx.x)};
   return PostSlice{int(threadIdx.x) / kRowThreads * (NT / kSlices),
                    int(threadIdx.x) % kRowThreads};
-}
-
-// R (source-rows form, R[i][j] at slot i*NT + j) and H_post (slot NT*NT + j)
-// of token m.
-template <int NT>
-inline constexpr int kMixingSlots = NT* NT + NT;
-template <int NT, int kThreads>
-using PostMixing = CtaValues<kMixingSlots<NT>, kThreads>;
-template <int NT, int kThreads>
-__device__ __forceinline__ void FetchMixing(PostMixing<NT, kThreads>& mix,
-                                            const DevSpec& s, int n,
-                                            const float* h_post,
-                                            const float* h_res, int64_t m) {
-  mix.Fetch([&](int slot) {
-    if (slot >= NT * NT) {
-      const int j = slot - NT * NT;
-      return j < n ? h_post[m * n + j] : 0.0f;
-    }
-    const int i = slot / NT;
-    const int j = slot % NT;
-    if (i >= n || j >= n) return 0.0f;
-    return h_res[m * n * n + (s.dest_rows ? j * n + i : i * n + j)];
-  });
 }
 
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
@@ -261,9 +241,12 @@ size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 absl::Status LaunchPostForward(const PostForwardParams& p,
                                cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
+  const float* bias = s.has_bias ? p.weights.bias : nullptr;
+  if (PostOnTensorCores(*p.spec, p.act_dtype, {p.f, p.x, p.x_next, bias})) {
+    return LaunchPostForwardMma(p, stream);
+  }
   const RowAccess access =
       ChooseRowAccess(*p.spec, p.act_dtype, p.f, p.x, p.x_next);
-  const float* bias = s.has_bias ? p.weights.bias : nullptr;
   DispatchStreams(
       p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
@@ -284,22 +267,28 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
-  const RowAccess access =
-      ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next, p.f, p.x, p.df, p.dx);
   const float* bias = s.has_bias ? p.weights.bias : nullptr;
-  DispatchStreams(
-      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
-        using T = typename decltype(tt)::type;
-        post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                             decltype(rt)::value>
-            <<<GridSize(p.tokens),
-               kRowThreads * kPostBackwardSlices<decltype(nt)::value>, 0,
-               stream>>>(s, static_cast<const T*>(p.dx_next),
-                         static_cast<const T*>(p.f), static_cast<const T*>(p.x),
-                         p.h_post, p.h_res, bias, static_cast<T*>(p.df),
-                         static_cast<T*>(p.dx), p.dh_post, p.dh_res);
-      });
-  MHC_CUDA_CHECK_LAUNCH("post backward", shape);
+  if (PostOnTensorCores(*p.spec, p.act_dtype,
+                        {p.dx_next, p.f, p.x, p.df, p.dx, bias})) {
+    MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
+  } else {
+    const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next,
+                                             p.f, p.x, p.df, p.dx);
+    DispatchStreams(
+        p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+          using T = typename decltype(tt)::type;
+          post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                               decltype(rt)::value>
+              <<<GridSize(p.tokens),
+                 kRowThreads * kPostBackwardSlices<decltype(nt)::value>, 0,
+                 stream>>>(s, static_cast<const T*>(p.dx_next),
+                           static_cast<const T*>(p.f),
+                           static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
+                           static_cast<T*>(p.df), static_cast<T*>(p.dx),
+                           p.dh_post, p.dh_res);
+        });
+    MHC_CUDA_CHECK_LAUNCH("post backward", shape);
+  }
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();
   if (ws.bytes < PostBackwardWorkspace(*p.spec, p.tokens)) {
     return absl::InvalidArgumentError(
