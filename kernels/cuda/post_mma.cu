@@ -14,9 +14,9 @@
 //    the output lands back in the lane that loaded its channels, ready for a
 //    16-byte store.
 // R and H_post enter as two bf16 terms (hi + lo, 16 significant bits), whose
-// products with bf16 activations are exact in fp32: the outputs, rounded to
-// bf16, carry ~2^-17 of relative error from the split, far below bf16's
-// 2^-9. H_post (f + bias) and dH_post = G (f + bias) stay fp32 multiply-adds.
+// products with bf16 activations are exact in fp32: the split costs ~2^-17
+// relative, far below the 2^-8 of rounding the outputs to bf16. H_post
+// (f + bias) and dH_post = G (f + bias) stay fp32 multiply-adds.
 // Determinism / batch invariance: one CTA per token; every sum runs in a
 // fixed order (mma steps per warp, then warps and lanes in order through
 // shared memory), independent of M and of the other tokens.
