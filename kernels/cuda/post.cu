@@ -272,8 +272,8 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                         {p.dx_next, p.f, p.x, p.df, p.dx, bias})) {
     MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
   } else {
-    const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next,
-                                             p.f, p.x, p.df, p.dx);
+    const RowAccess access =
+        ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next, p.f, p.x, p.df, p.dx);
     DispatchStreams(
         p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
           using T = typename decltype(tt)::type;
