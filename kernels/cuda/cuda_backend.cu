@@ -215,7 +215,7 @@ size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
     case OpKind::kHeadForward:
       return FusedForwardWorkspace(spec, tokens, act_dtype);
     case OpKind::kProjectionBackward:
-      return ProjectionBackwardWorkspace(spec, tokens);
+      return ProjectionBackwardWorkspace(spec, tokens, act_dtype);
     case OpKind::kScaleBackward:
       return ScaleBackwardWorkspace(spec, tokens);
     case OpKind::kPostBackward:

@@ -19,6 +19,7 @@
 #include "launch.h"
 #include "mix.cuh"
 #include "proj_mma.cuh"
+#include "projection_backward_wide.h"
 #include "row_access.cuh"
 #include "sinkhorn4.cuh"
 
@@ -350,8 +351,8 @@ bool SplitMix(const LayerSpec& spec) {
 // Workspace slices of the fused backward, in order (h_post, logits and
 // dlogits only for SplitMix layers).
 struct BackwardSlices {
-  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, h_fwd, ms_fwd,
-      h_post, logits, dlogits, proj_partial, total;
+  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, wide, h_fwd,
+      ms_fwd, h_post, logits, dlogits, proj_partial, total;
 };
 
 // Byte offsets of consecutive 256-B aligned float slices.
@@ -378,6 +379,8 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.contrib = take(tokens * width);
   b.col_partial = take(NumChunks(tokens) * width);
   b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
+  b.wide = take(WideDxScratchBytes(spec, tokens, dtype, /*terms=*/true) /
+                sizeof(float));
   b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
   b.ms_fwd = take(spec.dynamic ? tokens : 0);
   const bool split = SplitMix(spec);
@@ -633,6 +636,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   dx.dx_next = residual ? a.dx_next : nullptr;
   dx.dx = a.dx;
   dx.dphi_partial = want_phi ? at(b.dphi) : nullptr;
+  dx.wide_scratch = at(b.wide);
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(dx, stream));
   if (want_phi) {
     MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, at(b.dphi),

@@ -31,7 +31,8 @@ size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
                               DType dtype);
 size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens,
                                   DType dtype);
-size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
+size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                                   DType dtype);
 size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens);
 size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
@@ -162,6 +163,9 @@ struct DxArgs {
   const void* dx_next = nullptr;  // [M, K] with r
   void* dx = nullptr;
   float* dphi_partial = nullptr;  // optional
+  // WideDxScratchBytes of scratch, where UseWideDx holds
+  // (projection_backward_wide.h).
+  void* wide_scratch = nullptr;
 };
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 // The tensor-core version (projection_backward_mma.cu), for dynamic layers

@@ -11,6 +11,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "proj_mma.cuh"
+#include "projection_backward_wide.h"
 
 namespace mhc::cuda {
 namespace {
@@ -309,11 +310,18 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   grads_gamma[k] += total;
 }
 
-}  // namespace
-
-size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
+size_t PhiPartialBytes(const LayerSpec& spec, int64_t tokens) {
   return AlignBytes(sizeof(float) * NumChunks(tokens) * spec.NumLogits() *
                     spec.K());
+}
+
+}  // namespace
+
+// The dphi chunk partials, then the wide kernels' scratch.
+size_t ProjectionBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
+                                   DType dtype) {
+  return PhiPartialBytes(spec, tokens) +
+         WideDxScratchBytes(spec, tokens, dtype, /*terms=*/false);
 }
 
 namespace {
@@ -443,6 +451,9 @@ absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   if (UseMmaDx(a)) {
     return LaunchMmaDxAndPhiPartials(a, stream);
   }
+  if (UseWideDx(a)) {
+    return LaunchWideDxAndPhiPartials(a, stream);
+  }
   const DevSpec s = MakeDevSpec(*a.spec);
   const bool vk2 = s.K % 2 == 0 && Aligned16(a.x) && Aligned16(a.dx) &&
                    (a.phi == nullptr || Aligned16(a.phi)) &&
@@ -490,7 +501,10 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   const bool want_grads =
       p.grads.phi != nullptr || (p.spec->has_gamma && p.grads.gamma != nullptr);
-  if (want_grads && ws.bytes < ProjectionBackwardWorkspace(*p.spec, p.tokens)) {
+  const size_t scratch =
+      WideDxScratchBytes(*p.spec, p.tokens, p.act_dtype, /*terms=*/false);
+  const size_t partial_bytes = PhiPartialBytes(*p.spec, p.tokens);
+  if ((want_grads || scratch > 0) && ws.bytes < partial_bytes + scratch) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda projection backward ", shape, ": workspace too small"));
   }
@@ -505,6 +519,8 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   a.dms = p.dmean_square;
   a.dx = p.dx;
   a.dphi_partial = want_grads ? static_cast<float*>(ws.data) : nullptr;
+  a.wide_scratch =
+      scratch > 0 ? static_cast<char*>(ws.data) + partial_bytes : nullptr;
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, stream));
   if (!want_grads) return absl::OkStatus();
   return LaunchPhiGradReduce(*p.spec, p.tokens, a.dphi_partial, p.weights.phi,

@@ -138,21 +138,101 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
-// The tensor-core dx / dphi kernel: token chunks with a partial last stage,
-// CTA column tiles past the last channel, odd C (unaligned slots), both
-// layouts, n = 1 / 2 / 4 / 8 layers and n = 8 / 16 heads, tf32 and ieee, every
-// dtype. Then dx of a slice of the batch is bitwise the full batch's rows,
-// and a second run accumulates bitwise the same gradients.
+struct BackwardCase {
+  int n;
+  int64_t C, M;
+  DType dt;
+  MatmulPrecision prec;
+  bool gamma, head, minor;
+};
+
+// dx and the phi / gamma gradients against the reference; then dx of a
+// slice of the batch is bitwise the full batch's rows, and a second run
+// accumulates bitwise the same gradients.
+void CheckBackward(const BackwardCase& c) {
+  LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
+  if (c.minor) spec.layout = Layout::kStreamMinor;
+  const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
+  const size_t es = DTypeSize(c.dt);
+  SCOPED_TRACE(CaseName(spec, M, c.dt));
+  Harness h;
+  auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
+  Pair dh = h.Floats(M * N, FreshSeed());
+  Pair dms = h.Floats(M, FreshSeed());
+  Pair dx = h.Output(M * K * es);
+  const std::vector<float> zeros_phi(N * K, 0.0f), zeros_gamma(K, 0.0f);
+  Pair gphi = h.Input(zeros_phi.data(), N * K * 4);
+  Pair ggamma = h.Input(zeros_gamma.data(), K * 4);
+  ProjectionBackwardParams p[2];
+  for (int b = 0; b < 2; ++b) {
+    p[b].spec = &spec;
+    p[b].tokens = M;
+    p[b].act_dtype = c.dt;
+    p[b].x = x.ptr(b);
+    p[b].weights.phi = phi.f(b);
+    p[b].weights.gamma = gamma.f(b);
+    p[b].dh = dh.f(b);
+    p[b].dmean_square = dms.f(b);
+    p[b].dx = dx.ptr(b);
+    p[b].grads.phi = gphi.f(b);
+    p[b].grads.gamma = ggamma.f(b);
+  }
+  for (int b = 0; b < 2; ++b) {
+    Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, c.dt);
+    ASSERT_TRUE(h.backend(b).ProjectionBackward(p[b], ws).ok());
+  }
+  ASSERT_TRUE(h.cuda().Synchronize().ok());
+  const bool ieee = c.prec == MatmulPrecision::kIeee;
+  const double dx_tol = c.dt != DType::kF32 ? 1e-2 : ieee ? 1e-4 : 2e-3;
+  const double grad_tol = ieee ? kMixTol : 2e-3;
+  ExpectClose(h, dx, c.dt, M * K, dx_tol, false, "dx");
+  ExpectClose(h, gphi, DType::kF32, N * K, grad_tol, false, "dphi");
+  if (c.gamma) {
+    ExpectClose(h, ggamma, DType::kF32, K, grad_tol, false, "dgamma");
+  }
+
+  // Batch invariance of dx: a slice starting at an odd token.
+  const int64_t first = 37, count = M - 60;
+  Pair dxs = h.Output(count * K * es);
+  ProjectionBackwardParams q = p[1];
+  q.tokens = count;
+  q.x = static_cast<const char*>(x.dev) + first * K * es;
+  q.dh = dh.f(1) + first * N;
+  q.dmean_square = dms.f(1) + first;
+  q.dx = dxs.dev;
+  q.grads = LayerGrads{};
+  {
+    // No gradients: the scratch of the wide kernels alone, where they run.
+    Workspace ws = h.Scratch(1, OpKind::kProjectionBackward, spec, count, c.dt);
+    ASSERT_TRUE(h.cuda().ProjectionBackward(q, ws).ok());
+  }
+  // Determinism: the same request into fresh zero gradients.
+  Pair gphi2 = h.Input(zeros_phi.data(), N * K * 4);
+  Pair ggamma2 = h.Input(zeros_gamma.data(), K * 4);
+  ProjectionBackwardParams again = p[1];
+  again.dx = h.Output(M * K * es).dev;
+  again.grads.phi = gphi2.f(1);
+  again.grads.gamma = ggamma2.f(1);
+  {
+    Workspace ws = h.Scratch(1, OpKind::kProjectionBackward, spec, M, c.dt);
+    ASSERT_TRUE(h.cuda().ProjectionBackward(again, ws).ok());
+  }
+  ASSERT_TRUE(h.cuda().Synchronize().ok());
+  const std::vector<uint8_t> full = h.Fetch(dx), part = h.Fetch(dxs);
+  EXPECT_EQ(
+      std::memcmp(full.data() + first * K * es, part.data(), count * K * es), 0)
+      << "dx changed with the batch";
+  EXPECT_EQ(h.Fetch(gphi), h.Fetch(gphi2)) << "dphi not deterministic";
+  EXPECT_EQ(h.Fetch(ggamma), h.Fetch(ggamma2)) << "dgamma not deterministic";
+}
+
+// The register-resident tensor-core dx / dphi kernel: token chunks with a
+// partial last stage, CTA column tiles past the last channel, odd C
+// (unaligned slots), both layouts, n = 1 / 2 / 4 / 8 layers and n = 8 / 16
+// heads, tf32 and ieee, every dtype.
 TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
-  struct Case {
-    int n;
-    int64_t C, M;
-    DType dt;
-    MatmulPrecision prec;
-    bool gamma, head, minor;
-  };
-  const Case cases[] = {
+  const BackwardCase cases[] = {
       {4, 4096, 2100, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
       {4, 2048, 1500, DType::kF16, MatmulPrecision::kTf32, false, false, true},
       {4, 1000, 1100, DType::kF32, MatmulPrecision::kTf32, true, false, false},
@@ -170,79 +250,23 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {8, 520, 300, DType::kF16, MatmulPrecision::kIeee, false, false, true},
       {8, 333, 137, DType::kF32, MatmulPrecision::kIeee, true, false, false},
   };
-  for (const Case& c : cases) {
-    LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
-    if (c.minor) spec.layout = Layout::kStreamMinor;
-    const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
-    const size_t es = DTypeSize(c.dt);
-    SCOPED_TRACE(CaseName(spec, M, c.dt));
-    Harness h;
-    auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
-    Pair dh = h.Floats(M * N, FreshSeed());
-    Pair dms = h.Floats(M, FreshSeed());
-    Pair dx = h.Output(M * K * es);
-    const std::vector<float> zeros_phi(N * K, 0.0f), zeros_gamma(K, 0.0f);
-    Pair gphi = h.Input(zeros_phi.data(), N * K * 4);
-    Pair ggamma = h.Input(zeros_gamma.data(), K * 4);
-    ProjectionBackwardParams p[2];
-    for (int b = 0; b < 2; ++b) {
-      p[b].spec = &spec;
-      p[b].tokens = M;
-      p[b].act_dtype = c.dt;
-      p[b].x = x.ptr(b);
-      p[b].weights.phi = phi.f(b);
-      p[b].weights.gamma = gamma.f(b);
-      p[b].dh = dh.f(b);
-      p[b].dmean_square = dms.f(b);
-      p[b].dx = dx.ptr(b);
-      p[b].grads.phi = gphi.f(b);
-      p[b].grads.gamma = ggamma.f(b);
-    }
-    for (int b = 0; b < 2; ++b) {
-      Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, c.dt);
-      ASSERT_TRUE(h.backend(b).ProjectionBackward(p[b], ws).ok());
-    }
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
-    const bool ieee = c.prec == MatmulPrecision::kIeee;
-    const double dx_tol = c.dt != DType::kF32 ? 1e-2 : ieee ? 1e-4 : 2e-3;
-    const double grad_tol = ieee ? kMixTol : 2e-3;
-    ExpectClose(h, dx, c.dt, M * K, dx_tol, false, "dx");
-    ExpectClose(h, gphi, DType::kF32, N * K, grad_tol, false, "dphi");
-    if (c.gamma) {
-      ExpectClose(h, ggamma, DType::kF32, K, grad_tol, false, "dgamma");
-    }
+  for (const BackwardCase& c : cases) CheckBackward(c);
+}
 
-    // Batch invariance of dx: a slice starting at an odd token.
-    const int64_t first = 37, count = M - 60;
-    Pair dxs = h.Output(count * K * es);
-    ProjectionBackwardParams q = p[1];
-    q.tokens = count;
-    q.x = static_cast<const char*>(x.dev) + first * K * es;
-    q.dh = dh.f(1) + first * N;
-    q.dmean_square = dms.f(1) + first;
-    q.dx = dxs.dev;
-    q.grads = LayerGrads{};
-    ASSERT_TRUE(h.cuda().ProjectionBackward(q, Workspace{}).ok());
-    // Determinism: the same request into fresh zero gradients.
-    Pair gphi2 = h.Input(zeros_phi.data(), N * K * 4);
-    Pair ggamma2 = h.Input(zeros_gamma.data(), K * 4);
-    ProjectionBackwardParams again = p[1];
-    again.dx = h.Output(M * K * es).dev;
-    again.grads.phi = gphi2.f(1);
-    again.grads.gamma = ggamma2.f(1);
-    {
-      Workspace ws = h.Scratch(1, OpKind::kProjectionBackward, spec, M, c.dt);
-      ASSERT_TRUE(h.cuda().ProjectionBackward(again, ws).ok());
-    }
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
-    const std::vector<uint8_t> full = h.Fetch(dx), part = h.Fetch(dxs);
-    EXPECT_EQ(
-        std::memcmp(full.data() + first * K * es, part.data(), count * K * es),
-        0)
-        << "dx changed with the batch";
-    EXPECT_EQ(h.Fetch(gphi), h.Fetch(gphi2)) << "dphi not deterministic";
-    EXPECT_EQ(h.Fetch(ggamma), h.Fetch(ggamma2)) << "dgamma not deterministic";
-  }
+// The two-kernel one (n = 5 / 6 / 9 / 12 / 16 layers): odd N and odd K,
+// partial token tiles and chunks, both layouts, tf32 and ieee, every dtype.
+TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
+  MHC_SKIP_WITHOUT_GPU();
+  const BackwardCase cases[] = {
+      {16, 264, 1100, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {16, 4096, 70, DType::kBF16, MatmulPrecision::kIeee, true, false, true},
+      {16, 333, 137, DType::kF32, MatmulPrecision::kIeee, false, false, true},
+      {12, 256, 260, DType::kF32, MatmulPrecision::kTf32, true, false, false},
+      {9, 333, 300, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {6, 520, 1030, DType::kF16, MatmulPrecision::kIeee, true, false, true},
+      {5, 777, 200, DType::kBF16, MatmulPrecision::kIeee, false, false, false},
+  };
+  for (const BackwardCase& c : cases) CheckBackward(c);
 }
 
 }  // namespace

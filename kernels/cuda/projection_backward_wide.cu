@@ -1,0 +1,823 @@
+// Tensor-core projection backward for the layers the register-resident
+// kernel (projection_backward_mma.cu) does not take and the FFMA kernel
+// (projection.cu) runs slowest: more than kRowsPerPass logits with n not a
+// power of two (n = 5, 6, 7), more than 80 logits (n >= 9), or n = 8 where
+// that kernel's tiles outgrow shared memory. There the FFMA kernel re-read
+// every phi row for every token (n = 16: 173 ms at M = 8192, C = 4096 on an
+// H100). Two GEMM-shaped kernels take its place:
+//   dx      [M x K] = dh [M x N] . phi' [N x K] + dms 2 v / K (+ the fused
+//                     pre backward's aggregate and residual terms), rounded
+//                     once;
+//   dphi^T  [K x N] = x^T [K x tokens] . dh [tokens x N], per fixed chunk of
+//                     kTokenChunk tokens.
+// x is read twice (once per kernel) instead of once: at these N the
+// products, not the bytes, set the time.
+//
+// A first pass rounds dh and phi' (times gamma) to tf32 (IEEE: high and low
+// parts) once, into scratch laid out for the mma fragments: logits padded
+// to kLogitPad with zeros, dh as [M][Np] and phi' as [K][Np] with the
+// logits of each group of 8 interleaved (q, q + 4 adjacent, so a lane's two
+// k slots are one 8-byte load), dh also as [Np][Mp] for dphi (tokens 2u,
+// 2u + 1 adjacent). The GEMM kernels then stage those with cp.async and feed
+// the mma straight from shared memory; 16-bit x converts to tf32 exactly,
+// fp32 x is rounded (or split) as it leaves shared memory.
+//
+// Determinism / batch invariance: a token's dx sums its logits in blocks of
+// kLogitBlock in order, each block in the mma's fixed order, independent of
+// M and of the token's slot in the tile. dphi partials are per (chunk,
+// column, logit), the chunk's tokens in order (IEEE: each stage of
+// kPhiTokens in fresh registers, added with rounded adds), reduced over
+// chunks in order by LaunchPhiGradReduce. No atomics.
+#include <cstdint>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "kernel_fit.h"
+#include "proj_mma.cuh"
+#include "projection_backward_tiles.cuh"
+#include "projection_backward_wide.h"
+
+namespace mhc::cuda {
+namespace {
+
+using dx_mma::LdMatrixX4Trans;
+using dx_mma::SplitTf32;
+using dx_mma::Unpack;
+
+constexpr int kWideThreads = 256;  // 8 warps
+constexpr int kLogitPad = 32;      // logits padded to a multiple of this
+constexpr int kMaxParts = 2;       // tf32 high part, and low part (IEEE)
+
+int PaddedLogits(const LayerSpec& spec) {
+  return static_cast<int>((spec.NumLogits() + kLogitPad - 1) / kLogitPad *
+                          kLogitPad);
+}
+int64_t PaddedTokens(int64_t tokens) { return (tokens + 3) / 4 * 4; }
+
+// Position of logit g's value inside its group of 8: q and q + 4 adjacent.
+__device__ __forceinline__ int Interleaved(int g) {
+  const int q = g & 7;
+  return (g & ~7) | (q < 4 ? 2 * q : 2 * (q - 4) + 1);
+}
+// The logit whose value sits at position p.
+__device__ __forceinline__ int Deinterleaved(int p) {
+  const int e = p & 7;
+  return (p & ~7) | ((e & 1) ? 4 + (e >> 1) : e >> 1);
+}
+
+// The rounded operands: high parts, and low parts under IEEE (else null).
+struct Rounded {
+  float* dh[kMaxParts];     // [M][Np], logits interleaved
+  float* dh_t[kMaxParts];   // [Np][Mp]
+  float* phi_t[kMaxParts];  // [K][Np], logits interleaved
+};
+
+struct WideDev {
+  Rounded op;
+  int Np;
+  int64_t Mp;
+  const float* dms;
+  const float* h_pre;  // null without the aggregate term
+  const void* dy;
+  const float* r;  // null without the residual term
+  const void* dx_next;
+  void* dx;
+  float* dphi_partial;
+  int tile_channels;  // W of the dx channel tiles, 0 for runs of K
+};
+
+Rounded RoundedIn(void* scratch, const LayerSpec& spec, int64_t tokens,
+                  int parts) {
+  const int64_t Np = PaddedLogits(spec);
+  const size_t dh_bytes = AlignBytes(sizeof(float) * tokens * Np);
+  const size_t dh_t_bytes =
+      AlignBytes(sizeof(float) * Np * PaddedTokens(tokens));
+  const size_t phi_bytes = AlignBytes(sizeof(float) * spec.K() * Np);
+  char* at = static_cast<char*>(scratch);
+  Rounded r{};
+  for (int part = 0; part < parts; ++part) {
+    r.dh[part] = reinterpret_cast<float*>(at);
+    at += dh_bytes;
+    r.dh_t[part] = reinterpret_cast<float*>(at);
+    at += dh_t_bytes;
+    r.phi_t[part] = reinterpret_cast<float*>(at);
+    at += phi_bytes;
+  }
+  return r;
+}
+
+// -------------------------------------------------------- rounding --
+// A 32 x 32 tile per CTA, transposed through shared memory so that both the
+// reads and the writes run along rows.
+constexpr int kRoundTile = 32;
+
+template <bool kIeee>
+__global__ void __launch_bounds__(kWideThreads)
+    round_dh_kernel(int64_t tokens, int N, int Np, int64_t Mp, const float* dh,
+                    Rounded out) {
+  __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int g0 = blockIdx.x * kRoundTile;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kRoundTile;
+  for (int t = ty; t < kRoundTile; t += kWideThreads / 32) {
+    const int64_t m = m0 + t;
+    const int g = g0 + tx;
+    const float v = m < tokens && g < N ? dh[m * N + g] : 0.0f;
+    uint32_t part[2];
+    SplitTf32<kIeee>(v, part[0], part[1]);
+    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+      tile[p][t][tx] = __uint_as_float(part[p]);
+      if (m < tokens) out.dh[p][m * Np + Interleaved(g)] = tile[p][t][tx];
+    }
+  }
+  __syncthreads();
+  for (int gl = ty; gl < kRoundTile; gl += kWideThreads / 32) {
+    const int64_t m = m0 + tx;
+    if (m >= Mp) continue;
+    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+      out.dh_t[p][(g0 + gl) * Mp + m] = tile[p][tx][gl];
+    }
+  }
+}
+
+template <bool kIeee>
+__global__ void __launch_bounds__(kWideThreads)
+    round_phi_kernel(DevSpec s, int Np, const float* phi, const float* gamma,
+                     Rounded out) {
+  __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kRoundTile;
+  const int g0 = blockIdx.y * kRoundTile;
+  for (int gl = ty; gl < kRoundTile; gl += kWideThreads / 32) {
+    const int g = g0 + gl;
+    const int64_t k = k0 + tx;
+    float v = 0.0f;
+    if (g < s.N && k < s.K) {
+      v = phi[g * s.K + k];
+      if (gamma != nullptr) v *= gamma[k];
+    }
+    uint32_t part[2];
+    SplitTf32<kIeee>(v, part[0], part[1]);
+    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+      tile[p][gl][tx] = __uint_as_float(part[p]);
+    }
+  }
+  __syncthreads();
+  for (int kl = ty; kl < kRoundTile; kl += kWideThreads / 32) {
+    const int64_t k = k0 + kl;
+    if (k >= s.K) continue;
+    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+      out.phi_t[p][k * Np + g0 + tx] = tile[p][Deinterleaved(tx)][kl];
+    }
+  }
+}
+
+// Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
+// ahead as cp.async groups; a barrier before each compute, after which the
+// oldest buffer is free for the next load.
+template <int kStages, typename Load, typename Compute>
+__device__ __forceinline__ void Pipeline(int count, Load&& load,
+                                         Compute&& compute) {
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    load(i);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    load(i + kStages - 1);
+    CpAsyncCommit();
+    compute(i);
+  }
+  CpAsyncWait<0>();
+}
+
+// ---------------------------------------------------------------- dx --
+// A CTA owns kDxTokens tokens x kDxCols columns of K: one run of K, or with
+// the residual term in the stream-major layout W whole channels of every
+// stream (WideChannels), so that the term reads only the tile's own columns
+// of dx_next (each from n tiles otherwise: 16 times the bytes at n = 16; the
+// channel tiles' 16-byte row runs cost the plain backward 65 % more time, so
+// it keeps the runs of K). Warp (wt, wc) owns the 64 tokens 64 wt.. and the
+// 32 columns 32 wc.. (4 x 4 mma tiles). A stage is one block of kLogitBlock
+// logits of the rounded dh rows and phi' columns.
+constexpr int kDxTokens = 128;
+constexpr int kDxCols = 128;
+constexpr int kLogitBlock = 32;
+constexpr int kDxStages = 2;
+// 8 mod 32 words: the lanes' 8-byte fragment loads (rows grp, words
+// 2 quad) are conflict free; so are the output tile's float2 stores.
+constexpr int kFragStride = kLogitBlock + 8;
+constexpr int kOutStride = kDxCols + 8;
+template <bool kIeee>
+constexpr int DxStageFloats() {
+  return (kIeee ? 2 : 1) * (kDxTokens + kDxCols) * kFragStride;
+}
+template <bool kIeee>
+constexpr int DxSmemBytes() {
+  return kDxStages * DxStageFloats<kIeee>() * 4;
+}
+static_assert(kDxTokens * kOutStride <= kDxStages * DxStageFloats<false>(),
+              "the output tile reuses the stages");
+
+// Channels per CTA: a multiple of 8 (whole 16-byte runs of 16-bit rows)
+// with n of them within kDxCols columns (n <= 16).
+__host__ __device__ inline int WideChannels(int n) {
+  const int w = kDxCols / n / 8 * 8;
+  return w < 8 ? 8 : w;
+}
+// Column j of tile `tile`: k = 128 tile + j (W == 0, runs of K), or stream
+// j / W, channel W tile + j % W (channel tiles, stream major); -1 past K or
+// past the channels.
+__device__ __forceinline__ int64_t WideColumn(const DevSpec& s, int W,
+                                              int64_t tile, int j) {
+  if (W == 0) {
+    const int64_t k = tile * kDxCols + j;
+    return k < s.K ? k : -1;
+  }
+  const int i = j / W;
+  const int64_t c = tile * W + j % W;
+  return i < s.n && c < s.C ? i * s.C + c : -1;
+}
+static_assert(kDxTokens == kDxCols, "a thread copies the same rows of both");
+constexpr int kCopyRows = kDxTokens * 8 / kWideThreads;  // rows per thread
+
+// The aggregate and residual terms of elements k .. k + V - 1 of token m
+// (one stream, consecutive channels), added to out in the FFMA kernel's
+// order: H_pre dy, then R's products over the source streams in order.
+template <typename T, int V>
+__device__ __forceinline__ void AddTerms(const DevSpec& s, const WideDev& a,
+                                         int64_t m, int64_t k,
+                                         float (&out)[V]) {
+  const int stream = static_cast<int>(s.minor ? k % s.n : k / s.C);
+  const int64_t chan = s.minor ? k / s.n : k % s.C;
+  float t[V];
+  if (a.h_pre != nullptr) {
+    const float h = a.h_pre[m * s.n + stream];
+    LoadVec<T, V>(static_cast<const T*>(a.dy) + m * s.C + chan, t);
+#pragma unroll
+    for (int e = 0; e < V; ++e) t[e] *= h;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) t[e] = 0.0f;
+  }
+  if (a.r != nullptr) {
+    const float* r_row = a.r + (m * s.n + stream) * s.n;
+    const T* g_row = static_cast<const T*>(a.dx_next) + m * s.K;
+    for (int j = 0; j < s.n; ++j) {
+      float g[V];
+      LoadVec<T, V>(g_row + XIndex(s, j, chan), g);
+#pragma unroll
+      for (int e = 0; e < V; ++e) t[e] = fmaf(r_row[j], g[e], t[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) out[e] += t[e];
+}
+
+template <typename T, bool kIeee, bool kVector>
+__global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
+    wide_dx_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
+                   WideDev a) {
+  extern __shared__ __align__(16) float wide_smem[];
+  constexpr int kParts = kIeee ? 2 : 1;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kDxTokens;
+  const int W = a.tile_channels;
+  const int64_t tile = blockIdx.y;
+  const int rows =
+      static_cast<int>(min(static_cast<int64_t>(kDxTokens), tokens - m0));
+  const int blocks = a.Np / kLogitBlock;
+  // This thread's 16-byte piece of rows copy_row + 32 r of each tile, and
+  // the k of those columns.
+  const int copy_row = tid >> 3;
+  const int piece = (tid & 7) * 4;
+  int col_k[kCopyRows];  // K < 2^31 (UseWideDx)
+#pragma unroll
+  for (int r = 0; r < kCopyRows; ++r) {
+    col_k[r] = static_cast<int>(
+        WideColumn(s, W, tile, copy_row + r * (kWideThreads / 8)));
+  }
+
+  // Stage tiles: [part][dh rows | phi' columns][kFragStride].
+  auto dh_tile = [&](int buf, int part) {
+    return wide_smem + buf * DxStageFloats<kIeee>() +
+           part * (kDxTokens + kDxCols) * kFragStride;
+  };
+  auto load_stage = [&](int b) {
+    if (b >= blocks) return;
+    const int g0 = b * kLogitBlock + piece;
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) {
+      float* dhs = dh_tile(b % kDxStages, p) + copy_row * kFragStride + piece;
+      float* phs = dhs + kDxTokens * kFragStride;
+#pragma unroll
+      for (int r = 0; r < kCopyRows; ++r) {
+        const int row = copy_row + r * (kWideThreads / 8);
+        const int offset = r * (kWideThreads / 8) * kFragStride;
+        const bool token = row < rows;
+        CpAsync<16>(dhs + offset,
+                    token ? a.op.dh[p] + (m0 + row) * a.Np + g0 : a.op.dh[p],
+                    token);
+        const bool column = col_k[r] >= 0;
+        CpAsync<16>(
+            phs + offset,
+            column ? a.op.phi_t[p] + static_cast<int64_t>(col_k[r]) * a.Np + g0
+                   : a.op.phi_t[p],
+            column);
+      }
+    }
+  };
+
+  const int wt = warp >> 2;  // 64-token half
+  const int wc = warp & 3;   // 32-column quarter
+  float acc[4][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    }
+  }
+  // A fragment of (mt, kt): rows 64 wt + 16 mt + grp (+8), logits 8 kt +
+  // quad (+4) at words 2 quad, 2 quad + 1. B of (kt, nt): column 32 wc +
+  // 8 nt + grp, the same logits.
+  const int a_off = (wt * 64 + grp) * kFragStride + 2 * quad;
+  const int b_off = (kDxTokens + wc * 32 + grp) * kFragStride + 2 * quad;
+
+  Pipeline<kDxStages>(blocks, load_stage, [&](int b) {
+#pragma unroll
+    for (int kt = 0; kt < kLogitBlock / 8; ++kt) {
+      uint32_t af[kParts][4][4];
+      uint32_t bf[kParts][4][2];
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) {
+        const float* tile = dh_tile(b % kDxStages, p) + kt * 8;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          const float2 top = *reinterpret_cast<const float2*>(
+              tile + a_off + mt * 16 * kFragStride);
+          const float2 bottom = *reinterpret_cast<const float2*>(
+              tile + a_off + (mt * 16 + 8) * kFragStride);
+          af[p][mt][0] = __float_as_uint(top.x);
+          af[p][mt][1] = __float_as_uint(bottom.x);
+          af[p][mt][2] = __float_as_uint(top.y);
+          af[p][mt][3] = __float_as_uint(bottom.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 v = *reinterpret_cast<const float2*>(
+              tile + b_off + nt * 8 * kFragStride);
+          bf[p][nt][0] = __float_as_uint(v.x);
+          bf[p][nt][1] = __float_as_uint(v.y);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[0][nt][0]),
+                  __uint_as_float(bf[0][nt][1]));
+          if constexpr (kIeee) {
+            Mma1688(acc[mt][nt], af[1][mt], __uint_as_float(bf[0][nt][0]),
+                    __uint_as_float(bf[0][nt][1]));
+            Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[1][nt][0]),
+                    __uint_as_float(bf[1][nt][1]));
+          }
+        }
+      }
+    }
+  });
+  __syncthreads();
+
+  // The products through shared memory, so that each thread finishes whole
+  // vectors of one row: 16-byte loads of x and stores of dx.
+  float* out_tile = wide_smem;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      float* p = out_tile + (wt * 64 + mt * 16 + grp) * kOutStride + wc * 32 +
+                 nt * 8 + 2 * quad;
+      *reinterpret_cast<float2*>(p) =
+          make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+      *reinterpret_cast<float2*>(p + 8 * kOutStride) =
+          make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+    }
+  }
+  __syncthreads();
+
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  T* dx = static_cast<T*>(a.dx);
+  constexpr int V = kVector ? 16 / static_cast<int>(sizeof(T)) : 1;
+  const bool has_terms = a.h_pre != nullptr || a.r != nullptr;
+  constexpr int kPerRow = kDxCols / V;
+  for (int idx = tid; idx < kDxTokens * kPerRow; idx += kWideThreads) {
+    const int t = idx / kPerRow;
+    const int j = idx % kPerRow * V;
+    if (t >= rows) continue;
+    // kVector: a vector's columns are one stream's (stream major), all in
+    // the tile or all past it.
+    const int64_t k = WideColumn(s, W, tile, j);
+    if (k < 0) continue;
+    const int64_t m = m0 + t;
+    const float dm = a.dms[m] * ms_scale;
+    float v[V];
+    LoadVec<T, V>(x + m * s.K + k, v);
+    float out[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out[e] = fmaf(dm, v[e], out_tile[t * kOutStride + j + e]);
+    }
+    if (has_terms) {
+      if (s.minor && V > 1) {
+        // Consecutive k of the minor layout cross streams: one at a time.
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          float one[1] = {out[e]};
+          AddTerms<T, 1>(s, a, m, k + e, one);
+          out[e] = one[0];
+        }
+      } else {
+        AddTerms<T, V>(s, a, m, k, out);
+      }
+    }
+    StoreVec<T, V>(dx + m * s.K + k, out);
+  }
+}
+
+// -------------------------------------------------------------- dphi --
+// A CTA owns kPhiCols columns of K x kPhiLogits logits of one token chunk;
+// warp (wl, wc) the 32 columns 32 wc.. (2 mma row tiles) x the 48 logits
+// 48 wl.. (6 tiles). A stage is kPhiTokens tokens: x [tokens x columns] in
+// its own type and the rounded dh [logits x tokens]. x reaches the mma
+// through ldmatrix.trans (16-bit), which hands each lane tokens 2u and
+// 2u + 1, so the mma's k slots u and u + 4 are those tokens for both
+// operands.
+constexpr int kPhiCols = 128;
+constexpr int kPhiLogits = 96;
+constexpr int kPhiTokens = 32;
+constexpr int kPhiStages = 3;
+static_assert(kTokenChunk % kPhiTokens == 0, "stages tile a chunk");
+// x rows: 16-bit strides of 16 mod 128 bytes (ldmatrix rows conflict free),
+// fp32 of 8 mod 32 words over two rows (fragment loads of rows 2 quad).
+template <typename T>
+constexpr int PhiXStride() {
+  return sizeof(T) == 4 ? kPhiCols + 4 : kPhiCols + 8;
+}
+template <typename T, bool kIeee>
+constexpr int PhiStageBytes() {
+  return kPhiTokens * PhiXStride<T>() * static_cast<int>(sizeof(T)) +
+         (kIeee ? 2 : 1) * kPhiLogits * kFragStride * 4;
+}
+template <typename T, bool kIeee>
+constexpr int PhiSmemBytes() {
+  return kPhiStages * PhiStageBytes<T, kIeee>();
+}
+
+template <typename T, bool kIeee, bool kVector>
+__global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
+    wide_dphi_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
+                     WideDev a) {
+  extern __shared__ __align__(16) char wide_phi_smem[];
+  constexpr int XS = PhiXStride<T>();
+  constexpr int kParts = kIeee ? 2 : 1;
+  constexpr bool kSplitX = kIeee && sizeof(T) == 4;
+  constexpr int kVecElems = 16 / static_cast<int>(sizeof(T));
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int g0 = static_cast<int>(blockIdx.x) * kPhiLogits;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kPhiCols;
+  const int64_t begin = static_cast<int64_t>(blockIdx.z) * kTokenChunk;
+  const int chunk_tokens =
+      static_cast<int>(min(static_cast<int64_t>(kTokenChunk), tokens - begin));
+  const int stages = (chunk_tokens + kPhiTokens - 1) / kPhiTokens;
+  const int cols =
+      static_cast<int>(min(static_cast<int64_t>(kPhiCols), s.K - k0));
+  const int logits = min(kPhiLogits, s.N - g0);
+
+  auto stage_x = [&](int buf) {
+    return reinterpret_cast<T*>(wide_phi_smem +
+                                buf * PhiStageBytes<T, kIeee>());
+  };
+  auto stage_dh = [&](int buf, int part) {
+    return reinterpret_cast<float*>(wide_phi_smem +
+                                    buf * PhiStageBytes<T, kIeee>() +
+                                    kPhiTokens * XS * sizeof(T)) +
+           part * kPhiLogits * kFragStride;
+  };
+  auto load_stage = [&](int st) {
+    if (st >= stages) return;
+    const int buf = st % kPhiStages;
+    const int64_t m0 = begin + st * kPhiTokens;
+    const int rows = min(kPhiTokens, chunk_tokens - st * kPhiTokens);
+    T* xs = stage_x(buf);
+    if constexpr (kVector) {
+      constexpr int kPerRow = kPhiCols / kVecElems;
+      for (int v = tid; v < kPhiTokens * kPerRow; v += kWideThreads) {
+        const int t = v / kPerRow;
+        const int j = v % kPerRow * kVecElems;
+        const bool ok = t < rows && j < cols;
+        CpAsync<16>(xs + t * XS + j, ok ? x + (m0 + t) * s.K + k0 + j : x, ok);
+      }
+    } else {
+      // Unaligned rows (odd K, offset tensors): element copies.
+      for (int v = tid; v < kPhiTokens * kPhiCols; v += kWideThreads) {
+        const int t = v / kPhiCols;
+        const int j = v % kPhiCols;
+        xs[t * XS + j] = t < rows && j < cols ? x[(m0 + t) * s.K + k0 + j]
+                                              : FromFloat<T>(0.0f);
+      }
+    }
+    // Rounded dh rows of the tile's logits (zero past Np), this stage's
+    // tokens: pieces of 4 tokens, which Mp and the zero pad past M keep
+    // inside the row.
+    const int live = min(kPhiLogits, a.Np - g0);
+    for (int p = 0; p < kParts; ++p) {
+      float* dhs = stage_dh(buf, p);
+      for (int v = tid; v < kPhiLogits * 8; v += kWideThreads) {
+        const int l = v >> 3;
+        const int piece = (v & 7) * 4;
+        const bool ok = l < live && piece < rows;
+        CpAsync<16>(
+            dhs + l * kFragStride + piece,
+            ok ? a.op.dh_t[p] + (g0 + l) * a.Mp + m0 + piece : a.op.dh_t[p],
+            ok);
+      }
+    }
+  };
+
+  const int wl = warp >> 2;  // 48-logit half
+  const int wc = warp & 3;   // 32-column quarter
+  float dphi[2][6][4];
+  [[maybe_unused]] float stage_sum[kIeee ? 2 : 1][kIeee ? 6 : 1][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 6; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dphi[mt][nt][e] = 0.0f;
+    }
+  }
+  // IEEE sums each stage in fresh registers and adds it with rounded adds,
+  // as the forward does; tf32 accumulates in the mma.
+  auto acc = [&](int mt, int nt) -> float(&)[4] {
+    if constexpr (kIeee) {
+      return stage_sum[mt][nt];
+    } else {
+      return dphi[mt][nt];
+    }
+  };
+
+  Pipeline<kPhiStages>(stages, load_stage, [&](int st) {
+    const T* xs = stage_x(st % kPhiStages);
+    if constexpr (kIeee) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 6; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) stage_sum[mt][nt][e] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < kPhiTokens / 16; ++half) {
+      // A = x^T: columns 32 wc + 16 mt + grp (+8), tokens 16 half + 8 step
+      // + 2 quad (slot quad) and + 1 (slot quad + 4).
+      uint32_t xa[2][2][4];
+      [[maybe_unused]] uint32_t xl[2][2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int c = wc * 32 + mt * 16;
+        if constexpr (sizeof(T) == 2) {
+          uint32_t r[4];
+          const int mat = lane >> 3;
+          LdMatrixX4Trans(
+              r, xs + (half * 16 + (mat >> 1) * 8 + (lane & 7)) * XS + c +
+                     (mat & 1) * 8);
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const float2 lo = Unpack(r[2 * step], T{});
+            const float2 hi = Unpack(r[2 * step + 1], T{});
+            xa[mt][step][0] = __float_as_uint(lo.x);
+            xa[mt][step][1] = __float_as_uint(hi.x);
+            xa[mt][step][2] = __float_as_uint(lo.y);
+            xa[mt][step][3] = __float_as_uint(hi.y);
+          }
+        } else {
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const float* p = reinterpret_cast<const float*>(xs) +
+                             (half * 16 + step * 8 + 2 * quad) * XS + c + grp;
+            const float v[4] = {p[0], p[8], p[XS], p[XS + 8]};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              SplitTf32<kSplitX>(v[e], xa[mt][step][e], xl[mt][step][e]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        // B = dh: logit 48 wl + 8 nt + grp, tokens as above (adjacent).
+        const int off =
+            (wl * 48 + grp) * kFragStride + half * 16 + step * 8 + 2 * quad;
+#pragma unroll
+        for (int nt = 0; nt < 6; ++nt) {
+          uint32_t bf[kParts][2];
+#pragma unroll
+          for (int p = 0; p < kParts; ++p) {
+            const float2 v = *reinterpret_cast<const float2*>(
+                stage_dh(st % kPhiStages, p) + off + nt * 8 * kFragStride);
+            bf[p][0] = __float_as_uint(v.x);
+            bf[p][1] = __float_as_uint(v.y);
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            Mma1688(acc(mt, nt), xa[mt][step], __uint_as_float(bf[0][0]),
+                    __uint_as_float(bf[0][1]));
+            if constexpr (kIeee) {
+              Mma1688(acc(mt, nt), xa[mt][step], __uint_as_float(bf[1][0]),
+                      __uint_as_float(bf[1][1]));
+            }
+            if constexpr (kSplitX) {
+              Mma1688(acc(mt, nt), xl[mt][step], __uint_as_float(bf[0][0]),
+                      __uint_as_float(bf[0][1]));
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kIeee) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 6; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dphi[mt][nt][e] += stage_sum[mt][nt][e];
+        }
+      }
+    }
+  });
+
+  // dphi^T fragment: columns 32 wc + 16 mt + grp (+8), logits 48 wl + 8 nt
+  // + 2 quad (+1).
+  float* partial = a.dphi_partial + blockIdx.z * s.N * s.K;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = wc * 32 + mt * 16 + grp + 8 * h;
+      if (j >= cols) continue;
+#pragma unroll
+      for (int nt = 0; nt < 6; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int g = wl * 48 + nt * 8 + 2 * quad + e;
+          if (g < logits) {
+            partial[(g0 + g) * s.K + k0 + j] = dphi[mt][nt][2 * h + e];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <bool kIeee>
+cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
+                           const float* gamma, const float* dh,
+                           const WideDev& d, cudaStream_t stream) {
+  round_dh_kernel<kIeee>
+      <<<dim3(GridSize(d.Np / kRoundTile),
+              GridSize((tokens + kRoundTile - 1) / kRoundTile)),
+         kWideThreads, 0, stream>>>(tokens, s.N, d.Np, d.Mp, dh, d.op);
+  round_phi_kernel<kIeee>
+      <<<dim3(GridSize((s.K + kRoundTile - 1) / kRoundTile),
+              GridSize(d.Np / kRoundTile)),
+         kWideThreads, 0, stream>>>(s, d.Np, phi, gamma, d.op);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kIeee, bool kVector>
+cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
+                     const WideDev& d, cudaStream_t stream) {
+  auto* kernel = wide_dx_kernel<T, kIeee, kVector>;
+  const cudaError_t e =
+      FitLargeSmemKernel(reinterpret_cast<const void*>(kernel), kWideThreads,
+                         DxSmemBytes<kIeee>(), nullptr);
+  if (e != cudaSuccess) return e;
+  // Token tiles vary fastest, so the CTAs resident together share columns
+  // and read the same phi' rows from L2; dh stays in L2 throughout.
+  const int W = d.tile_channels;
+  const int64_t tiles =
+      W > 0 ? (s.C + W - 1) / W : (s.K + kDxCols - 1) / kDxCols;
+  kernel<<<dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens),
+                GridSize(tiles)),
+           kWideThreads, DxSmemBytes<kIeee>(), stream>>>(s, tokens, x, d);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kIeee, bool kVector>
+cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, const T* x,
+                       const WideDev& d, cudaStream_t stream) {
+  auto* kernel = wide_dphi_kernel<T, kIeee, kVector>;
+  const cudaError_t e =
+      FitLargeSmemKernel(reinterpret_cast<const void*>(kernel), kWideThreads,
+                         PhiSmemBytes<T, kIeee>(), nullptr);
+  if (e != cudaSuccess) return e;
+  // Logit tiles fastest: the CTAs of one x tile run side by side and read
+  // it from HBM once.
+  kernel<<<dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
+                GridSize((s.K + kPhiCols - 1) / kPhiCols),
+                GridSize(NumChunks(tokens))),
+           kWideThreads, PhiSmemBytes<T, kIeee>(), stream>>>(s, tokens, x, d);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool UseWideDx(const DxArgs& a) {
+  const LayerSpec& spec = *a.spec;
+  return a.dh != nullptr && spec.dynamic && spec.NumLogits() > kRowsPerPass &&
+         spec.K() <= INT32_MAX && !UseMmaDx(a);
+}
+
+size_t WideDxScratchBytes(const LayerSpec& spec, int64_t tokens, DType dtype,
+                          bool terms) {
+  // Any non-null pointer stands for the tensors UseWideDx looks at.
+  static const float kSome = 0.0f;
+  DxArgs a;
+  a.spec = &spec;
+  a.tokens = tokens;
+  a.act_dtype = dtype;
+  a.dh = &kSome;
+  a.h_pre = terms ? &kSome : nullptr;
+  a.r = terms ? &kSome : nullptr;
+  if (tokens <= 0 || !UseWideDx(a)) return 0;
+  const int64_t Np = PaddedLogits(spec);
+  const int parts = spec.matmul_precision == MatmulPrecision::kIeee ? 2 : 1;
+  return parts * (AlignBytes(sizeof(float) * tokens * Np) +
+                  AlignBytes(sizeof(float) * Np * PaddedTokens(tokens)) +
+                  AlignBytes(sizeof(float) * spec.K() * Np));
+}
+
+absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*a.spec);
+  const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
+  WideDev d;
+  d.op = RoundedIn(a.wide_scratch, *a.spec, a.tokens, ieee ? 2 : 1);
+  d.Np = PaddedLogits(*a.spec);
+  d.Mp = PaddedTokens(a.tokens);
+  d.dms = a.dms;
+  d.h_pre = a.h_pre;
+  d.dy = a.dy;
+  d.r = a.r;
+  d.dx_next = a.dx_next;
+  d.dx = a.dx;
+  d.dphi_partial = a.dphi_partial;
+  d.tile_channels = a.r != nullptr && !s.minor ? WideChannels(s.n) : 0;
+  // 16-byte vectors of x rows; for dx also of dx, and of dy and dx_next
+  // for the terms, which (stream major) must not straddle streams.
+  const int64_t vec = 16 / static_cast<int64_t>(DTypeSize(a.act_dtype));
+  const bool vector_x = s.K % vec == 0 && Aligned16(a.x);
+  const bool terms = a.h_pre != nullptr || a.r != nullptr;
+  const bool vector_dx = vector_x && (s.minor || !terms || s.C % vec == 0) &&
+                         Aligned16(a.dx) &&
+                         (a.dy == nullptr || Aligned16(a.dy)) &&
+                         (a.dx_next == nullptr || Aligned16(a.dx_next));
+  const float* gamma = s.has_gamma ? a.gamma : nullptr;
+  cudaError_t err = cudaSuccess;
+  DispatchDType(a.act_dtype, [&](auto tt) {
+    using T = typename decltype(tt)::type;
+    const T* x = static_cast<const T*>(a.x);
+    DispatchBool(ieee, [&](auto ieee_tag) {
+      constexpr bool kIeee = decltype(ieee_tag)::value;
+      err = LaunchRounding<kIeee>(s, a.tokens, a.phi, gamma, a.dh, d, stream);
+      if (err != cudaSuccess) return;
+      DispatchBool(vector_dx, [&](auto vector_tag) {
+        err = LaunchDx<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x, d,
+                                                              stream);
+      });
+      if (err != cudaSuccess || d.dphi_partial == nullptr) return;
+      DispatchBool(vector_x, [&](auto vector_tag) {
+        err = LaunchDphi<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,
+                                                                d, stream);
+      });
+    });
+  });
+  MHC_CUDA_RETURN_IF_ERROR(err, "dx (wide mma)",
+                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda

@@ -1,0 +1,24 @@
+// The two-kernel tensor-core projection backward
+// (projection_backward_wide.cu), for the dynamic layers with more than
+// kRowsPerPass logits that UseMmaDx turns down (n >= 9, and n = 5, 6, 7);
+// LaunchDxAndPhiPartials picks it when UseWideDx holds.
+#ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WIDE_H_
+#define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WIDE_H_
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "launch.h"
+
+namespace mhc::cuda {
+
+bool UseWideDx(const DxArgs& a);
+// Scratch of the rounded operands, for a request with or without the fused
+// pre backward's terms (0 where UseWideDx does not hold).
+size_t WideDxScratchBytes(const LayerSpec& spec, int64_t tokens, DType dtype,
+                          bool terms);
+absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WIDE_H_
