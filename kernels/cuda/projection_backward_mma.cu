@@ -403,32 +403,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     uint32_t xa[2][2][4];
     [[maybe_unused]] uint32_t xl[2][2][4];
     auto load_x = [&](int half) {
-      if constexpr (sizeof(T) == 2) {
-        uint32_t r[4];
-        const int mat = lane >> 3;
-        LdMatrixX4Trans(r, xt + (half * 16 + (mat >> 1) * 8 + (lane & 7)) * RS +
-                               j0 + (mat & 1) * 8);
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          const float2 c = Unpack(r[2 * step], T{});
-          const float2 d = Unpack(r[2 * step + 1], T{});
-          xa[half][step][0] = __float_as_uint(c.x);
-          xa[half][step][1] = __float_as_uint(d.x);
-          xa[half][step][2] = __float_as_uint(c.y);
-          xa[half][step][3] = __float_as_uint(d.y);
-        }
-      } else {
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          const float* p = reinterpret_cast<const float*>(xt) +
-                           (half * 16 + step * 8 + 2 * quad) * RS + j0 + grp;
-          const float v[4] = {p[0], p[8], p[RS], p[RS + 8]};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            SplitTf32<kSplitX>(v[e], xa[half][step][e], xl[half][step][e]);
-          }
-        }
-      }
+      LoadXTransposed<kSplitX>(lane, xt, RS, half * 16, j0, xa[half], xl[half]);
     };
 #pragma unroll
     for (int t0 = 0; t0 < NT; t0 += kAccTiles) {

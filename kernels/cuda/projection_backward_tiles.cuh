@@ -172,6 +172,45 @@ __device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
   if constexpr (kSplit) lo = __float_as_uint(RoundTf32(v - h));
 }
 
+// The tf32 A fragments of x^T (dphi^T = x^T dh) for the two k steps of 16
+// staged tokens, rows row0.. of a tile of `stride` elements per row, columns
+// col.. col + 15 (col + grp and + 8 per lane). 16-bit x goes through
+// ldmatrix.trans, which hands each lane tokens 2 quad and 2 quad + 1: they
+// are the mma's k slots quad and quad + 4, for the B operand as well. fp32
+// x is rounded, or split into lo as well under kSplit.
+template <bool kSplit, typename T>
+__device__ __forceinline__ void LoadXTransposed(int lane, const T* tile,
+                                                int stride, int row0, int col,
+                                                uint32_t (&hi)[2][4],
+                                                uint32_t (&lo)[2][4]) {
+  if constexpr (sizeof(T) == 2) {
+    uint32_t r[4];
+    const int mat = lane >> 3;
+    LdMatrixX4Trans(r, tile + (row0 + (mat >> 1) * 8 + (lane & 7)) * stride +
+                           col + (mat & 1) * 8);
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      const float2 c = Unpack(r[2 * step], T{});
+      const float2 d = Unpack(r[2 * step + 1], T{});
+      hi[step][0] = __float_as_uint(c.x);
+      hi[step][1] = __float_as_uint(d.x);
+      hi[step][2] = __float_as_uint(c.y);
+      hi[step][3] = __float_as_uint(d.y);
+    }
+  } else {
+    const int grp = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      const float* p = reinterpret_cast<const float*>(tile) +
+                       (row0 + step * 8 + 2 * quad) * stride + col + grp;
+      const float v[4] = {p[0], p[8], p[stride], p[stride + 8]};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        SplitTf32<kSplit>(v[e], hi[step][e], lo[step][e]);
+    }
+  }
+}
+
 // Column j (0..127) of the CTA's tile: its stream, channel offset from c0
 // and flat k (k < 0 past the last channel). n is a power of two, so the
 // tile splits into streams with shifts.

@@ -40,9 +40,8 @@
 namespace mhc::cuda {
 namespace {
 
-using dx_mma::LdMatrixX4Trans;
+using dx_mma::LoadXTransposed;
 using dx_mma::SplitTf32;
-using dx_mma::Unpack;
 
 constexpr int kWideThreads = 256;  // 8 warps
 constexpr int kLogitPad = 32;      // logits padded to a multiple of this
@@ -115,6 +114,7 @@ template <bool kIeee>
 __global__ void __launch_bounds__(kWideThreads)
     round_dh_kernel(int64_t tokens, int N, int Np, int64_t Mp, const float* dh,
                     Rounded out) {
+  constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int g0 = blockIdx.x * kRoundTile;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kWideThreads)
     const float v = m < tokens && g < N ? dh[m * N + g] : 0.0f;
     uint32_t part[2];
     SplitTf32<kIeee>(v, part[0], part[1]);
-    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+    for (int p = 0; p < kParts; ++p) {
       tile[p][t][tx] = __uint_as_float(part[p]);
       if (m < tokens) out.dh[p][m * Np + Interleaved(g)] = tile[p][t][tx];
     }
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kWideThreads)
   for (int gl = ty; gl < kRoundTile; gl += kWideThreads / 32) {
     const int64_t m = m0 + tx;
     if (m >= Mp) continue;
-    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+    for (int p = 0; p < kParts; ++p) {
       out.dh_t[p][(g0 + gl) * Mp + m] = tile[p][tx][gl];
     }
   }
@@ -144,6 +144,7 @@ template <bool kIeee>
 __global__ void __launch_bounds__(kWideThreads)
     round_phi_kernel(DevSpec s, int Np, const float* phi, const float* gamma,
                      Rounded out) {
+  constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kRoundTile;
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     uint32_t part[2];
     SplitTf32<kIeee>(v, part[0], part[1]);
-    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+    for (int p = 0; p < kParts; ++p) {
       tile[p][gl][tx] = __uint_as_float(part[p]);
     }
   }
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(kWideThreads)
   for (int kl = ty; kl < kRoundTile; kl += kWideThreads / 32) {
     const int64_t k = k0 + kl;
     if (k >= s.K) continue;
-    for (int p = 0; p < (kIeee ? 2 : 1); ++p) {
+    for (int p = 0; p < kParts; ++p) {
       out.phi_t[p][k * Np + g0 + tx] = tile[p][Deinterleaved(tx)][kl];
     }
   }
@@ -223,7 +224,7 @@ static_assert(kDxTokens * kOutStride <= kDxStages * DxStageFloats<false>(),
 
 // Channels per CTA: a multiple of 8 (whole 16-byte runs of 16-bit rows)
 // with n of them within kDxCols columns (n <= 16).
-__host__ __device__ inline int WideChannels(int n) {
+int WideChannels(int n) {
   const int w = kDxCols / n / 8 * 8;
   return w < 8 ? 8 : w;
 }
@@ -598,34 +599,8 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
       [[maybe_unused]] uint32_t xl[2][2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const int c = wc * 32 + mt * 16;
-        if constexpr (sizeof(T) == 2) {
-          uint32_t r[4];
-          const int mat = lane >> 3;
-          LdMatrixX4Trans(
-              r, xs + (half * 16 + (mat >> 1) * 8 + (lane & 7)) * XS + c +
-                     (mat & 1) * 8);
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            const float2 lo = Unpack(r[2 * step], T{});
-            const float2 hi = Unpack(r[2 * step + 1], T{});
-            xa[mt][step][0] = __float_as_uint(lo.x);
-            xa[mt][step][1] = __float_as_uint(hi.x);
-            xa[mt][step][2] = __float_as_uint(lo.y);
-            xa[mt][step][3] = __float_as_uint(hi.y);
-          }
-        } else {
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            const float* p = reinterpret_cast<const float*>(xs) +
-                             (half * 16 + step * 8 + 2 * quad) * XS + c + grp;
-            const float v[4] = {p[0], p[8], p[XS], p[XS + 8]};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              SplitTf32<kSplitX>(v[e], xa[mt][step][e], xl[mt][step][e]);
-            }
-          }
-        }
+        LoadXTransposed<kSplitX>(lane, xs, XS, half * 16, wc * 32 + mt * 16,
+                                 xa[mt], xl[mt]);
       }
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
