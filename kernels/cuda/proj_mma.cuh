@@ -144,6 +144,27 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
+// ahead as cp.async groups; a barrier before each compute, after which the
+// oldest buffer is free for the next load.
+template <int kStages, typename Load, typename Compute>
+__device__ __forceinline__ void Pipeline(int count, Load&& load,
+                                         Compute&& compute) {
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    load(i);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    load(i + kStages - 1);
+    CpAsyncCommit();
+    compute(i);
+  }
+  CpAsyncWait<0>();
+}
+
 // Four consecutive x values of one staged row as floats.
 __device__ __forceinline__ void LoadX4(const __nv_bfloat16* p, float (&v)[4]) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
@@ -533,6 +554,33 @@ cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...,
                             take_in_turn ? next_unit : nullptr);
+}
+
+// A unit's place: tile of kMmaTokens tokens, K chunk and logit group (the
+// groups of one tile and chunk are consecutive units, so they run side by
+// side and share x through L2).
+struct MmaUnit {
+  int64_t tile;
+  int chunk;
+  int group;
+};
+__host__ __device__ inline MmaUnit UnitAt(int64_t u, int groups, int chunks) {
+  return MmaUnit{u / groups / chunks, static_cast<int>(u / groups % chunks),
+                 static_cast<int>(u % groups)};
+}
+
+// The unit a persistent CTA computes next: `strided` (its own stride over
+// the units) when the launch has no counter, else the counter's next value,
+// taken by thread 0 and handed to every thread through `taken` (shared) and
+// a barrier.
+__device__ __forceinline__ int64_t TakeUnit(int64_t strided,
+                                            unsigned long long* next_unit,
+                                            int64_t& taken) {
+  if (next_unit == nullptr) return strided;
+  if (threadIdx.x == 0)
+    taken = static_cast<int64_t>(atomicAdd(next_unit, 1ull));
+  __syncthreads();
+  return taken;
 }
 
 // Workspace for the counter a launch's CTAs take units from when there are

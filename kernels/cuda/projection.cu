@@ -12,6 +12,7 @@
 #include "launch.h"
 #include "proj_mma.cuh"
 #include "projection_backward_wide.h"
+#include "projection_forward_wide.h"
 
 namespace mhc::cuda {
 namespace {
@@ -40,17 +41,9 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
   const int64_t units = MmaTiles(tokens) * plan.chunks * groups;
   const int width = s.N + 1;
   for (int64_t u = blockIdx.x;; u += gridDim.x) {
-    if (next_unit != nullptr) {
-      if (threadIdx.x == 0) {
-        taken = static_cast<int64_t>(atomicAdd(next_unit, 1ull));
-      }
-      __syncthreads();
-      u = taken;
-    }
+    u = TakeUnit(u, next_unit, taken);
     if (u >= units) break;
-    const int group = static_cast<int>(u % groups);
-    const int64_t tile = u / groups / plan.chunks;
-    const int chunk = static_cast<int>(u / groups % plan.chunks);
+    const auto [tile, chunk, group] = UnitAt(u, groups, plan.chunks);
     const int64_t m0 = tile * kMmaTokens;
     const int64_t kbeg = chunk * plan.chunk;
     const int row0 = group * kLogitGroup;
@@ -376,13 +369,17 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
     MHC_CUDA_CHECK_LAUNCH("projection forward (phi split)",
                           ShapeString(spec, tokens, dtype));
   }
+  auto* next_unit = reinterpret_cast<unsigned long long*>(
+      static_cast<char*>(workspace) + PartialBytes(spec, tokens) +
+      PhiSplitBytes(spec, tokens, dtype));
+  if (UseWideProjection(spec)) {
+    return LaunchWideProjectionPartials(spec, tokens, dtype, x, phi, gamma,
+                                        partial, next_unit, stream);
+  }
   const bool vec_phi =
       s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
   const int64_t units =
       MmaTiles(tokens) * PlanChunks(s.K, s.N).chunks * LogitGroups(s.N);
-  auto* next_unit = reinterpret_cast<unsigned long long*>(
-      static_cast<char*>(workspace) + PartialBytes(spec, tokens) +
-      PhiSplitBytes(spec, tokens, dtype));
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;

@@ -43,10 +43,11 @@ ProjectionInputs MakeInputs(Harness& h, const LayerSpec& spec, DType dt,
 
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
-// 2 / 4, n = 8 / 16 (several logit groups) and heads, tf32 and ieee, bf16
-// batches large enough to split phi' once per launch; then batch invariance:
-// the rows of a slice of the batch (a different M and row alignment) and a
-// single token (phi' split in the tile) are bitwise unchanged.
+// 2 / 4, n = 5 to 16 (several logit groups, GEMM tiles) and heads, tf32 and
+// ieee, bf16 batches large enough to split phi' once per launch; then batch
+// invariance: the rows of a slice of the batch (a different M and row
+// alignment) and a single token (phi' split in the tile) are bitwise
+// unchanged.
 TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {
@@ -73,6 +74,18 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // More units (313) than an H100 / H200 holds CTAs (264): CTAs take
       // units from the counter, in an order that differs run to run.
       {4, 512, 40000, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      // The GEMM tiles of wide layers (projection_forward_wide.cu): 3 and 2
+      // mma tiles per warp, three K chunks (n = 16, C = 4096), several logit
+      // groups, odd K and unaligned rows (element copies), odd N, IEEE with
+      // bf16 and fp32 x, and more units (314) than CTAs (n = 9, M = 20000).
+      {16, 4096, 140, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {16, 5129, 150, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {12, 333, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
+      {9, 1000, 1000, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {9, 64, 20000, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {7, 520, 2000, DType::kF32, MatmulPrecision::kTf32, true, false},
+      {7, 777, 200, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {8, 300, 300, DType::kF32, MatmulPrecision::kIeee, true, false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
