@@ -144,27 +144,6 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
-// ahead as cp.async groups; a barrier before each compute, after which the
-// oldest buffer is free for the next load.
-template <int kStages, typename Load, typename Compute>
-__device__ __forceinline__ void Pipeline(int count, Load&& load,
-                                         Compute&& compute) {
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    load(i);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < count; ++i) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();
-    load(i + kStages - 1);
-    CpAsyncCommit();
-    compute(i);
-  }
-  CpAsyncWait<0>();
-}
-
 // Four consecutive x values of one staged row as floats.
 __device__ __forceinline__ void LoadX4(const __nv_bfloat16* p, float (&v)[4]) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);

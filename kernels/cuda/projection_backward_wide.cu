@@ -173,6 +173,27 @@ __global__ void __launch_bounds__(kWideThreads)
   }
 }
 
+// Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
+// ahead as cp.async groups; a barrier before each compute, after which the
+// oldest buffer is free for the next load.
+template <int kStages, typename Load, typename Compute>
+__device__ __forceinline__ void Pipeline(int count, Load&& load,
+                                         Compute&& compute) {
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    load(i);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    load(i + kStages - 1);
+    CpAsyncCommit();
+    compute(i);
+  }
+  CpAsyncWait<0>();
+}
+
 // ---------------------------------------------------------------- dx --
 // A CTA owns kDxTokens tokens x kDxCols columns of K: one run of K, or with
 // the residual term in the stream-major layout W whole channels of every
