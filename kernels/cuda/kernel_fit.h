@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace mhc::cuda {
 
@@ -20,6 +21,22 @@ namespace mhc::cuda {
 // count).
 cudaError_t FitLargeSmemKernel(const void* kernel, int threads, size_t smem,
                                int64_t* resident);
+
+// Launches `kernel` on `grid` CTAs of `threads` threads and `smem` bytes of
+// dynamic shared memory, prepared by FitLargeSmemKernel first.
+template <typename... Exp, typename... Act>
+cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
+                            size_t smem, cudaStream_t stream, Act&&... args) {
+  const cudaError_t e = FitLargeSmemKernel(
+      reinterpret_cast<const void*>(kernel), threads, smem, nullptr);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+}
 
 }  // namespace mhc::cuda
 

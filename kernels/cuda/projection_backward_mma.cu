@@ -610,16 +610,12 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
                         const MmaDxDev& d, cudaStream_t stream) {
   const SmemPlan plan =
       PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
-  auto* kernel = dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>;
   // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
-  const cudaError_t e = FitLargeSmemKernel(
-      reinterpret_cast<const void*>(kernel), kThreads, plan.total, nullptr);
-  if (e != cudaSuccess) return e;
   const int wc = kCols / s.n;
   const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
-  kernel<<<grid, kThreads, plan.total, stream>>>(s, tokens,
-                                                 static_cast<const T*>(x), d);
-  return cudaGetLastError();
+  return LaunchLargeSmem(dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>,
+                         grid, kThreads, plan.total, stream, s, tokens,
+                         static_cast<const T*>(x), d);
 }
 
 // Vector rows where every staged row segment is 16-byte aligned (whole

@@ -686,37 +686,28 @@ cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
 template <typename T, bool kIeee, bool kVector>
 cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
                      const WideDev& d, cudaStream_t stream) {
-  auto* kernel = wide_dx_kernel<T, kIeee, kVector>;
-  const cudaError_t e =
-      FitLargeSmemKernel(reinterpret_cast<const void*>(kernel), kWideThreads,
-                         DxSmemBytes<kIeee>(), nullptr);
-  if (e != cudaSuccess) return e;
   // Token tiles vary fastest, so the CTAs resident together share columns
   // and read the same phi' rows from L2; dh stays in L2 throughout.
   const int W = d.tile_channels;
   const int64_t tiles =
       W > 0 ? (s.C + W - 1) / W : (s.K + kDxCols - 1) / kDxCols;
-  kernel<<<dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens),
-                GridSize(tiles)),
-           kWideThreads, DxSmemBytes<kIeee>(), stream>>>(s, tokens, x, d);
-  return cudaGetLastError();
+  return LaunchLargeSmem(
+      wide_dx_kernel<T, kIeee, kVector>,
+      dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens), GridSize(tiles)),
+      kWideThreads, DxSmemBytes<kIeee>(), stream, s, tokens, x, d);
 }
 
 template <typename T, bool kIeee, bool kVector>
 cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, const T* x,
                        const WideDev& d, cudaStream_t stream) {
-  auto* kernel = wide_dphi_kernel<T, kIeee, kVector>;
-  const cudaError_t e =
-      FitLargeSmemKernel(reinterpret_cast<const void*>(kernel), kWideThreads,
-                         PhiSmemBytes<T, kIeee>(), nullptr);
-  if (e != cudaSuccess) return e;
   // Logit tiles fastest: the CTAs of one x tile run side by side and read
   // it from HBM once.
-  kernel<<<dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
-                GridSize((s.K + kPhiCols - 1) / kPhiCols),
-                GridSize(NumChunks(tokens))),
-           kWideThreads, PhiSmemBytes<T, kIeee>(), stream>>>(s, tokens, x, d);
-  return cudaGetLastError();
+  return LaunchLargeSmem(wide_dphi_kernel<T, kIeee, kVector>,
+                         dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
+                              GridSize((s.K + kPhiCols - 1) / kPhiCols),
+                              GridSize(NumChunks(tokens))),
+                         kWideThreads, PhiSmemBytes<T, kIeee>(), stream, s,
+                         tokens, x, d);
 }
 
 }  // namespace

@@ -76,19 +76,6 @@ __device__ __forceinline__ int StagedIndex(int r, int k) {
   return r * kStageK + SwizzledChunk<kRowBytes>(r, k / kPer) * kPer + k % kPer;
 }
 
-// tf32 bits of an x value: 16-bit values are exact, fp32 is rounded (and
-// its remainder kept in lo under IEEE).
-template <typename T, bool kIeee>
-__device__ __forceinline__ void XParts(float v, uint32_t& hi, uint32_t& lo) {
-  if constexpr (sizeof(T) == 2) {
-    hi = __float_as_uint(v);
-  } else {
-    const float h = RoundTf32(v);
-    hi = __float_as_uint(h);
-    if constexpr (kIeee) lo = __float_as_uint(RoundTf32(v - h));
-  }
-}
-
 // v rounded to tf32, to nearest with ties away from zero (cvt.rna's
 // rounding, which sm_90 runs as a compare and several integer steps): add
 // half a tf32 ulp to the magnitude's bits and drop the 13 low bits. An
@@ -97,6 +84,19 @@ __device__ __forceinline__ float RoundTf32Bits(float v) {
   const uint32_t bits = __float_as_uint(v);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return v;
   return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
+}
+
+// tf32 bits of an x value: 16-bit values are exact, fp32 is rounded (and
+// its remainder kept in lo under IEEE).
+template <typename T, bool kIeee>
+__device__ __forceinline__ void XParts(float v, uint32_t& hi, uint32_t& lo) {
+  if constexpr (sizeof(T) == 2) {
+    hi = __float_as_uint(v);
+  } else {
+    const float h = RoundTf32Bits(v);
+    hi = __float_as_uint(h);
+    if constexpr (kIeee) lo = __float_as_uint(RoundTf32Bits(v - h));
+  }
 }
 
 template <typename T, bool kIeee, int kNT, bool kVector>
@@ -448,7 +448,6 @@ absl::Status LaunchWideProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                           cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
-  const int tiles = TilesFor(s.N);
   const int64_t chunks = PlanChunks(s.K, s.N).chunks;
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
@@ -456,33 +455,22 @@ absl::Status LaunchWideProjectionPartials(const LayerSpec& spec, int64_t tokens,
     const bool vector = s.K % (16 / sizeof(T)) == 0 && Aligned16(x) &&
                         Aligned16(phi) &&
                         (gamma == nullptr || Aligned16(gamma));
-    auto launch = [&](auto ieee_tag, auto nt_tag, auto vector_tag) {
-      constexpr bool kIeee = decltype(ieee_tag)::value;
-      constexpr int kNT = decltype(nt_tag)::value;
-      constexpr bool kVector = decltype(vector_tag)::value;
-      const int64_t units = MmaTiles(tokens) * chunks *
-                            ((s.N + UnitLogits<kNT>() - 1) / UnitLogits<kNT>());
-      err = LaunchPersistent(wide_projection_kernel<T, kIeee, kNT, kVector>,
-                             units, StagePlan<T, kIeee, kNT>::kSmem, next_unit,
-                             stream, s, tokens, static_cast<const T*>(x), phi,
-                             gamma, partial);
-    };
-    auto for_tiles = [&](auto ieee_tag, auto vector_tag) {
-      if (tiles == 3) return launch(ieee_tag, IntTag<3>{}, vector_tag);
-      launch(ieee_tag, IntTag<2>{}, vector_tag);
-    };
-    auto for_vector = [&](auto ieee_tag) {
-      if (vector) {
-        for_tiles(ieee_tag, std::true_type{});
-      } else {
-        for_tiles(ieee_tag, std::false_type{});
-      }
-    };
-    if (ieee) {
-      for_vector(std::true_type{});
-    } else {
-      for_vector(std::false_type{});
-    }
+    DispatchBool(ieee, [&](auto ieee_tag) {
+      DispatchBool(vector, [&](auto vector_tag) {
+        DispatchBool(TilesFor(s.N) == 3, [&](auto three_tag) {
+          constexpr bool kIeee = decltype(ieee_tag)::value;
+          constexpr bool kVector = decltype(vector_tag)::value;
+          constexpr int kNT = decltype(three_tag)::value ? 3 : 2;
+          const int64_t units =
+              MmaTiles(tokens) * chunks *
+              ((s.N + UnitLogits<kNT>() - 1) / UnitLogits<kNT>());
+          err = LaunchPersistent(wide_projection_kernel<T, kIeee, kNT, kVector>,
+                                 units, StagePlan<T, kIeee, kNT>::kSmem,
+                                 next_unit, stream, s, tokens,
+                                 static_cast<const T*>(x), phi, gamma, partial);
+        });
+      });
+    });
   });
   const std::string shape = ShapeString(spec, tokens, dtype);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (wide)", shape);

@@ -41,6 +41,18 @@ ProjectionInputs MakeInputs(Harness& h, const LayerSpec& spec, DType dt,
   return in;
 }
 
+// The fields the forward and backward params share, for backend b.
+template <typename Params>
+void SetInputs(Params& p, const LayerSpec& spec, int64_t M, DType dt,
+               ProjectionInputs& in, int b) {
+  p.spec = &spec;
+  p.tokens = M;
+  p.act_dtype = dt;
+  p.x = in.x.ptr(b);
+  p.weights.phi = in.phi.f(b);
+  p.weights.gamma = in.gamma.f(b);
+}
+
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
 // 2 / 4, n = 5 to 16 (several logit groups, GEMM tiles) and heads, tf32 and
@@ -92,17 +104,13 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
     SCOPED_TRACE(CaseName(spec, M, c.dt));
     Harness h;
-    auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
+    ProjectionInputs in = MakeInputs(h, spec, c.dt, M);
+    Pair& x = in.x;
     Pair hh = h.Output(M * N * 4);
     Pair ms = h.Output(M * 4);
     ProjectionForwardParams p[2];
     for (int b = 0; b < 2; ++b) {
-      p[b].spec = &spec;
-      p[b].tokens = M;
-      p[b].act_dtype = c.dt;
-      p[b].x = x.ptr(b);
-      p[b].weights.phi = phi.f(b);
-      p[b].weights.gamma = gamma.f(b);
+      SetInputs(p[b], spec, M, c.dt, in, b);
       p[b].h = hh.f(b);
       p[b].mean_square = ms.f(b);
     }
@@ -169,7 +177,8 @@ void CheckBackward(const BackwardCase& c) {
   const size_t es = DTypeSize(c.dt);
   SCOPED_TRACE(CaseName(spec, M, c.dt));
   Harness h;
-  auto [x, phi, gamma] = MakeInputs(h, spec, c.dt, M);
+  ProjectionInputs in = MakeInputs(h, spec, c.dt, M);
+  Pair& x = in.x;
   Pair dh = h.Floats(M * N, FreshSeed());
   Pair dms = h.Floats(M, FreshSeed());
   Pair dx = h.Output(M * K * es);
@@ -178,12 +187,7 @@ void CheckBackward(const BackwardCase& c) {
   Pair ggamma = h.Input(zeros_gamma.data(), K * 4);
   ProjectionBackwardParams p[2];
   for (int b = 0; b < 2; ++b) {
-    p[b].spec = &spec;
-    p[b].tokens = M;
-    p[b].act_dtype = c.dt;
-    p[b].x = x.ptr(b);
-    p[b].weights.phi = phi.f(b);
-    p[b].weights.gamma = gamma.f(b);
+    SetInputs(p[b], spec, M, c.dt, in, b);
     p[b].dh = dh.f(b);
     p[b].dmean_square = dms.f(b);
     p[b].dx = dx.ptr(b);
