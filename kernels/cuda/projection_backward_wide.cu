@@ -6,8 +6,8 @@
 // every phi row for every token (n = 16: 173 ms at M = 8192, C = 4096 on an
 // H100). Two GEMM-shaped kernels take its place:
 //   dx      [M x K] = dh [M x N] . phi' [N x K] + dms 2 v / K (+ the fused
-//                     pre backward's aggregate and residual terms), rounded
-//                     once;
+//                     pre backward's aggregate and residual terms, the
+//                     latter summed apart by dx_terms.cu), rounded once;
 //   dphi^T  [K x N] = x^T [K x tokens] . dh [tokens x N], per fixed chunk of
 //                     kTokenChunk tokens.
 // x is read twice (once per kernel) instead of once: at these N the
@@ -28,10 +28,12 @@
 // column, logit), the chunk's tokens in order (IEEE: each stage of
 // kPhiTokens in fresh registers, added with rounded adds), reduced over
 // chunks in order by LaunchPhiGradReduce. No atomics.
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "dx_terms.cuh"
 #include "kernel_fit.h"
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
@@ -78,12 +80,19 @@ struct WideDev {
   const float* dms;
   const float* h_pre;  // null without the aggregate term
   const void* dy;
-  const float* r;  // null without the residual term
-  const void* dx_next;
+  const float* terms;  // both terms of the chunk's columns, or null
+  ChannelChunk chunk;  // the columns of a dx launch
   void* dx;
   float* dphi_partial;
-  int tile_channels;  // W of the dx channel tiles, 0 for runs of K
 };
+
+// Bytes of the rounded operands; the residual path's terms follow them.
+size_t RoundedBytes(const LayerSpec& spec, int64_t tokens, int parts) {
+  const int64_t Np = PaddedLogits(spec);
+  return parts * (AlignBytes(sizeof(float) * tokens * Np) +
+                  AlignBytes(sizeof(float) * Np * PaddedTokens(tokens)) +
+                  AlignBytes(sizeof(float) * spec.K() * Np));
+}
 
 Rounded RoundedIn(void* scratch, const LayerSpec& spec, int64_t tokens,
                   int parts) {
@@ -195,14 +204,11 @@ __device__ __forceinline__ void Pipeline(int count, Load&& load,
 }
 
 // ---------------------------------------------------------------- dx --
-// A CTA owns kDxTokens tokens x kDxCols columns of K: one run of K, or with
-// the residual term in the stream-major layout W whole channels of every
-// stream (WideChannels), so that the term reads only the tile's own columns
-// of dx_next (each from n tiles otherwise: 16 times the bytes at n = 16; the
-// channel tiles' 16-byte row runs cost the plain backward 65 % more time, so
-// it keeps the runs of K). Warp (wt, wc) owns the 64 tokens 64 wt.. and the
-// 32 columns 32 wc.. (4 x 4 mma tiles). A stage is one block of kLogitBlock
-// logits of the rounded dh rows and phi' columns.
+// A CTA owns kDxTokens tokens x kDxCols columns of a channel chunk (all
+// channels but with the residual term; ChunkColumnK maps them to runs of
+// K). Warp (wt, wc) owns the 64 tokens 64 wt.. and the 32 columns 32 wc..
+// (4 x 4 mma tiles). A stage is one block of kLogitBlock logits of the
+// rounded dh rows and phi' columns.
 constexpr int kDxTokens = 128;
 constexpr int kDxCols = 128;
 constexpr int kLogitBlock = 32;
@@ -222,59 +228,36 @@ constexpr int DxSmemBytes() {
 static_assert(kDxTokens * kOutStride <= kDxStages * DxStageFloats<false>(),
               "the output tile reuses the stages");
 
-// Channels per CTA: a multiple of 8 (whole 16-byte runs of 16-bit rows)
-// with n of them within kDxCols columns (n <= 16).
-int WideChannels(int n) {
-  const int w = kDxCols / n / 8 * 8;
-  return w < 8 ? 8 : w;
-}
-// Column j of tile `tile`: k = 128 tile + j (W == 0, runs of K), or stream
-// j / W, channel W tile + j % W (channel tiles, stream major); -1 past K or
-// past the channels.
-__device__ __forceinline__ int64_t WideColumn(const DevSpec& s, int W,
-                                              int64_t tile, int j) {
-  if (W == 0) {
-    const int64_t k = tile * kDxCols + j;
-    return k < s.K ? k : -1;
-  }
-  const int i = j / W;
-  const int64_t c = tile * W + j % W;
-  return i < s.n && c < s.C ? i * s.C + c : -1;
+// Column j of the chunk's tile `tile`: its flat k, -1 past the chunk.
+__device__ __forceinline__ int64_t WideColumn(const DevSpec& s,
+                                              ChannelChunk chunk, int64_t tile,
+                                              int j) {
+  const int col = static_cast<int>(tile) * kDxCols + j;
+  return col < s.n * chunk.width ? ChunkColumnK(s, chunk, col) : -1;
 }
 static_assert(kDxTokens == kDxCols, "a thread copies the same rows of both");
 constexpr int kCopyRows = kDxTokens * 8 / kWideThreads;  // rows per thread
 
-// The aggregate and residual terms of elements k .. k + V - 1 of token m
-// (one stream, consecutive channels), added to out in the FFMA kernel's
-// order: H_pre dy, then R's products over the source streams in order.
+// The aggregate term H_pre dy of elements k .. k + V - 1 of token m, as
+// products to add. Stream major: one stream's consecutive channels; minor:
+// one element at a time (consecutive k cross streams).
 template <typename T, int V>
-__device__ __forceinline__ void AddTerms(const DevSpec& s, const WideDev& a,
-                                         int64_t m, int64_t k,
-                                         float (&out)[V]) {
-  const int stream = static_cast<int>(s.minor ? k % s.n : k / s.C);
-  const int64_t chan = s.minor ? k / s.n : k % s.C;
-  float t[V];
-  if (a.h_pre != nullptr) {
-    const float h = a.h_pre[m * s.n + stream];
-    LoadVec<T, V>(static_cast<const T*>(a.dy) + m * s.C + chan, t);
+__device__ __forceinline__ void AggregateTerm(const DevSpec& s,
+                                              const WideDev& a, int64_t m,
+                                              int64_t k, float (&out)[V]) {
+  const T* dy = static_cast<const T*>(a.dy) + m * s.C;
+  const float* h = a.h_pre + m * s.n;
+  if (!s.minor) {
+    LoadVec<T, V>(dy + k % s.C, out);
+    const float hk = h[k / s.C];
 #pragma unroll
-    for (int e = 0; e < V; ++e) t[e] *= h;
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) t[e] = 0.0f;
-  }
-  if (a.r != nullptr) {
-    const float* r_row = a.r + (m * s.n + stream) * s.n;
-    const T* g_row = static_cast<const T*>(a.dx_next) + m * s.K;
-    for (int j = 0; j < s.n; ++j) {
-      float g[V];
-      LoadVec<T, V>(g_row + XIndex(s, j, chan), g);
-#pragma unroll
-      for (int e = 0; e < V; ++e) t[e] = fmaf(r_row[j], g[e], t[e]);
-    }
+    for (int e = 0; e < V; ++e) out[e] *= hk;
+    return;
   }
 #pragma unroll
-  for (int e = 0; e < V; ++e) out[e] += t[e];
+  for (int e = 0; e < V; ++e) {
+    out[e] = h[(k + e) % s.n] * ToFloat(dy[(k + e) / s.n]);
+  }
 }
 
 template <typename T, bool kIeee, bool kVector>
@@ -289,7 +272,6 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kDxTokens;
-  const int W = a.tile_channels;
   const int64_t tile = blockIdx.y;
   const int rows =
       static_cast<int>(min(static_cast<int64_t>(kDxTokens), tokens - m0));
@@ -302,7 +284,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
 #pragma unroll
   for (int r = 0; r < kCopyRows; ++r) {
     col_k[r] = static_cast<int>(
-        WideColumn(s, W, tile, copy_row + r * (kWideThreads / 8)));
+        WideColumn(s, a.chunk, tile, copy_row + r * (kWideThreads / 8)));
   }
 
   // Stage tiles: [part][dh rows | phi' columns][kFragStride].
@@ -417,39 +399,50 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
   const float ms_scale = 2.0f / static_cast<float>(s.K);
   T* dx = static_cast<T*>(a.dx);
   constexpr int V = kVector ? 16 / static_cast<int>(sizeof(T)) : 1;
-  const bool has_terms = a.h_pre != nullptr || a.r != nullptr;
   constexpr int kPerRow = kDxCols / V;
-  for (int idx = tid; idx < kDxTokens * kPerRow; idx += kWideThreads) {
-    const int t = idx / kPerRow;
-    const int j = idx % kPerRow * V;
-    if (t >= rows) continue;
-    // kVector: a vector's columns are one stream's (stream major), all in
-    // the tile or all past it.
-    const int64_t k = WideColumn(s, W, tile, j);
-    if (k < 0) continue;
-    const int64_t m = m0 + t;
-    const float dm = a.dms[m] * ms_scale;
-    float v[V];
-    LoadVec<T, V>(x + m * s.K + k, v);
-    float out[V];
+  constexpr int kBatch = 4;
+  static_assert(kDxTokens * kPerRow % (kBatch * kWideThreads) == 0,
+                "whole batches");
+  const int64_t columns = s.n * a.chunk.width;
+  const bool aggregate = a.terms == nullptr && a.h_pre != nullptr;
+  for (int first = tid; first < kDxTokens * kPerRow;
+       first += kBatch * kWideThreads) {
+    // Every load of a batch before its stores, which the compiler may not
+    // move loads across (dx could alias them as far as it knows): the
+    // epilogue waits on memory once per batch, not per vector.
+    int64_t k[kBatch];
+    float v[kBatch][V], term[kBatch][V], dm[kBatch];
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      out[e] = fmaf(dm, v[e], out_tile[t * kOutStride + j + e]);
-    }
-    if (has_terms) {
-      if (s.minor && V > 1) {
-        // Consecutive k of the minor layout cross streams: one at a time.
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          float one[1] = {out[e]};
-          AddTerms<T, 1>(s, a, m, k + e, one);
-          out[e] = one[0];
-        }
-      } else {
-        AddTerms<T, V>(s, a, m, k, out);
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = first + u * kWideThreads;
+      const int t = idx / kPerRow;
+      // kVector: a vector's columns are consecutive k (ChunkColumnK).
+      k[u] = t < rows ? WideColumn(s, a.chunk, tile, idx % kPerRow * V) : -1;
+      if (k[u] < 0) continue;
+      const int64_t m = m0 + t;
+      dm[u] = a.dms[m] * ms_scale;
+      LoadVec<T, V>(x + m * s.K + k[u], v[u]);
+      if (a.terms != nullptr) {
+        LoadTerms<V>(a.terms + m * columns + tile * kDxCols + idx % kPerRow * V,
+                     term[u]);
+      } else if (aggregate) {
+        AggregateTerm<T, V>(s, a, m, k[u], term[u]);
       }
     }
-    StoreVec<T, V>(dx + m * s.K + k, out);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (k[u] < 0) continue;
+      const int idx = first + u * kWideThreads;
+      const int t = idx / kPerRow;
+      const int j = idx % kPerRow * V;
+      float out[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out[e] = fmaf(dm[u], v[u][e], out_tile[t * kOutStride + j + e]);
+        if (a.terms != nullptr || aggregate) out[e] += term[u][e];
+      }
+      StoreVec<T, V>(dx + (m0 + t) * s.K + k[u], out);
+    }
   }
 }
 
@@ -688,9 +681,7 @@ cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
                      const WideDev& d, cudaStream_t stream) {
   // Token tiles vary fastest, so the CTAs resident together share columns
   // and read the same phi' rows from L2; dh stays in L2 throughout.
-  const int W = d.tile_channels;
-  const int64_t tiles =
-      W > 0 ? (s.C + W - 1) / W : (s.K + kDxCols - 1) / kDxCols;
+  const int64_t tiles = (s.n * d.chunk.width + kDxCols - 1) / kDxCols;
   return LaunchLargeSmem(
       wide_dx_kernel<T, kIeee, kVector>,
       dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens), GridSize(tiles)),
@@ -730,37 +721,43 @@ size_t WideDxScratchBytes(const LayerSpec& spec, int64_t tokens, DType dtype,
   a.h_pre = terms ? &kSome : nullptr;
   a.r = terms ? &kSome : nullptr;
   if (tokens <= 0 || !UseWideDx(a)) return 0;
-  const int64_t Np = PaddedLogits(spec);
   const int parts = spec.matmul_precision == MatmulPrecision::kIeee ? 2 : 1;
-  return parts * (AlignBytes(sizeof(float) * tokens * Np) +
-                  AlignBytes(sizeof(float) * Np * PaddedTokens(tokens)) +
-                  AlignBytes(sizeof(float) * spec.K() * Np));
+  const size_t terms_bytes = terms
+                                 ? AlignBytes(sizeof(float) * tokens * spec.n *
+                                              TermsChunkChannels(spec.hidden))
+                                 : 0;
+  return RoundedBytes(spec, tokens, parts) + terms_bytes;
 }
 
 absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
+  const int parts = ieee ? 2 : 1;
+  const bool residual = a.r != nullptr;
   WideDev d;
-  d.op = RoundedIn(a.wide_scratch, *a.spec, a.tokens, ieee ? 2 : 1);
+  d.op = RoundedIn(a.wide_scratch, *a.spec, a.tokens, parts);
   d.Np = PaddedLogits(*a.spec);
   d.Mp = PaddedTokens(a.tokens);
   d.dms = a.dms;
   d.h_pre = a.h_pre;
   d.dy = a.dy;
-  d.r = a.r;
-  d.dx_next = a.dx_next;
+  d.terms = nullptr;
+  d.chunk = {0, s.C};
   d.dx = a.dx;
   d.dphi_partial = a.dphi_partial;
-  d.tile_channels = a.r != nullptr && !s.minor ? WideChannels(s.n) : 0;
-  // 16-byte vectors of x rows; for dx also of dx, and of dy and dx_next
-  // for the terms, which (stream major) must not straddle streams.
+  float* terms =
+      reinterpret_cast<float*>(static_cast<char*>(a.wide_scratch) +
+                               RoundedBytes(*a.spec, a.tokens, parts));
+  // With the residual term, chunks of channels (its terms summed apart
+  // first); otherwise every column at once.
+  const int64_t width = residual ? TermsChunkChannels(s.C) : s.C;
+  // 16-byte vectors of x rows; for dx also of dx, and of dy for the
+  // aggregate term, which (stream major) must not straddle streams.
   const int64_t vec = 16 / static_cast<int64_t>(DTypeSize(a.act_dtype));
   const bool vector_x = s.K % vec == 0 && Aligned16(a.x);
-  const bool terms = a.h_pre != nullptr || a.r != nullptr;
-  const bool vector_dx = vector_x && (s.minor || !terms || s.C % vec == 0) &&
-                         Aligned16(a.dx) &&
-                         (a.dy == nullptr || Aligned16(a.dy)) &&
-                         (a.dx_next == nullptr || Aligned16(a.dx_next));
+  const bool vector_dx =
+      vector_x && (s.minor || a.h_pre == nullptr || s.C % vec == 0) &&
+      Aligned16(a.dx) && (a.dy == nullptr || Aligned16(a.dy));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {
@@ -769,11 +766,20 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
     DispatchBool(ieee, [&](auto ieee_tag) {
       constexpr bool kIeee = decltype(ieee_tag)::value;
       err = LaunchRounding<kIeee>(s, a.tokens, a.phi, gamma, a.dh, d, stream);
-      if (err != cudaSuccess) return;
-      DispatchBool(vector_dx, [&](auto vector_tag) {
-        err = LaunchDx<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x, d,
-                                                              stream);
-      });
+      for (int64_t begin = 0; begin < s.C && err == cudaSuccess;
+           begin += width) {
+        d.chunk = {begin, std::min(width, s.C - begin)};
+        if (residual) {
+          err = LaunchDxTerms(s, a.tokens, a.act_dtype, d.chunk, a.h_pre, a.dy,
+                              a.r, a.dx_next, terms, stream);
+          if (err != cudaSuccess) return;
+          d.terms = terms;
+        }
+        DispatchBool(vector_dx, [&](auto vector_tag) {
+          err = LaunchDx<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,
+                                                                d, stream);
+        });
+      }
       if (err != cudaSuccess || d.dphi_partial == nullptr) return;
       DispatchBool(vector_x, [&](auto vector_tag) {
         err = LaunchDphi<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,

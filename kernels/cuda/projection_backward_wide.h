@@ -13,8 +13,9 @@
 namespace mhc::cuda {
 
 bool UseWideDx(const DxArgs& a);
-// Scratch of the rounded operands, for a request with or without the fused
-// pre backward's terms (0 where UseWideDx does not hold).
+// Scratch of the rounded operands and, for the fused pre backward (terms),
+// of one channel chunk's terms (dx_terms.cuh); 0 where UseWideDx does not
+// hold.
 size_t WideDxScratchBytes(const LayerSpec& spec, int64_t tokens, DType dtype,
                           bool terms);
 absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
