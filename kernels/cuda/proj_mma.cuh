@@ -548,18 +548,26 @@ __host__ __device__ inline MmaUnit UnitAt(int64_t u, int groups, int chunks) {
                  static_cast<int>(u % groups)};
 }
 
-// The unit a persistent CTA computes next: `strided` (its own stride over
-// the units) when the launch has no counter, else the counter's next value,
-// taken by thread 0 and handed to every thread through `taken` (shared) and
-// a barrier.
-__device__ __forceinline__ int64_t TakeUnit(int64_t strided,
+// Runs body(unit) for each unit a persistent CTA computes: its own stride
+// over the units when the launch has no counter, else the counter's next
+// value, taken by thread 0 and handed to every thread through shared memory
+// and a barrier.
+template <typename Body>
+__device__ __forceinline__ void ForEachUnit(int64_t units, int groups,
+                                            int chunks,
                                             unsigned long long* next_unit,
-                                            int64_t& taken) {
-  if (next_unit == nullptr) return strided;
-  if (threadIdx.x == 0)
-    taken = static_cast<int64_t>(atomicAdd(next_unit, 1ull));
-  __syncthreads();
-  return taken;
+                                            Body&& body) {
+  __shared__ int64_t taken;
+  for (int64_t u = blockIdx.x;; u += gridDim.x) {
+    if (next_unit != nullptr) {
+      if (threadIdx.x == 0)
+        taken = static_cast<int64_t>(atomicAdd(next_unit, 1ull));
+      __syncthreads();
+      u = taken;
+    }
+    if (u >= units) break;
+    body(UnitAt(u, groups, chunks));
+  }
 }
 
 // Workspace for the counter a launch's CTAs take units from when there are

@@ -35,15 +35,12 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
                                const uint32_t* phi_split, float* partial,
                                bool vec_phi, unsigned long long* next_unit) {
   extern __shared__ __align__(16) char mma_smem[];
-  __shared__ int64_t taken;
   const ChunkPlan plan = PlanChunks(s.K, s.N);
   const int groups = LogitGroups(s.N);
   const int64_t units = MmaTiles(tokens) * plan.chunks * groups;
   const int width = s.N + 1;
-  for (int64_t u = blockIdx.x;; u += gridDim.x) {
-    u = TakeUnit(u, next_unit, taken);
-    if (u >= units) break;
-    const auto [tile, chunk, group] = UnitAt(u, groups, plan.chunks);
+  ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
+    const auto [tile, chunk, group] = unit;
     const int64_t m0 = tile * kMmaTokens;
     const int64_t kbeg = chunk * plan.chunk;
     const int row0 = group * kLogitGroup;
@@ -66,7 +63,7 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
       }
     }
     __syncthreads();
-  }
+  });
 }
 
 // phi' (times gamma) split into bf16 terms for every kMmaBk stage of K, in

@@ -86,30 +86,32 @@ struct WideDev {
   float* dphi_partial;
 };
 
+// Bytes of one part's rounded dh, dh^T and phi'.
+struct PartBytes {
+  size_t dh, dh_t, phi_t;
+};
+PartBytes PartBytesOf(const LayerSpec& spec, int64_t tokens) {
+  const int64_t Np = PaddedLogits(spec);
+  return {AlignBytes(sizeof(float) * tokens * Np),
+          AlignBytes(sizeof(float) * Np * PaddedTokens(tokens)),
+          AlignBytes(sizeof(float) * spec.K() * Np)};
+}
 // Bytes of the rounded operands; the residual path's terms follow them.
 size_t RoundedBytes(const LayerSpec& spec, int64_t tokens, int parts) {
-  const int64_t Np = PaddedLogits(spec);
-  return parts * (AlignBytes(sizeof(float) * tokens * Np) +
-                  AlignBytes(sizeof(float) * Np * PaddedTokens(tokens)) +
-                  AlignBytes(sizeof(float) * spec.K() * Np));
+  const PartBytes b = PartBytesOf(spec, tokens);
+  return parts * (b.dh + b.dh_t + b.phi_t);
 }
 
 Rounded RoundedIn(void* scratch, const LayerSpec& spec, int64_t tokens,
                   int parts) {
-  const int64_t Np = PaddedLogits(spec);
-  const size_t dh_bytes = AlignBytes(sizeof(float) * tokens * Np);
-  const size_t dh_t_bytes =
-      AlignBytes(sizeof(float) * Np * PaddedTokens(tokens));
-  const size_t phi_bytes = AlignBytes(sizeof(float) * spec.K() * Np);
+  const PartBytes b = PartBytesOf(spec, tokens);
   char* at = static_cast<char*>(scratch);
   Rounded r{};
   for (int part = 0; part < parts; ++part) {
     r.dh[part] = reinterpret_cast<float*>(at);
-    at += dh_bytes;
-    r.dh_t[part] = reinterpret_cast<float*>(at);
-    at += dh_t_bytes;
-    r.phi_t[part] = reinterpret_cast<float*>(at);
-    at += phi_bytes;
+    r.dh_t[part] = reinterpret_cast<float*>(at + b.dh);
+    r.phi_t[part] = reinterpret_cast<float*>(at + b.dh + b.dh_t);
+    at += b.dh + b.dh_t + b.phi_t;
   }
   return r;
 }
@@ -741,13 +743,15 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   d.dms = a.dms;
   d.h_pre = a.h_pre;
   d.dy = a.dy;
-  d.terms = nullptr;
   d.chunk = {0, s.C};
   d.dx = a.dx;
   d.dphi_partial = a.dphi_partial;
   float* terms =
-      reinterpret_cast<float*>(static_cast<char*>(a.wide_scratch) +
-                               RoundedBytes(*a.spec, a.tokens, parts));
+      residual
+          ? reinterpret_cast<float*>(static_cast<char*>(a.wide_scratch) +
+                                     RoundedBytes(*a.spec, a.tokens, parts))
+          : nullptr;
+  d.terms = terms;
   // With the residual term, chunks of channels (its terms summed apart
   // first); otherwise every column at once.
   const int64_t width = residual ? TermsChunkChannels(s.C) : s.C;
@@ -773,7 +777,6 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
           err = LaunchDxTerms(s, a.tokens, a.act_dtype, d.chunk, a.h_pre, a.dy,
                               a.r, a.dx_next, terms, stream);
           if (err != cudaSuccess) return;
-          d.terms = terms;
         }
         DispatchBool(vector_dx, [&](auto vector_tag) {
           err = LaunchDx<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,

@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
   constexpr int kXPer = 16 / static_cast<int>(sizeof(T));  // x per chunk
   constexpr int kPChunks = kStageK / 4;  // 16-byte chunks per phi row
   extern __shared__ __align__(16) char wide_fwd_smem[];
-  __shared__ int64_t taken;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -161,10 +160,8 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
   const int phi_dst = StagedIndex<float>(pr, pj * 4);
   const int64_t x_step = int64_t{kXStep} * s.K, phi_step = 32 * s.K;
 
-  for (int64_t u = blockIdx.x;; u += gridDim.x) {
-    u = TakeUnit(u, next_unit, taken);
-    if (u >= units) break;
-    const auto [tile, chunk, group] = UnitAt(u, groups, plan.chunks);
+  ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
+    const auto [tile, chunk, group] = unit;
     const int64_t m0 = tile * kMmaTokens;
     const int64_t kbeg = chunk * plan.chunk;
     const int64_t kend = min(s.K, kbeg + plan.chunk);
@@ -421,7 +418,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     }
     // The next unit's first loads reuse the stages this one computed from.
     __syncthreads();
-  }
+  });
 }
 
 // The tile width of a layer: the fewest logits computed (groups x tiles),
