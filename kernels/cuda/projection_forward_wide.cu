@@ -8,6 +8,8 @@
 // groups of one tile and chunk run side by side, so x comes from HBM once.
 // A CTA of the whole 288 logits of n = 16 (one CTA per SM, 255 registers)
 // measured slower: the second CTA hides the barriers and mma latency.
+// TF32 launches with 16-byte aligned rows go to the warpgroup-mma form
+// (projection_forward_wgmma.cu); IEEE and unaligned rows stay here.
 //
 // Same units, partial layout and chunks as proj_mma.cuh (PlanChunks,
 // PartialOffset), so projection_finish_kernel and the fused pre forward's
@@ -28,13 +30,14 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "proj_mma.cuh"
+#include "projection_forward_wgmma.h"
 #include "projection_forward_wide.h"
+#include "wide_stage.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-constexpr int kStageK = 32;  // k per pipeline stage (chunks are multiples)
-static_assert(kMmaBk % kStageK == 0, "stages tile a chunk");
+constexpr int kStageK = kWideStageK;
 
 // Logits of a unit: 4 warps across, kNT tiles of 8 each.
 template <int kNT>
@@ -54,37 +57,6 @@ struct StagePlan {
   static constexpr int kStages = 4;
   static constexpr int kSmem = kStages * kBytes;
 };
-
-// Where 16-byte chunk c of staged row r lives. The fragment loads read,
-// per 8 lanes (16-byte loads) or 16 lanes (8-byte loads), the same chunks
-// of consecutive rows; 128-byte rows (fp32 x, phi) swap halves on odd rows,
-// 64-byte rows (16-bit x) swap pairs of chunks on every other row pair, so
-// those reads cover all 32 banks once.
-template <int kRowBytes>
-__device__ __forceinline__ int SwizzledChunk(int r, int c) {
-  if constexpr (kRowBytes == 128) {
-    return c ^ ((r & 1) << 2);
-  } else {
-    static_assert(kRowBytes == 64, "16-bit or fp32 rows of kStageK");
-    return c ^ (((r >> 1) & 1) << 1);
-  }
-}
-template <typename E>
-__device__ __forceinline__ int StagedIndex(int r, int k) {
-  constexpr int kRowBytes = kStageK * sizeof(E);
-  constexpr int kPer = 16 / sizeof(E);
-  return r * kStageK + SwizzledChunk<kRowBytes>(r, k / kPer) * kPer + k % kPer;
-}
-
-// v rounded to tf32, to nearest with ties away from zero (cvt.rna's
-// rounding, which sm_90 runs as a compare and several integer steps): add
-// half a tf32 ulp to the magnitude's bits and drop the 13 low bits. An
-// overflow carries into Inf, as cvt.rna does; NaN stays as it is.
-__device__ __forceinline__ float RoundTf32Bits(float v) {
-  const uint32_t bits = __float_as_uint(v);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return v;
-  return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
-}
 
 // tf32 bits of an x value: 16-bit values are exact, fp32 is rounded (and
 // its remainder kept in lo under IEEE).
@@ -443,6 +415,10 @@ absl::Status LaunchWideProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                           float* partial,
                                           unsigned long long* next_unit,
                                           cudaStream_t stream) {
+  if (WgmmaProjectionApplies(spec, dtype, x, phi, gamma)) {
+    return LaunchWgmmaProjectionPartials(spec, tokens, dtype, x, phi, gamma,
+                                         partial, next_unit, stream);
+  }
   const DevSpec s = MakeDevSpec(spec);
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   const int64_t chunks = PlanChunks(s.K, s.N).chunks;

@@ -1,0 +1,51 @@
+// The staged x rows of the wide projection forwards (projection_forward_wide
+// and its wgmma form): stages of kWideStageK k, each row in 16-byte chunks
+// swizzled so that fragment loads of consecutive rows cover all 32 banks,
+// and the TF32 rounding both apply to phi' (and to fp32 x).
+#ifndef MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
+#define MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
+
+#include <cstdint>
+
+#include "proj_mma.cuh"
+
+namespace mhc::cuda {
+
+inline constexpr int kWideStageK = 32;  // k per pipeline stage
+static_assert(kMmaBk % kWideStageK == 0, "stages tile a chunk");
+
+// Where 16-byte chunk c of staged row r lives. The fragment loads read,
+// per 8 lanes (16-byte loads) or 16 lanes (8-byte loads), the same chunks
+// of consecutive rows; 128-byte rows (fp32 x, phi) swap halves on odd rows,
+// 64-byte rows (16-bit x) swap pairs of chunks on every other row pair, so
+// those reads cover all 32 banks once.
+template <int kRowBytes>
+__device__ __forceinline__ int SwizzledChunk(int r, int c) {
+  if constexpr (kRowBytes == 128) {
+    return c ^ ((r & 1) << 2);
+  } else {
+    static_assert(kRowBytes == 64, "16-bit or fp32 rows of kWideStageK");
+    return c ^ (((r >> 1) & 1) << 1);
+  }
+}
+template <typename E>
+__device__ __forceinline__ int StagedIndex(int r, int k) {
+  constexpr int kRowBytes = kWideStageK * sizeof(E);
+  constexpr int kPer = 16 / sizeof(E);
+  return r * kWideStageK + SwizzledChunk<kRowBytes>(r, k / kPer) * kPer +
+         k % kPer;
+}
+
+// v rounded to tf32, to nearest with ties away from zero (cvt.rna's
+// rounding, which sm_90 runs as a compare and several integer steps): add
+// half a tf32 ulp to the magnitude's bits and drop the 13 low bits. An
+// overflow carries into Inf, as cvt.rna does; NaN stays as it is.
+__device__ __forceinline__ float RoundTf32Bits(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return v;
+  return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
