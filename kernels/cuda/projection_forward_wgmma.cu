@@ -1,17 +1,18 @@
 // The projection forward of wide layers (n >= 7) on warpgroup mmas, for
 // TF32 precision. projection_forward_wide.cu's mma.sync tiles spend more
 // issue slots on fragment loads, x unpacking and addressing than on mmas
-// (tensor pipe ~38 % busy at n = 16); here each warpgroup issues one
-// wgmma per 8 k for 64 tokens x kW logits, its B operand (phi') read by
-// the tensor cores straight from the swizzled stage (wgmma.cuh) and its A
-// operand (x, converted to tf32) loaded once per k for all kW logits.
+// (tensor pipe ~38 % busy at n = 16). Here each warpgroup issues one wgmma
+// per 8 k for its 64 tokens x all kW logits of the unit, both operands read
+// by the tensor cores from shared memory in wgmma.cuh's swizzled layout.
 //
-// Unit: 128 tokens x kW logits over one K chunk, 64 tokens per warpgroup;
-// same chunks, tiles and partial layout as proj_mma.cuh, so the chunk sum and
-// the fused pre forward's mixing read the partials unchanged. Per stage of
-// kWideStageK k: x and raw phi by cp.async, then phi' = phi * gamma (one
-// rounded multiply, as the SPEC defines it) rounded to tf32 in place and the
-// sum of squares from the staged x while the previous stage's wgmmas run.
+// Unit: 128 tokens x kW logits over one K chunk; same chunks, tiles and
+// partial layout as proj_mma.cuh, so the chunk sum and the fused pre
+// forward's mixing read the partials unchanged. Per stage of kWideStageK k:
+// x and raw phi by cp.async; then, while the previous stage's wgmmas run,
+// phi' = phi * gamma (one rounded multiply, as the SPEC defines it) rounded
+// to tf32 in place, and x converted to tf32 into one of two operand tiles
+// (16-byte loads and stores; exact for 16-bit x) with the sum of squares
+// taken on the way. Two CTAs per SM for 16-bit x.
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (wgmma rows are independent dot products; the
@@ -30,32 +31,62 @@ namespace mhc::cuda {
 namespace {
 
 constexpr int kStageK = kWideStageK;
-constexpr int kStages = 4;
+constexpr int kStages = 3;
 
-constexpr int RoundUp(int v, int to) { return (v + to - 1) / to * to; }
-
-// One stage: the phi rows (wgmma B layout, 1024-aligned), the x rows
-// (StagedIndex), gamma.
+// Shared memory: two x tiles in tf32 (wgmma's A operand, 128 rows of the
+// swizzled layout; one computes while the next is written), then kStages
+// copy stages (phi rows in the B layout, raw x rows as StagedIndex places
+// them), then gamma for each stage. Every operand tile starts on an atom.
 template <typename T, int kW>
 struct WgmmaPlan {
   static_assert(kW % 8 == 0, "B rows in whole swizzle atoms");
+  static constexpr int kOperandBytes = kMmaTokens * kStageK * 4;
   static constexpr int kPhiBytes = kW * kStageK * 4;
   static constexpr int kXBytes = kMmaTokens * kStageK * sizeof(T);
-  static constexpr int kBytes =
-      RoundUp(kPhiBytes + kXBytes + kStageK * 4, kSwizzleAtomBytes);
+  static constexpr int kBytes = kPhiBytes + kXBytes;
+  static constexpr int kStagesAt = 2 * kOperandBytes;
+  static constexpr int kGammaAt = kStagesAt + kStages * kBytes;
   // The dynamic shared memory's start is aligned up to an atom in-kernel.
-  static constexpr int kSmem = kStages * kBytes + kSwizzleAtomBytes;
+  static constexpr int kSmem =
+      kGammaAt + kStages * kStageK * 4 + kSwizzleAtomBytes;
+  static_assert(kOperandBytes % kSwizzleAtomBytes == 0 &&
+                    kBytes % kSwizzleAtomBytes == 0,
+                "tiles stay on atoms");
 };
 
-// The tf32 bits of an x element: 16-bit values exactly, fp32 rounded.
+// 16 consecutive x values (k0 a multiple of 16) of staged row r as floats.
 template <typename T>
-__device__ __forceinline__ uint32_t XTf32(const T* p) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16;
-  } else if constexpr (std::is_same<T, __half>::value) {
-    return __float_as_uint(__half2float(*p));
+__device__ __forceinline__ void StagedX16(const T* xs, int r, int k0,
+                                          float (&v)[16]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 u =
+          *reinterpret_cast<const float4*>(xs + StagedIndex<T>(r, k0 + 4 * q));
+      v[4 * q] = u.x;
+      v[4 * q + 1] = u.y;
+      v[4 * q + 2] = u.z;
+      v[4 * q + 3] = u.w;
+    }
   } else {
-    return __float_as_uint(RoundTf32Bits(*p));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 u =
+          *reinterpret_cast<const uint4*>(xs + StagedIndex<T>(r, k0 + 8 * h));
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+          v[8 * h + 2 * e] = __uint_as_float(w[e] << 16);
+          v[8 * h + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        } else {
+          const float2 f =
+              __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
+          v[8 * h + 2 * e] = f.x;
+          v[8 * h + 2 * e + 1] = f.y;
+        }
+      }
+    }
   }
 }
 
@@ -93,15 +124,19 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int64_t units = MmaTiles(tokens) * plan.chunks * groups;
   const int width = s.N + 1;
 
+  auto operand = [&](int st) {
+    return reinterpret_cast<float*>(smem + (st & 1) * Plan::kOperandBytes);
+  };
   auto phi_stage = [&](int buf) {
-    return reinterpret_cast<float*>(smem + buf * Plan::kBytes);
+    return reinterpret_cast<float*>(smem + Plan::kStagesAt +
+                                    buf * Plan::kBytes);
   };
   auto x_stage = [&](int buf) {
-    return reinterpret_cast<T*>(smem + buf * Plan::kBytes + Plan::kPhiBytes);
+    return reinterpret_cast<T*>(smem + Plan::kStagesAt + buf * Plan::kBytes +
+                                Plan::kPhiBytes);
   };
   auto gamma_stage = [&](int buf) {
-    return reinterpret_cast<float*>(smem + buf * Plan::kBytes +
-                                    Plan::kPhiBytes + Plan::kXBytes);
+    return reinterpret_cast<float*>(smem + Plan::kGammaAt) + buf * kStageK;
   };
 
   // The copy plan: x chunk xj of rows xr + i kXStep, phi chunk pj of rows
@@ -109,8 +144,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int xr = tid / kXChunks, xj = tid % kXChunks;
   const int pr = tid / kPChunks, pj = tid % kPChunks;
   const int x_dst = StagedIndex<T>(xr, xj * kXPer);
-  const int phi_dst = SwizzledB(pr, pj * 4);
+  const int phi_dst = SwizzledRow(pr, pj * 4);
   const int64_t x_step = int64_t{kXStep} * s.K, phi_step = kPStep * s.K;
+  // Descriptors of this warpgroup's rows of operand tile 0 and of stage 0's
+  // phi rows; the others are fixed byte offsets from them.
+  const uint64_t a_desc0 =
+      SwizzledDescriptor(operand(0) + 64 * wg * kStageK, 0);
+  const uint64_t b_desc0 = SwizzledDescriptor(phi_stage(0), 0);
 
   ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
     const auto [tile, chunk, group] = unit;
@@ -121,7 +161,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     const int rows =
         static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
     const int logits = min(kW, s.N - g0);
-    const int stages = static_cast<int>((kend - kbeg + kStageK - 1) / kStageK);
+    const int span = static_cast<int>(kend - kbeg);
+    const int stages = (span + kStageK - 1) / kStageK;
+    // A copy's chunk holds k below kend when its stage offset is below:
+    const int x_klimit = span - xj * kXPer, phi_klimit = span - pj * 4;
 
     const T* x_src = x + (m0 + xr) * s.K + kbeg + xj * kXPer;
     const float* phi_src = phi + (g0 + pr) * s.K + kbeg + pj * 4;
@@ -140,14 +183,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const int kst = st * kStageK;
       T* xs = x_stage(buf);
       float* ps = phi_stage(buf);
-      const bool x_k = kbeg + kst + xj * kXPer < kend;
+      const bool x_k = kst < x_klimit;
 #pragma unroll
       for (int i = 0; i < kXCopies; ++i) {
         const bool ok = x_k && ((x_rows >> i) & 1u);
         CpAsync<16>(xs + x_dst + i * kXStep * kStageK,
                     ok ? x_src + kst + i * x_step : x, ok);
       }
-      const bool phi_k = kbeg + kst + pj * 4 < kend;
+      const bool phi_k = kst < phi_klimit;
 #pragma unroll
       for (int i = 0; i < kPCopies; ++i) {
         if (pr + i * kPStep >= kW) break;  // past the tile: nothing staged
@@ -162,23 +205,34 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
     };
 
-    // The sum of squares: 16 k of row tid / 2 (half tid % 2 of the stage)
-    // per thread, a fresh sum per stage added to the running one. phi'
-    // rounded in place: the chunks this thread copied.
+    // x to the tf32 operand tile and the sum of squares: 16 k of row tid /
+    // 2 (half tid % 2 of the stage) per thread, a fresh sum per stage added
+    // to the running one; phi' rounded in place: the chunks this thread
+    // copied.
     float ss_run = 0.0f;
     auto prepare = [&](int st) {
       if (st >= stages) return;
       const int buf = st % kStages;
-      const T* xs = x_stage(buf);
+      const int r = tid >> 1, k0 = 16 * (tid & 1);
+      float v[16];
+      StagedX16(x_stage(buf), r, k0, v);
       float fresh = 0.0f;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float v[4];
-        LoadX4(xs + StagedIndex<T>(tid >> 1, 16 * (tid & 1) + 4 * q), v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fresh = fmaf(v[e], v[e], fresh);
-      }
+      for (int e = 0; e < 16; ++e) fresh = fmaf(v[e], v[e], fresh);
       ss_run += fresh;
+      float* a_tile = operand(st);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float4 t;
+        if constexpr (sizeof(T) == 4) {
+          t = make_float4(RoundTf32Bits(v[4 * q]), RoundTf32Bits(v[4 * q + 1]),
+                          RoundTf32Bits(v[4 * q + 2]),
+                          RoundTf32Bits(v[4 * q + 3]));
+        } else {
+          t = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+        }
+        *reinterpret_cast<float4*>(a_tile + SwizzledRow(r, k0 + 4 * q)) = t;
+      }
       float4* at = reinterpret_cast<float4*>(phi_stage(buf) + phi_dst);
       const float4 g =
           gamma != nullptr
@@ -200,26 +254,17 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) acc[i] = 0.0f;
 
-    // A fragments of all four k steps first (they must stay untouched until
-    // the wgmmas complete), then the wgmmas, committed as one group.
+    // The four k steps' wgmmas of this warpgroup's 64 rows, one group.
     auto compute = [&](int st) {
-      const int buf = st % kStages;
-      const T* xs = x_stage(buf);
-      uint32_t a[kStageK / 8][4];
-      const int row = 64 * wg + 16 * wq + grp;
-#pragma unroll
-      for (int j = 0; j < kStageK / 8; ++j) {
-        const int k = 8 * j + quad;
-        a[j][0] = XTf32(xs + StagedIndex<T>(row, k));
-        a[j][1] = XTf32(xs + StagedIndex<T>(row + 8, k));
-        a[j][2] = XTf32(xs + StagedIndex<T>(row, k + 4));
-        a[j][3] = XTf32(xs + StagedIndex<T>(row + 8, k + 4));
-      }
+      const uint64_t a_desc =
+          DescriptorPlus(a_desc0, (st & 1) * Plan::kOperandBytes);
+      const uint64_t b_desc =
+          DescriptorPlus(b_desc0, (st % kStages) * Plan::kBytes);
       WgmmaFence();
-      const float* ps = phi_stage(buf);
 #pragma unroll
       for (int j = 0; j < kStageK / 8; ++j) {
-        WgmmaTf32<kW>(acc, a[j], SwizzledBDescriptor(ps, 32 * j));
+        WgmmaTf32<kW>(acc, DescriptorPlus(a_desc, 32 * j),
+                      DescriptorPlus(b_desc, 32 * j));
       }
       WgmmaCommit();
     };
