@@ -303,12 +303,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
       if (t < rows && col < logits) out[t * width + col] = acc[i];
     }
-    // A row's two halves, the first half first.
-    const float other = __shfl_xor_sync(0xffffffffu, ss_run, 1);
-    const int row = tid >> 1;
-    if ((tid & 1) == 0 && group == 0 && row < rows) {
-      out[row * width + s.N] = ss_run + other;
-    }
+    StoreRowSquares(out, width, s.N, ss_run, group == 0, rows);
     // The next unit's first loads reuse the stages this one computed from.
     __syncthreads();
   });

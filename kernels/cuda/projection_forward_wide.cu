@@ -382,12 +382,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
         }
       }
     }
-    // A row's two halves, the first half first.
-    const float other = __shfl_xor_sync(0xffffffffu, ss_run, 1);
-    const int row = tid >> 1;
-    if ((tid & 1) == 0 && group == 0 && row < rows) {
-      out[row * width + s.N] = ss_run + other;
-    }
+    StoreRowSquares(out, width, s.N, ss_run, group == 0, rows);
     // The next unit's first loads reuse the stages this one computed from.
     __syncthreads();
   });

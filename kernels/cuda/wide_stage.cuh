@@ -46,6 +46,19 @@ __device__ __forceinline__ float RoundTf32Bits(float v) {
   return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
 }
 
+// A tile row's sum of squares into column N of its partial row: thread
+// pairs (2 r, 2 r + 1) hold the sums of row r's two halves of every stage,
+// added the first half first; only the first logit group writes it.
+__device__ __forceinline__ void StoreRowSquares(float* out, int width, int N,
+                                                float half_sum,
+                                                bool first_group, int rows) {
+  const float other = __shfl_xor_sync(0xffffffffu, half_sum, 1);
+  const int row = threadIdx.x >> 1;
+  if ((threadIdx.x & 1) == 0 && first_group && row < rows) {
+    out[row * width + N] = half_sum + other;
+  }
+}
+
 }  // namespace mhc::cuda
 
 #endif  // MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
