@@ -756,12 +756,14 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   // first); otherwise every column at once.
   const int64_t width = residual ? TermsChunkChannels(s.C) : s.C;
   // 16-byte vectors of x rows; for dx also of dx, and of dy for the
-  // aggregate term, which (stream major) must not straddle streams.
+  // aggregate term. With either term, stream major, vectors must not
+  // straddle streams (nor, with the residual, chunks).
   const int64_t vec = 16 / static_cast<int64_t>(DTypeSize(a.act_dtype));
   const bool vector_x = s.K % vec == 0 && Aligned16(a.x);
-  const bool vector_dx =
-      vector_x && (s.minor || a.h_pre == nullptr || s.C % vec == 0) &&
-      Aligned16(a.dx) && (a.dy == nullptr || Aligned16(a.dy));
+  const bool any_term = a.h_pre != nullptr || residual;
+  const bool vector_dx = vector_x && (s.minor || !any_term || s.C % vec == 0) &&
+                         Aligned16(a.dx) &&
+                         (a.dy == nullptr || Aligned16(a.dy));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {

@@ -148,9 +148,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int64_t x_step = int64_t{kXStep} * s.K, phi_step = kPStep * s.K;
   // Descriptors of this warpgroup's rows of operand tile 0 and of stage 0's
   // phi rows; the others are fixed byte offsets from them.
-  const uint64_t a_desc0 =
-      SwizzledDescriptor(operand(0) + 64 * wg * kStageK, 0);
-  const uint64_t b_desc0 = SwizzledDescriptor(phi_stage(0), 0);
+  const uint64_t a_desc0 = SwizzledDescriptor(operand(0) + 64 * wg * kStageK);
+  const uint64_t b_desc0 = SwizzledDescriptor(phi_stage(0));
 
   ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
     const auto [tile, chunk, group] = unit;
@@ -328,14 +327,6 @@ cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
 }
 
 }  // namespace
-
-bool WgmmaProjectionApplies(const LayerSpec& spec, DType dtype, const void* x,
-                            const float* phi, const float* gamma) {
-  const int64_t per16 = 16 / static_cast<int64_t>(DTypeSize(dtype));
-  return spec.matmul_precision == MatmulPrecision::kTf32 &&
-         spec.K() % per16 == 0 && Aligned16(x) && Aligned16(phi) &&
-         (gamma == nullptr || Aligned16(gamma));
-}
 
 absl::Status LaunchWgmmaProjectionPartials(const LayerSpec& spec,
                                            int64_t tokens, DType dtype,

@@ -1,7 +1,7 @@
 // The projection forward of wide layers on warpgroup mmas
-// (projection_forward_wgmma.cu): TF32 precision with 16-byte aligned rows;
-// LaunchWideProjectionPartials hands such launches to it. Same units'
-// chunks and partial layout as proj_mma.cuh.
+// (projection_forward_wgmma.cu), for TF32 precision with 16-byte aligned rows
+// (x and phi rows of K, gamma): LaunchWideProjectionPartials hands such
+// launches to it. Same units' chunks and partial layout as proj_mma.cuh.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_FORWARD_WGMMA_H_
 #define MHC_KERNELS_CUDA_PROJECTION_FORWARD_WGMMA_H_
 
@@ -14,8 +14,6 @@
 
 namespace mhc::cuda {
 
-bool WgmmaProjectionApplies(const LayerSpec& spec, DType dtype, const void* x,
-                            const float* phi, const float* gamma);
 // partial: PartialOffset's layout; next_unit: the launch's unit counter.
 absl::Status LaunchWgmmaProjectionPartials(const LayerSpec& spec,
                                            int64_t tokens, DType dtype,

@@ -410,24 +410,26 @@ absl::Status LaunchWideProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                           float* partial,
                                           unsigned long long* next_unit,
                                           cudaStream_t stream) {
-  if (WgmmaProjectionApplies(spec, dtype, x, phi, gamma)) {
+  const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
+  // 16-byte copies need whole 16-byte chunks of every row.
+  const bool vector =
+      spec.K() % (16 / static_cast<int64_t>(DTypeSize(dtype))) == 0 &&
+      Aligned16(x) && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+  if (!ieee && vector) {
     return LaunchWgmmaProjectionPartials(spec, tokens, dtype, x, phi, gamma,
                                          partial, next_unit, stream);
   }
   const DevSpec s = MakeDevSpec(spec);
-  const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   const int64_t chunks = PlanChunks(s.K, s.N).chunks;
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
-    const bool vector = s.K % (16 / sizeof(T)) == 0 && Aligned16(x) &&
-                        Aligned16(phi) &&
-                        (gamma == nullptr || Aligned16(gamma));
     DispatchBool(ieee, [&](auto ieee_tag) {
       DispatchBool(vector, [&](auto vector_tag) {
         DispatchBool(TilesFor(s.N) == 3, [&](auto three_tag) {
           constexpr bool kIeee = decltype(ieee_tag)::value;
-          constexpr bool kVector = decltype(vector_tag)::value;
+          // TF32 with vector rows went to the wgmma form above.
+          constexpr bool kVector = kIeee && decltype(vector_tag)::value;
           constexpr int kNT = decltype(three_tag)::value ? 3 : 2;
           const int64_t units =
               MmaTiles(tokens) * chunks *

@@ -26,11 +26,9 @@ __device__ __forceinline__ int SwizzledRow(int r, int k) {
 }
 
 // Descriptor of a K-major, 128-byte-swizzled operand whose first row starts
-// at shared address `tile` (1024-aligned) plus `k_bytes` into the row.
-__device__ __forceinline__ uint64_t SwizzledDescriptor(const void* tile,
-                                                       int k_bytes) {
-  const uint32_t at =
-      static_cast<uint32_t>(__cvta_generic_to_shared(tile)) + k_bytes;
+// at shared address `tile` (1024-aligned); DescriptorPlus moves it on.
+__device__ __forceinline__ uint64_t SwizzledDescriptor(const void* tile) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   constexpr uint64_t kLeading = 1;  // unused by swizzled K-major layouts
   constexpr uint64_t kStride = kSwizzleAtomBytes >> 4;  // between 8-row atoms
   constexpr uint64_t kSwizzle128 = 1;

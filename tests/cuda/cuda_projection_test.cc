@@ -86,7 +86,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // More units (313) than an H100 / H200 holds CTAs (264): CTAs take
       // units from the counter, in an order that differs run to run.
       {4, 512, 40000, DType::kBF16, MatmulPrecision::kTf32, false, false},
-      // The GEMM tiles of wide layers (projection_forward_wide.cu): 3 and 2
+      // The GEMM tiles of wide layers (projection_forward_wide.cu and, for
+      // TF32 with aligned rows, projection_forward_wgmma.cu): 3 and 2
       // mma tiles per warp, three K chunks (n = 16, C = 4096), several logit
       // groups, odd K and unaligned rows (element copies), odd N, IEEE with
       // bf16 and fp32 x, and more units (314) than CTAs (n = 9, M = 20000).
@@ -98,6 +99,11 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {7, 520, 2000, DType::kF32, MatmulPrecision::kTf32, true, false},
       {7, 777, 200, DType::kBF16, MatmulPrecision::kTf32, true, false},
       {8, 300, 300, DType::kF32, MatmulPrecision::kIeee, true, false},
+      // Their warpgroup-mma form (TF32, aligned rows;
+      // projection_forward_wgmma.cu) without gamma: fp16 x in two groups of
+      // 96 logits, 144-logit units with a last tile of one token.
+      {12, 336, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
+      {9, 1024, 129, DType::kBF16, MatmulPrecision::kTf32, false, false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);
