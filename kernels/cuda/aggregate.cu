@@ -103,7 +103,7 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.y);
-  DispatchStreams(
+  DispatchStreams<StreamState::kLinear>(
       p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
@@ -121,7 +121,7 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access =
       ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.dy, p.dx);
-  DispatchStreams(
+  DispatchStreams<StreamState::kLinear>(
       p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,

@@ -2,10 +2,13 @@
 // 4 (the production case) and 8 get instantiations with n == NT and V
 // channels per thread, vector or strided (row_access.cuh): 16-byte accesses,
 // 8-byte ones at n = 8, where the post backward holds 2 x 8 streams of V
-// channels. Every other case runs the generic path with runtime n and element
-// accesses, at the smallest stream capacity that holds it (2, 4, 8 or 16): the
-// row kernels keep NT + NT^2 per-thread sums, so capacity 16 for n = 2 would
-// cost 272 registers' worth of local memory per thread.
+// channels. n = 16 gets them (8-byte accesses) in the kernels whose
+// per-thread state grows with n alone (kStreamsLinear): a thread of the
+// post's FFMA backward keeps NT^2 sums, which at 16 streams of V channels
+// would spill. Every other case runs the generic path with runtime n and
+// element accesses, at the smallest stream capacity that holds it (2, 4, 8
+// or 16): capacity 16 for n = 2 would cost the post 272 registers' worth of
+// local memory per thread.
 #ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
 #define MHC_KERNELS_CUDA_DISPATCH_CUH_
 
@@ -64,12 +67,14 @@ inline int VectorWidth(DType dtype) {
 // (row_access.cuh).
 enum class RowAccess { kElement, kVector, kStrided };
 
-// For n = 2, 4 and 8: vector accesses where C is a multiple of the vector
-// width and every given activation tensor starts on 16 bytes, strided
-// element accesses otherwise; element accesses for every other n.
+// For n = 2, 4, 8 and 16: vector accesses where C is a multiple of the
+// vector width and every given activation tensor starts on 16 bytes, strided
+// element accesses otherwise; element accesses for every other n (and for n =
+// 16 in the kernels DispatchStreams does not build it for).
 template <typename... P>
 RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
-  const bool vector_n = spec.n == 2 || spec.n == 4 || spec.n == 8;
+  const bool vector_n =
+      spec.n == 2 || spec.n == 4 || spec.n == 8 || spec.n == 16;
   if (!vector_n) return RowAccess::kElement;
   if (spec.hidden % VectorWidth(dtype) == 0 &&
       (... && (pointers == nullptr || Aligned16(pointers)))) {
@@ -78,10 +83,17 @@ RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
   return RowAccess::kStrided;
 }
 
+// Whether a row kernel's per-thread state grows with n alone, so that n = 16
+// fits the vector and strided paths.
+enum class StreamState { kQuadratic, kLinear };
+
 // f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>); NT == 4 means
 // n == 4 exactly, and so does V > 1 for every NT.
-template <typename F>
+template <StreamState kState = StreamState::kQuadratic, typename F>
 void DispatchStreams(DType dtype, int n, RowAccess access, F&& f) {
+  if (n == 16 && kState == StreamState::kQuadratic) {
+    access = RowAccess::kElement;
+  }
   DispatchDType(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     constexpr int kV = 16 / sizeof(T);
@@ -90,8 +102,10 @@ void DispatchStreams(DType dtype, int n, RowAccess access, F&& f) {
         f(type_tag, IntTag<4>{}, IntTag<kV>{}, strided);
       } else if (n == 2) {
         f(type_tag, IntTag<2>{}, IntTag<kV>{}, strided);
-      } else {
+      } else if (n == 8) {
         f(type_tag, IntTag<8>{}, IntTag<kV / 2>{}, strided);
+      } else if constexpr (kState == StreamState::kLinear) {
+        f(type_tag, IntTag<kMaxStreams>{}, IntTag<kV / 2>{}, strided);
       }
     };
     if (access == RowAccess::kVector) {

@@ -60,7 +60,7 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.e, p.x);
-  DispatchStreams(
+  DispatchStreams<StreamState::kLinear>(
       p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
@@ -77,7 +77,7 @@ absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.dx, p.de);
-  DispatchStreams(
+  DispatchStreams<StreamState::kLinear>(
       p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,

@@ -547,7 +547,7 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
   }
   const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.y);
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
-  DispatchStreams(
+  DispatchStreams<StreamState::kLinear>(
       a.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
@@ -594,15 +594,15 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   }
   const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.dy);
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
-  DispatchStreams(a.act_dtype, s.n, access,
-                  [&](auto tt, auto nt, auto vt, auto rt) {
-                    using T = typename decltype(tt)::type;
-                    dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                  decltype(rt)::value>
-                        <<<grid, kDhPreWarps * 32, 0, stream>>>(
-                            s, a.tokens, static_cast<const T*>(a.x),
-                            static_cast<const T*>(a.dy), at(b.dh_pre));
-                  });
+  DispatchStreams<StreamState::kLinear>(
+      a.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+        using T = typename decltype(tt)::type;
+        dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                      decltype(rt)::value>
+            <<<grid, kDhPreWarps * 32, 0, stream>>>(
+                s, a.tokens, static_cast<const T*>(a.x),
+                static_cast<const T*>(a.dy), at(b.dh_pre));
+      });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   const bool split = SplitMix(*a.spec);
   if (split) {
