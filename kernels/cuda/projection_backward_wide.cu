@@ -9,7 +9,8 @@
 //                     pre backward's aggregate and residual terms, the
 //                     latter summed apart by dx_terms.cu), rounded once;
 //   dphi^T  [K x N] = x^T [K x tokens] . dh [tokens x N], per fixed chunk of
-//                     kTokenChunk tokens.
+//                     kTokenChunk tokens; under TF32 with 16-byte x rows on
+//                     warpgroup mmas (projection_dphi_wgmma.cu).
 // x is read twice (once per kernel) instead of once: at these N the
 // products, not the bytes, set the time.
 //
@@ -17,10 +18,11 @@
 // parts) once, into scratch laid out for the mma fragments: logits padded
 // to kLogitPad with zeros, dh as [M][Np] and phi' as [K][Np] with the
 // logits of each group of 8 interleaved (q, q + 4 adjacent, so a lane's two
-// k slots are one 8-byte load), dh also as [Np][Mp] for dphi (tokens 2u,
-// 2u + 1 adjacent). The GEMM kernels then stage those with cp.async and feed
-// the mma straight from shared memory; 16-bit x converts to tf32 exactly,
-// fp32 x is rounded (or split) as it leaves shared memory.
+// k slots are one 8-byte load), dh also as [Np][Mp] for dphi (tokens in
+// order, or for the wgmma kernel placed by WgmmaTokenPosition). The GEMM
+// kernels then stage those with cp.async and feed the mma straight from
+// shared memory; 16-bit x converts to tf32 exactly, fp32 x is rounded (or
+// split) as it leaves shared memory.
 //
 // Determinism / batch invariance: a token's dx sums its logits in blocks of
 // kLogitBlock in order, each block in the mma's fixed order, independent of
@@ -38,6 +40,8 @@
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
 #include "projection_backward_wide.h"
+#include "projection_dphi_wgmma.h"
+#include "wgmma.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -53,7 +57,8 @@ int PaddedLogits(const LayerSpec& spec) {
   return static_cast<int>((spec.NumLogits() + kLogitPad - 1) / kLogitPad *
                           kLogitPad);
 }
-int64_t PaddedTokens(int64_t tokens) { return (tokens + 3) / 4 * 4; }
+// Whole groups of 8 (WgmmaTokenPosition).
+int64_t PaddedTokens(int64_t tokens) { return (tokens + 7) / 8 * 8; }
 
 // Position of logit g's value inside its group of 8: q and q + 4 adjacent.
 __device__ __forceinline__ int Interleaved(int g) {
@@ -121,7 +126,8 @@ Rounded RoundedIn(void* scratch, const LayerSpec& spec, int64_t tokens,
 // reads and the writes run along rows.
 constexpr int kRoundTile = 32;
 
-template <bool kIeee>
+// kWgmmaTokens: dh^T rows in the token order of the wgmma dphi kernel.
+template <bool kIeee, bool kWgmmaTokens>
 __global__ void __launch_bounds__(kWideThreads)
     round_dh_kernel(int64_t tokens, int N, int Np, int64_t Mp, const float* dh,
                     Rounded out) {
@@ -145,8 +151,9 @@ __global__ void __launch_bounds__(kWideThreads)
   for (int gl = ty; gl < kRoundTile; gl += kWideThreads / 32) {
     const int64_t m = m0 + tx;
     if (m >= Mp) continue;
+    const int64_t at = kWgmmaTokens ? WgmmaTokenPosition(m) : m;
     for (int p = 0; p < kParts; ++p) {
-      out.dh_t[p][(g0 + gl) * Mp + m] = tile[p][tx][gl];
+      out.dh_t[p][(g0 + gl) * Mp + at] = tile[p][tx][gl];
     }
   }
 }
@@ -186,8 +193,10 @@ __global__ void __launch_bounds__(kWideThreads)
 
 // Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
 // ahead as cp.async groups; a barrier before each compute, after which the
-// oldest buffer is free for the next load.
-template <int kStages, typename Load, typename Compute>
+// oldest buffer is free for the next load. kAsyncProxy: compute reads the
+// stage through wgmmas, which see the copies after a proxy fence.
+template <int kStages, bool kAsyncProxy = false, typename Load,
+          typename Compute>
 __device__ __forceinline__ void Pipeline(int count, Load&& load,
                                          Compute&& compute) {
 #pragma unroll
@@ -197,6 +206,7 @@ __device__ __forceinline__ void Pipeline(int count, Load&& load,
   }
   for (int i = 0; i < count; ++i) {
     CpAsyncWait<kStages - 2>();
+    if constexpr (kAsyncProxy) FenceProxyAsyncShared();
     __syncthreads();
     load(i + kStages - 1);
     CpAsyncCommit();
@@ -208,27 +218,49 @@ __device__ __forceinline__ void Pipeline(int count, Load&& load,
 // ---------------------------------------------------------------- dx --
 // A CTA owns kDxTokens tokens x kDxCols columns of a channel chunk (all
 // channels but with the residual term; ChunkColumnK maps them to runs of
-// K). Warp (wt, wc) owns the 64 tokens 64 wt.. and the 32 columns 32 wc..
-// (4 x 4 mma tiles). A stage is one block of kLogitBlock logits of the
-// rounded dh rows and phi' columns.
+// K). A stage is one block of kLogitBlock logits of the rounded dh rows and
+// phi' columns. kWgmma (TF32 with at least kWgmmaDxBlocks blocks):
+// warpgroup wg owns the 64 tokens 64 wg.. and every column, one
+// wgmma.m64n128k8 per 8 logits, both operands in the 128-byte swizzle
+// (wgmma.cuh; a block's 32 logits are one 128-byte row), which permutes
+// neither operand's logits apart. Otherwise warp (wt, wc) owns the 64 tokens
+// 64 wt.. and the 32 columns 32 wc.. (4 x 4 mma.sync tiles; IEEE three
+// products per tile).
 constexpr int kDxTokens = 128;
 constexpr int kDxCols = 128;
 constexpr int kLogitBlock = 32;
-constexpr int kDxStages = 2;
 // 8 mod 32 words: the lanes' 8-byte fragment loads (rows grp, words
 // 2 quad) are conflict free; so are the output tile's float2 stores.
 constexpr int kFragStride = kLogitBlock + 8;
 constexpr int kOutStride = kDxCols + 8;
-template <bool kIeee>
+// Fewer logit blocks than this measured faster on mma.sync tiles (n = 6:
+// 2 blocks, n = 9: 4; n = 16, 9 blocks, gained on wgmma).
+constexpr int kWgmmaDxBlocks = 6;
+template <bool kWgmma>
+inline constexpr int kDxStages = kWgmma ? 3 : 2;
+// Floats per operand row: a swizzled row, or padded for the fragment loads.
+template <bool kWgmma>
+inline constexpr int kDxRowFloats = kWgmma ? kLogitBlock : kFragStride;
+template <bool kIeee, bool kWgmma>
 constexpr int DxStageFloats() {
-  return (kIeee ? 2 : 1) * (kDxTokens + kDxCols) * kFragStride;
+  return (kIeee ? 2 : 1) * (kDxTokens + kDxCols) * kDxRowFloats<kWgmma>;
 }
-template <bool kIeee>
+// The wgmma tiles start on a swizzle atom, aligned up to one in-kernel.
+template <bool kIeee, bool kWgmma>
 constexpr int DxSmemBytes() {
-  return kDxStages * DxStageFloats<kIeee>() * 4;
+  return kDxStages<kWgmma> * DxStageFloats<kIeee, kWgmma>() * 4 +
+         (kWgmma ? kSwizzleAtomBytes : 0);
 }
-static_assert(kDxTokens * kOutStride <= kDxStages * DxStageFloats<false>(),
+template <bool kIeee, bool kWgmma>
+constexpr bool OutTileFits() {
+  return kDxTokens * kOutStride <=
+         kDxStages<kWgmma> * DxStageFloats<kIeee, kWgmma>();
+}
+static_assert(OutTileFits<false, false>() && OutTileFits<true, false>() &&
+                  OutTileFits<false, true>(),
               "the output tile reuses the stages");
+static_assert(kDxTokens * kLogitBlock * 4 % kSwizzleAtomBytes == 0,
+              "the phi' tile starts on an atom");
 
 // Column j of the chunk's tile `tile`: its flat k, -1 past the chunk.
 __device__ __forceinline__ int64_t WideColumn(const DevSpec& s,
@@ -262,12 +294,22 @@ __device__ __forceinline__ void AggregateTerm(const DevSpec& s,
   }
 }
 
-template <typename T, bool kIeee, bool kVector>
+template <typename T, bool kIeee, bool kVector, bool kWgmma>
 __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     wide_dx_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                    WideDev a) {
-  extern __shared__ __align__(16) float wide_smem[];
+  static_assert(!(kIeee && kWgmma), "the wgmma form is TF32's");
+  extern __shared__ __align__(16) float wide_dx_smem[];
   constexpr int kParts = kIeee ? 2 : 1;
+  constexpr int kStages = kDxStages<kWgmma>;
+  constexpr int RF = kDxRowFloats<kWgmma>;
+  float* wide_smem = wide_dx_smem;
+  if constexpr (kWgmma) {
+    const uint32_t base =
+        static_cast<uint32_t>(__cvta_generic_to_shared(wide_dx_smem));
+    wide_smem +=
+        (kSwizzleAtomBytes - base % kSwizzleAtomBytes) % kSwizzleAtomBytes / 4;
+  }
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -289,22 +331,25 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
         WideColumn(s, a.chunk, tile, copy_row + r * (kWideThreads / 8)));
   }
 
-  // Stage tiles: [part][dh rows | phi' columns][kFragStride].
+  // Stage tiles: [part][dh rows | phi' columns][RF]; the wgmma tiles'
+  // 16-byte chunk c of row r at c ^ (r % 8), which the copy rows 32 apart
+  // share.
   auto dh_tile = [&](int buf, int part) {
-    return wide_smem + buf * DxStageFloats<kIeee>() +
-           part * (kDxTokens + kDxCols) * kFragStride;
+    return wide_smem + buf * DxStageFloats<kIeee, kWgmma>() +
+           part * (kDxTokens + kDxCols) * RF;
   };
+  const int piece_at = kWgmma ? ((tid & 7) ^ (copy_row & 7)) * 4 : piece;
   auto load_stage = [&](int b) {
     if (b >= blocks) return;
     const int g0 = b * kLogitBlock + piece;
 #pragma unroll
     for (int p = 0; p < kParts; ++p) {
-      float* dhs = dh_tile(b % kDxStages, p) + copy_row * kFragStride + piece;
-      float* phs = dhs + kDxTokens * kFragStride;
+      float* dhs = dh_tile(b % kStages, p) + copy_row * RF + piece_at;
+      float* phs = dhs + kDxTokens * RF;
 #pragma unroll
       for (int r = 0; r < kCopyRows; ++r) {
         const int row = copy_row + r * (kWideThreads / 8);
-        const int offset = r * (kWideThreads / 8) * kFragStride;
+        const int offset = r * (kWideThreads / 8) * RF;
         const bool token = row < rows;
         CpAsync<16>(dhs + offset,
                     token ? a.op.dh[p] + (m0 + row) * a.Np + g0 : a.op.dh[p],
@@ -319,81 +364,111 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     }
   };
 
-  const int wt = warp >> 2;  // 64-token half
-  const int wc = warp & 3;   // 32-column quarter
-  float acc[4][4][4];
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-    }
-  }
-  // A fragment of (mt, kt): rows 64 wt + 16 mt + grp (+8), logits 8 kt +
-  // quad (+4) at words 2 quad, 2 quad + 1. B of (kt, nt): column 32 wc +
-  // 8 nt + grp, the same logits.
-  const int a_off = (wt * 64 + grp) * kFragStride + 2 * quad;
-  const int b_off = (kDxTokens + wc * 32 + grp) * kFragStride + 2 * quad;
-
-  Pipeline<kDxStages>(blocks, load_stage, [&](int b) {
-#pragma unroll
-    for (int kt = 0; kt < kLogitBlock / 8; ++kt) {
-      uint32_t af[kParts][4][4];
-      uint32_t bf[kParts][4][2];
-#pragma unroll
-      for (int p = 0; p < kParts; ++p) {
-        const float* tile = dh_tile(b % kDxStages, p) + kt * 8;
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          const float2 top = *reinterpret_cast<const float2*>(
-              tile + a_off + mt * 16 * kFragStride);
-          const float2 bottom = *reinterpret_cast<const float2*>(
-              tile + a_off + (mt * 16 + 8) * kFragStride);
-          af[p][mt][0] = __float_as_uint(top.x);
-          af[p][mt][1] = __float_as_uint(bottom.x);
-          af[p][mt][2] = __float_as_uint(top.y);
-          af[p][mt][3] = __float_as_uint(bottom.y);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const float2 v = *reinterpret_cast<const float2*>(
-              tile + b_off + nt * 8 * kFragStride);
-          bf[p][nt][0] = __float_as_uint(v.x);
-          bf[p][nt][1] = __float_as_uint(v.y);
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[0][nt][0]),
-                  __uint_as_float(bf[0][nt][1]));
-          if constexpr (kIeee) {
-            Mma1688(acc[mt][nt], af[1][mt], __uint_as_float(bf[0][nt][0]),
-                    __uint_as_float(bf[0][nt][1]));
-            Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[1][nt][0]),
-                    __uint_as_float(bf[1][nt][1]));
-          }
-        }
-      }
-    }
-  });
-  __syncthreads();
-
   // The products through shared memory, so that each thread finishes whole
   // vectors of one row: 16-byte loads of x and stores of dx.
   float* out_tile = wide_smem;
+  if constexpr (!kWgmma) {
+    const int wt = warp >> 2;  // 64-token half
+    const int wc = warp & 3;   // 32-column quarter
+    float acc[4][4][4];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      float* p = out_tile + (wt * 64 + mt * 16 + grp) * kOutStride + wc * 32 +
-                 nt * 8 + 2 * quad;
-      *reinterpret_cast<float2*>(p) =
-          make_float2(acc[mt][nt][0], acc[mt][nt][1]);
-      *reinterpret_cast<float2*>(p + 8 * kOutStride) =
-          make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+      }
+    }
+    // A fragment of (mt, kt): rows 64 wt + 16 mt + grp (+8), logits 8 kt +
+    // quad (+4) at words 2 quad, 2 quad + 1. B of (kt, nt): column 32 wc +
+    // 8 nt + grp, the same logits.
+    const int a_off = (wt * 64 + grp) * kFragStride + 2 * quad;
+    const int b_off = (kDxTokens + wc * 32 + grp) * kFragStride + 2 * quad;
+
+    Pipeline<kStages>(blocks, load_stage, [&](int b) {
+#pragma unroll
+      for (int kt = 0; kt < kLogitBlock / 8; ++kt) {
+        uint32_t af[kParts][4][4];
+        uint32_t bf[kParts][4][2];
+#pragma unroll
+        for (int p = 0; p < kParts; ++p) {
+          const float* tile = dh_tile(b % kStages, p) + kt * 8;
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            const float2 top = *reinterpret_cast<const float2*>(
+                tile + a_off + mt * 16 * kFragStride);
+            const float2 bottom = *reinterpret_cast<const float2*>(
+                tile + a_off + (mt * 16 + 8) * kFragStride);
+            af[p][mt][0] = __float_as_uint(top.x);
+            af[p][mt][1] = __float_as_uint(bottom.x);
+            af[p][mt][2] = __float_as_uint(top.y);
+            af[p][mt][3] = __float_as_uint(bottom.y);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const float2 v = *reinterpret_cast<const float2*>(
+                tile + b_off + nt * 8 * kFragStride);
+            bf[p][nt][0] = __float_as_uint(v.x);
+            bf[p][nt][1] = __float_as_uint(v.y);
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[0][nt][0]),
+                    __uint_as_float(bf[0][nt][1]));
+            if constexpr (kIeee) {
+              Mma1688(acc[mt][nt], af[1][mt], __uint_as_float(bf[0][nt][0]),
+                      __uint_as_float(bf[0][nt][1]));
+              Mma1688(acc[mt][nt], af[0][mt], __uint_as_float(bf[1][nt][0]),
+                      __uint_as_float(bf[1][nt][1]));
+            }
+          }
+        }
+      }
+    });
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        float* p = out_tile + (wt * 64 + mt * 16 + grp) * kOutStride + wc * 32 +
+                   nt * 8 + 2 * quad;
+        *reinterpret_cast<float2*>(p) =
+            make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+        *reinterpret_cast<float2*>(p + 8 * kOutStride) =
+            make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+      }
+    }
+  } else {
+    const int wg = warp >> 2;  // 64-token half
+    const uint64_t a_desc0 =
+        SwizzledDescriptor(dh_tile(0, 0) + wg * 64 * kLogitBlock);
+    const uint64_t b_desc0 =
+        SwizzledDescriptor(dh_tile(0, 0) + kDxTokens * kLogitBlock);
+    float acc[kDxCols / 2];
+#pragma unroll
+    for (int i = 0; i < kDxCols / 2; ++i) acc[i] = 0.0f;
+    Pipeline<kStages, true>(blocks, load_stage, [&](int b) {
+      const int at = (b % kStages) * DxStageFloats<false, true>() * 4;
+      WgmmaFence();
+#pragma unroll
+      for (int step = 0; step < kLogitBlock / 8; ++step) {
+        WgmmaTf32<kDxCols>(acc, DescriptorPlus(a_desc0, at + 32 * step),
+                           DescriptorPlus(b_desc0, at + 32 * step));
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+    });
+    __syncthreads();
+    // Accumulators i, i + 1: token 64 wg + 16 (warp % 4) + grp (+ 8),
+    // columns 8 (i / 4) + 2 quad and + 1.
+#pragma unroll
+    for (int i = 0; i < kDxCols / 2; i += 2) {
+      const int t = 64 * wg + 16 * (warp & 3) + grp + 8 * ((i >> 1) & 1);
+      *reinterpret_cast<float2*>(out_tile + t * kOutStride + 8 * (i >> 2) +
+                                 2 * quad) = make_float2(acc[i], acc[i + 1]);
     }
   }
   __syncthreads();
@@ -666,11 +741,14 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
 template <bool kIeee>
 cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
                            const float* gamma, const float* dh,
-                           const WideDev& d, cudaStream_t stream) {
-  round_dh_kernel<kIeee>
-      <<<dim3(GridSize(d.Np / kRoundTile),
-              GridSize((tokens + kRoundTile - 1) / kRoundTile)),
-         kWideThreads, 0, stream>>>(tokens, s.N, d.Np, d.Mp, dh, d.op);
+                           bool wgmma_tokens, const WideDev& d,
+                           cudaStream_t stream) {
+  DispatchBool(wgmma_tokens, [&](auto tag) {
+    round_dh_kernel<kIeee, decltype(tag)::value>
+        <<<dim3(GridSize(d.Np / kRoundTile),
+                GridSize((tokens + kRoundTile - 1) / kRoundTile)),
+           kWideThreads, 0, stream>>>(tokens, s.N, d.Np, d.Mp, dh, d.op);
+  });
   round_phi_kernel<kIeee>
       <<<dim3(GridSize((s.K + kRoundTile - 1) / kRoundTile),
               GridSize(d.Np / kRoundTile)),
@@ -678,16 +756,16 @@ cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
   return cudaGetLastError();
 }
 
-template <typename T, bool kIeee, bool kVector>
+template <typename T, bool kIeee, bool kVector, bool kWgmma>
 cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
                      const WideDev& d, cudaStream_t stream) {
   // Token tiles vary fastest, so the CTAs resident together share columns
   // and read the same phi' rows from L2; dh stays in L2 throughout.
   const int64_t tiles = (s.n * d.chunk.width + kDxCols - 1) / kDxCols;
   return LaunchLargeSmem(
-      wide_dx_kernel<T, kIeee, kVector>,
+      wide_dx_kernel<T, kIeee, kVector, kWgmma>,
       dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens), GridSize(tiles)),
-      kWideThreads, DxSmemBytes<kIeee>(), stream, s, tokens, x, d);
+      kWideThreads, DxSmemBytes<kIeee, kWgmma>(), stream, s, tokens, x, d);
 }
 
 template <typename T, bool kIeee, bool kVector>
@@ -764,6 +842,10 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   const bool vector_dx = vector_x && (s.minor || !any_term || s.C % vec == 0) &&
                          Aligned16(a.dx) &&
                          (a.dy == nullptr || Aligned16(a.dy));
+  // TF32 with vector x rows: dphi on warpgroup mmas; dx there too past a
+  // few logit blocks.
+  const bool wgmma_dphi = !ieee && vector_x;
+  const bool wgmma_dx = !ieee && d.Np / kLogitBlock >= kWgmmaDxBlocks;
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {
@@ -771,7 +853,8 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
     const T* x = static_cast<const T*>(a.x);
     DispatchBool(ieee, [&](auto ieee_tag) {
       constexpr bool kIeee = decltype(ieee_tag)::value;
-      err = LaunchRounding<kIeee>(s, a.tokens, a.phi, gamma, a.dh, d, stream);
+      err = LaunchRounding<kIeee>(s, a.tokens, a.phi, gamma, a.dh, wgmma_dphi,
+                                  d, stream);
       for (int64_t begin = 0; begin < s.C && err == cudaSuccess;
            begin += width) {
         d.chunk = {begin, std::min(width, s.C - begin)};
@@ -781,14 +864,25 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
           if (err != cudaSuccess) return;
         }
         DispatchBool(vector_dx, [&](auto vector_tag) {
-          err = LaunchDx<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,
-                                                                d, stream);
+          constexpr bool kVector = decltype(vector_tag)::value;
+          if (wgmma_dx) {
+            err = LaunchDx<T, false, kVector, true>(s, a.tokens, x, d, stream);
+          } else {
+            err = LaunchDx<T, kIeee, kVector, false>(s, a.tokens, x, d, stream);
+          }
         });
       }
       if (err != cudaSuccess || d.dphi_partial == nullptr) return;
+      if (wgmma_dphi) {
+        err =
+            LaunchWgmmaPhiPartials(s, a.tokens, a.act_dtype, a.x, d.op.dh_t[0],
+                                   d.Mp, d.Np, d.dphi_partial, stream);
+        return;
+      }
+      // IEEE, or TF32 with x rows off 16 bytes.
       DispatchBool(vector_x, [&](auto vector_tag) {
-        err = LaunchDphi<T, kIeee, decltype(vector_tag)::value>(s, a.tokens, x,
-                                                                d, stream);
+        constexpr bool kVector = kIeee && decltype(vector_tag)::value;
+        err = LaunchDphi<T, kIeee, kVector>(s, a.tokens, x, d, stream);
       });
     });
   });

@@ -276,8 +276,12 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   for (const BackwardCase& c : cases) CheckBackward(c);
 }
 
-// The two-kernel one (n = 5 / 6 / 9 / 12 / 16 layers): odd N and odd K,
-// partial token tiles and chunks, both layouts, tf32 and ieee, every dtype.
+// The two-kernel one (n = 5 / 6 / 9 / 12 / 13 / 16 layers): odd N and odd K,
+// partial token tiles and chunks, both layouts, tf32 and ieee, every dtype;
+// under tf32 with 16-byte rows dphi runs on warpgroup mmas at each of its
+// tile widths (144: n = 16, 9; 96: n = 12; 80: n = 13 in three tiles, the
+// last past the padded logits, and n = 6), with a partial last column tile
+// (n = 9) and fp32 x (n = 12).
 TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
   const BackwardCase cases[] = {
@@ -288,6 +292,10 @@ TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
       {9, 333, 300, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
       {6, 520, 1030, DType::kF16, MatmulPrecision::kIeee, true, false, true},
       {5, 777, 200, DType::kBF16, MatmulPrecision::kIeee, false, false, false},
+      {13, 264, 1030, DType::kBF16, MatmulPrecision::kTf32, false, false,
+       false},
+      {9, 336, 97, DType::kF16, MatmulPrecision::kTf32, true, false, false},
+      {6, 520, 1030, DType::kF16, MatmulPrecision::kTf32, true, false, true},
   };
   for (const BackwardCase& c : cases) CheckBackward(c);
 }
