@@ -205,9 +205,10 @@ const std::set<std::string> kPostRows = {"post x_next", "post df", "post dx"};
 TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
   MHC_SKIP_WITHOUT_GPU();
   // C = 1040 is a multiple of every vector width, so the unshifted run takes
-  // the vector path at n = 2, 4 and 8 (or the post's tensor cores); C is not
-  // a multiple of 32 V, so the strided path's last step of every row is
-  // partial. n = 3 and 16 run element accesses.
+  // the vector path at n = 2, 4 and 8 (or the post's tensor cores), and at
+  // n = 16 in the aggregate and expand; C is not a multiple of 32 V, so the
+  // strided path's last step of every row is partial. n = 3, and the post's
+  // FFMA kernels at n = 16, run element accesses.
   constexpr int64_t kHidden = 1040, kTokens = 37;
   for (int n : {2, 3, 4, 8, 16}) {
     for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
