@@ -59,7 +59,7 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
 // LaunchSinkhornBackward and, when r is given, the forward's H_res in
 // source-rows form ([M, n, n], R[i][j] at i n + j) from the same forward.
 // SinkhornLanesCover says whether they apply (LINEAR, at most
-// kLaneMaxIterations iterations, n in {2, 4, 8, 16}).
+// kLaneMaxIterations iterations, n from 2 to 16).
 bool SinkhornLanesCover(const LayerSpec& spec);
 absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
                                          const float* logits,

@@ -185,112 +185,133 @@ __global__ void __launch_bounds__(kSk4BwdThreads)
 
 // Lane kernels: token m = global thread / L; a lane past the last token
 // computes on zeros (it still takes part in its warp's shuffles) and stores
-// nothing.
-template <int N, int L>
+// nothing. A token's n x n matrix (n = N unless kPadded) fills the top-left
+// of the lanes' N x N block; the rest loads as zeros and is never stored.
+template <int N, int L, bool kPadded>
 __device__ __forceinline__ void LoadRows(const float* src, int64_t m, int lane,
-                                         bool live, float (&v)[N / L][N]) {
-  const float* row = src + m * N * N + lane * (N / L) * N;
+                                         bool live, int n,
+                                         float (&v)[N / L][N]) {
+  const int nr = kPadded ? n : N;
+  const int row0 = lane * (N / L);
+  const float* row = src + m * nr * nr + row0 * nr;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[r][j] = live ? row[r * N + j] : 0.0f;
+    for (int j = 0; j < N; ++j) {
+      const bool in = live && (!kPadded || (row0 + r < n && j < n));
+      v[r][j] = in ? row[r * nr + j] : 0.0f;
+    }
   }
 }
 
-template <int N, int L>
+template <int N, int L, bool kPadded>
 __device__ __forceinline__ void StoreRows(float* dst, int64_t m, int lane,
-                                          bool live,
+                                          bool live, int n,
                                           const float (&v)[N / L][N]) {
   if (!live) return;
-  float* row = dst + m * N * N + lane * (N / L) * N;
+  const int nr = kPadded ? n : N;
+  const int row0 = lane * (N / L);
+  float* row = dst + m * nr * nr + row0 * nr;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) row[r * N + j] = v[r][j];
+    for (int j = 0; j < N; ++j) {
+      if (!kPadded || (row0 + r < n && j < n)) row[r * nr + j] = v[r][j];
+    }
   }
 }
 
-template <int N, int L>
+template <int N, int L, bool kPadded>
 __global__ void __launch_bounds__(kLaneThreads)
-    sinkhorn_lanes_forward_kernel(int iterations, float eps, int64_t tokens,
-                                  const float* logits, float* h_res) {
-  using S = SinkhornLanes<N, L>;
+    sinkhorn_lanes_forward_kernel(int n, int iterations, float eps,
+                                  int64_t tokens, const float* logits,
+                                  float* h_res) {
+  using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
   const int lane = static_cast<int>(g % L);
   const bool live = m < tokens;
   float a[S::kRows][N], p[S::kRows][N];
-  LoadRows<N, L>(logits, live ? m : 0, lane, live, a);
-  S::template Forward<false>(iterations, eps, a, p, typename S::Keep{});
-  StoreRows<N, L>(h_res, m, lane, live, p);
+  LoadRows<N, L, kPadded>(logits, live ? m : 0, lane, live, n, a);
+  const typename S::Extent ext{n, lane * S::kRows};
+  S::template Forward<false>(iterations, eps, ext, a, p, typename S::Keep{});
+  StoreRows<N, L, kPadded>(h_res, m, lane, live, n, p);
 }
 
 // The lane's rows of H_res as R in source-rows form: as stored, or
 // transposed under DEST_ROWS.
-template <int N, int L>
+template <int N, int L, bool kPadded>
 __device__ __forceinline__ void StoreSourceRows(float* dst, int64_t m, int lane,
-                                                bool live, bool dest_rows,
+                                                bool live, int n,
+                                                bool dest_rows,
                                                 const float (&v)[N / L][N]) {
   if (!dest_rows) {
-    StoreRows<N, L>(dst, m, lane, live, v);
+    StoreRows<N, L, kPadded>(dst, m, lane, live, n, v);
     return;
   }
   if (!live) return;
-  float* block = dst + m * N * N + lane * (N / L);
+  const int nr = kPadded ? n : N;
+  const int row0 = lane * (N / L);
+  float* block = dst + m * nr * nr + row0;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) block[j * N + r] = v[r][j];
+    for (int j = 0; j < N; ++j) {
+      if (!kPadded || (row0 + r < n && j < n)) block[j * nr + r] = v[r][j];
+    }
   }
 }
 
 // r (optional): the forward's H_res in source-rows form, for the fused
 // backward's residual term.
-template <int N, int L>
+template <int N, int L, bool kPadded>
 __global__ void __launch_bounds__(kLaneThreads)
-    sinkhorn_lanes_backward_kernel(int iterations, float eps, int64_t tokens,
-                                   const float* logits, const float* dh_res,
-                                   float* dlogits, float* r, bool dest_rows) {
-  using S = SinkhornLanes<N, L>;
+    sinkhorn_lanes_backward_kernel(int n, int iterations, float eps,
+                                   int64_t tokens, const float* logits,
+                                   const float* dh_res, float* dlogits,
+                                   float* r, bool dest_rows) {
+  using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
   const int lane = static_cast<int>(g % L);
   const bool live = m < tokens;
   float a[S::kRows][N], y[S::kRows][N], dy[S::kRows][N];
-  LoadRows<N, L>(logits, live ? m : 0, lane, live, a);
+  LoadRows<N, L, kPadded>(logits, live ? m : 0, lane, live, n, a);
   __shared__ float kept[kLaneMaxIterations * S::kSlots * kLaneThreads];
   const typename S::Keep keep{kept, kLaneThreads, static_cast<int>(threadIdx.x),
                               lane};
-  S::template Forward<true>(iterations, eps, a, y, keep);
-  if (r != nullptr) StoreSourceRows<N, L>(r, m, lane, live, dest_rows, y);
-  LoadRows<N, L>(dh_res, live ? m : 0, lane, live, dy);
-  S::Backward(iterations, eps, a, y, dy, keep, a);
-  StoreRows<N, L>(dlogits, m, lane, live, a);
+  const typename S::Extent ext{n, lane * S::kRows};
+  S::template Forward<true>(iterations, eps, ext, a, y, keep);
+  if (r != nullptr) {
+    StoreSourceRows<N, L, kPadded>(r, m, lane, live, n, dest_rows, y);
+  }
+  LoadRows<N, L, kPadded>(dh_res, live ? m : 0, lane, live, n, dy);
+  S::Backward(iterations, eps, ext, a, y, dy, keep, a);
+  StoreRows<N, L, kPadded>(dlogits, m, lane, live, n, a);
 }
 
-// Runs f with IntTag<n> and the lane count when the lane kernels cover the
-// spec; false otherwise.
+// Runs f with IntTag<N>, the lane count and BoolTag<kPadded> when the lane
+// kernels cover the spec (n from 2 to 16, in the block of 2, 4, 8 or 16
+// that holds it); false otherwise.
 template <typename F>
 bool DispatchLanes(const DevSpec& s, F&& f) {
-  if (s.log_mode || s.iterations > kLaneMaxIterations || s.iterations < 1) {
+  if (s.log_mode || s.iterations > kLaneMaxIterations || s.iterations < 1 ||
+      s.n < 2 || s.n > 16) {
     return false;
   }
-  switch (s.n) {
-    case 2:
-      f(IntTag<2>{}, IntTag<1>{});
-      return true;
-    case 4:
-      f(IntTag<4>{}, IntTag<2>{});
-      return true;
-    case 8:
-      f(IntTag<8>{}, IntTag<4>{});
-      return true;
-    case 16:
-      f(IntTag<16>{}, IntTag<8>{});
-      return true;
-    default:
-      return false;
-  }
+  const bool padded = (s.n & (s.n - 1)) != 0;
+  DispatchBool(padded, [&](auto padded_tag) {
+    if (s.n <= 2) {
+      f(IntTag<2>{}, IntTag<1>{}, padded_tag);
+    } else if (s.n <= 4) {
+      f(IntTag<4>{}, IntTag<2>{}, padded_tag);
+    } else if (s.n <= 8) {
+      f(IntTag<8>{}, IntTag<4>{}, padded_tag);
+    } else {
+      f(IntTag<16>{}, IntTag<8>{}, padded_tag);
+    }
+  });
+  return true;
 }
 
 // One warp per 32 tokens.
@@ -309,11 +330,11 @@ unsigned LaneGrid(int64_t tokens, int lanes) {
 bool LaunchLanesBackward(const DevSpec& s, int64_t tokens, const float* logits,
                          const float* dh_res, float* dlogits, float* r,
                          cudaStream_t stream) {
-  return DispatchLanes(s, [&](auto nt, auto lt) {
+  return DispatchLanes(s, [&](auto nt, auto lt, auto pt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_backward_kernel<kN, kL>
+    sinkhorn_lanes_backward_kernel<kN, kL, decltype(pt)::value>
         <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
+            s.n, s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
             s.dest_rows);
   });
 }
@@ -376,11 +397,11 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                           ShapeString(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
   }
-  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt) {
+  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt, auto pt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_forward_kernel<kN, kL>
+    sinkhorn_lanes_forward_kernel<kN, kL, decltype(pt)::value>
         <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+            s.n, s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
   });
   const unsigned grid =
       GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
@@ -427,7 +448,7 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
 }
 
 bool SinkhornLanesCover(const LayerSpec& spec) {
-  return DispatchLanes(MakeDevSpec(spec), [](auto, auto) {});
+  return DispatchLanes(MakeDevSpec(spec), [](auto, auto, auto) {});
 }
 
 absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,

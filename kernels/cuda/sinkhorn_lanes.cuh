@@ -16,6 +16,14 @@
 // rebuilt states differ from the forward ones by a few fp32 ulps per step,
 // far inside the 1e-4 backward bound; the softmax at the start is recomputed
 // from the logits exactly.
+//
+// kPadded: the token's matrix is n x n with n < N, in the top-left corner of
+// the block (n = 3 in 4 x 4, 5-7 in 8 x 8, 9-15 in 16 x 16). The padding
+// rows and columns stay exactly zero: they get no eps and their
+// denominators are 1 (kept as such for the reverse mode, where their
+// gradients stay finite and never reach the n x n entries, every coupling
+// going through y, which is zero there). Adding those zeros to a sum is
+// exact, so the n x n result is the unpadded algorithm's in the same order.
 #ifndef MHC_KERNELS_CUDA_SINKHORN_LANES_CUH_
 #define MHC_KERNELS_CUDA_SINKHORN_LANES_CUH_
 
@@ -28,13 +36,25 @@ namespace mhc::cuda {
 // one-thread-per-token path.
 inline constexpr int kLaneMaxIterations = 20;
 
-template <int N, int L>
+template <int N, int L, bool kPadded = false>
 struct SinkhornLanes {
   static_assert(N % L == 0 && 32 % L == 0, "lanes must tile the matrix");
   static constexpr int kRows = N / L;  // rows per lane
   static constexpr int kCols = N / L;  // column denominators kept per lane
   static constexpr int kSlots = kCols + kRows;  // kept floats per step
   using Block = float[kRows][N];
+
+  // Which of a lane's entries are the token's (all of them unless kPadded).
+  struct Extent {
+    int n;     // the token's matrix is n x n
+    int row0;  // the lane's first row
+    __device__ __forceinline__ bool Row(int r) const {
+      return !kPadded || row0 + r < n;
+    }
+    __device__ __forceinline__ bool Col(int j) const {
+      return !kPadded || j < n;
+    }
+  };
 
   // Per-lane slots of the kept denominators: slot k of step t of the thread
   // tid lives at ((t * kSlots + k) * threads + tid), conflict free.
@@ -60,18 +80,24 @@ struct SinkhornLanes {
   }
 
   // Row softmax (NaN never wins the max, so it poisons its row).
-  static __device__ __forceinline__ void Softmax(const Block& a, Block& p) {
+  static __device__ __forceinline__ void Softmax(const Block& a, Block& p,
+                                                 const Extent& ext) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
+      if (!ext.Row(r)) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) p[r][j] = 0.0f;
+        continue;
+      }
       float best = a[r][0];
 #pragma unroll
       for (int j = 1; j < N; ++j) {
-        if (a[r][j] > best) best = a[r][j];
+        if (ext.Col(j) && a[r][j] > best) best = a[r][j];
       }
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        p[r][j] = expf(a[r][j] - best);
+        p[r][j] = ext.Col(j) ? expf(a[r][j] - best) : 0.0f;
         sum += p[r][j];
       }
       const float inv = Reciprocal(sum);
@@ -82,42 +108,48 @@ struct SinkhornLanes {
 
   static __device__ __forceinline__ void ColumnDenominators(const Block& p,
                                                             float eps,
+                                                            const Extent& ext,
                                                             float (&d)[N]) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       float sum = p[0][j];
 #pragma unroll
       for (int r = 1; r < kRows; ++r) sum += p[r][j];
-      d[j] = LaneSum(sum) + eps;
+      sum = LaneSum(sum) + eps;
+      d[j] = ext.Col(j) ? sum : 1.0f;
     }
   }
 
   static __device__ __forceinline__ float RowDenominator(const float (&row)[N],
-                                                         float eps) {
+                                                         float eps,
+                                                         bool token_row) {
     float sum = row[0];
 #pragma unroll
     for (int j = 1; j < N; ++j) sum += row[j];
-    return sum + eps;
+    return token_row ? sum + eps : 1.0f;
   }
 
   // Forward; with kKeep the denominators of every step are kept for the
   // reverse mode (dc: column steps, dr: row steps 1 .. T-1).
   template <bool kKeep>
   static __device__ __forceinline__ void Forward(int iterations, float eps,
+                                                 const Extent& ext,
                                                  const Block& a, Block& p,
                                                  const Keep& keep) {
-    Softmax(a, p);
+    Softmax(a, p, ext);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) p[r][j] += eps;
+      for (int j = 0; j < N; ++j) {
+        if (ext.Row(r) && ext.Col(j)) p[r][j] += eps;
+      }
     }
 #pragma unroll 1
     for (int t = 0; t < iterations; ++t) {
       if (t > 0) {  // row step
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const float d = RowDenominator(p[r], eps);
+          const float d = RowDenominator(p[r], eps, ext.Row(r));
           if (kKeep) keep.at(t, kCols + r) = d;
           const float inv = Reciprocal(d);
 #pragma unroll
@@ -125,7 +157,7 @@ struct SinkhornLanes {
         }
       }
       float d[N];
-      ColumnDenominators(p, eps, d);
+      ColumnDenominators(p, eps, ext, d);
       if (kKeep) {
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
@@ -149,6 +181,7 @@ struct SinkhornLanes {
   // Reverse mode: y is the forward's final matrix (overwritten), g the
   // incoming gradient (overwritten), a the logits; writes da.
   static __device__ __forceinline__ void Backward(int iterations, float eps,
+                                                  const Extent& ext,
                                                   const Block& a, Block& y,
                                                   Block& g, const Keep& keep,
                                                   Block& da) {
@@ -191,7 +224,7 @@ struct SinkhornLanes {
       }
     }
     // The + eps after the softmax has unit derivative; then the softmax.
-    Softmax(a, y);
+    Softmax(a, y, ext);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float dot = g[r][0] * y[r][0];

@@ -1,8 +1,8 @@
 // The sampled shapes and spec variants the CUDA suites run: every preset and
 // dtype meets M in {0, 1, 13, 137}, C in {1, 777, 1037, 5129} (plus aligned
 // widths that take the 16-byte and tensor-core paths) and n in {1, 2, 3, 4,
-// 6, 8, 16}, with
-// layouts, orientations, gamma, post bias and static layers varied per case.
+// 6, 8, 12, 16}, with layouts, orientations, gamma, post bias and static
+// layers varied per case.
 #ifndef MHC_TESTS_CUDA_CUDA_CASES_H_
 #define MHC_TESTS_CUDA_CUDA_CASES_H_
 
@@ -26,6 +26,7 @@ inline const std::vector<Shape>& SampledShapes() {
       {2, 64, 137},   {3, 5, 1},     {8, 1, 137},    {16, 33, 13},
       {4, 1024, 1},   {4, 256, 0},   {2, 1, 1},      {8, 40, 13},
       {8, 1037, 13},  {2, 777, 13},  {16, 1040, 13}, {6, 520, 137},
+      {12, 40, 13},
   };
   return kShapes;
 }

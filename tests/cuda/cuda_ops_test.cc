@@ -360,14 +360,15 @@ INSTANTIATE_TEST_SUITE_P(PresetsAndDtypes, CudaOpsTest,
                                       DTypeName(std::get<1>(info.param)));
                          });
 
-// Sinkhorn over stream counts (the lane kernels for n = 2 / 4 / 8 / 16, the
-// one-thread path for the rest), T = 1 and 20, LINEAR and LOG, odd token
-// counts; then batch invariance: a slice of the batch starting at an odd
-// token gives bitwise the same H_res and dlogits.
+// Sinkhorn over stream counts (LINEAR: the lane kernels for n = 2 / 4 / 8 /
+// 16 and, padded into those blocks, n = 3 / 5 / 6 / 12; LOG and n = 1: the
+// one-thread path), T = 1 and 20, odd token counts; then batch invariance: a
+// slice of the batch starting at an odd token gives bitwise the same H_res
+// and dlogits.
 TEST(CudaSinkhornTest, ShapesModesAndBatchInvariance) {
   MHC_SKIP_WITHOUT_GPU();
   for (const char* preset : {"deepseek_v4", "transformer_engine"}) {
-    for (int n : {1, 2, 3, 4, 8, 16}) {
+    for (int n : {1, 2, 3, 4, 5, 6, 8, 12, 16}) {
       for (int T : {1, 20}) {
         for (int64_t M : {0, 1, 13, 137}) {
           LayerSpec spec = PresetSpec(preset, n, 8).value();
