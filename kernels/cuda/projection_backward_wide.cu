@@ -1,10 +1,10 @@
-// Tensor-core projection backward for the layers the register-resident
-// kernel (projection_backward_mma.cu) does not take and the FFMA kernel
-// (projection.cu) runs slowest: more than kRowsPerPass logits with n not a
-// power of two (n = 5, 6, 7), more than 80 logits (n >= 9), or n = 8 where
-// that kernel's tiles outgrow shared memory. There the FFMA kernel re-read
-// every phi row for every token (n = 16: 173 ms at M = 8192, C = 4096 on an
-// H100). Two GEMM-shaped kernels take its place:
+// Tensor-core projection backward for the dynamic layers the
+// register-resident kernel (projection_backward_mma.cu) does not take: n
+// not a power of two (n = 3, 5-7, 9-15), more than 80 logits (n = 16), or n
+// = 1 / 8 where that kernel's tiles outgrow shared memory. The FFMA kernel
+// (projection.cu) that ran them re-read every phi row for every token (n =
+// 16: 173 ms at M = 8192, C = 4096 on an H100). Two GEMM-shaped kernels take
+// its place:
 //   dx      [M x K] = dh [M x N] . phi' [N x K] + dms 2 v / K (+ the fused
 //                     pre backward's aggregate and residual terms, the
 //                     latter summed apart by dx_terms.cu), rounded once;
@@ -785,8 +785,8 @@ cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, const T* x,
 
 bool UseWideDx(const DxArgs& a) {
   const LayerSpec& spec = *a.spec;
-  return a.dh != nullptr && spec.dynamic && spec.NumLogits() > kRowsPerPass &&
-         spec.K() <= INT32_MAX && !UseMmaDx(a);
+  return a.dh != nullptr && spec.dynamic && spec.K() <= INT32_MAX &&
+         !UseMmaDx(a);
 }
 
 size_t WideDxScratchBytes(const LayerSpec& spec, int64_t tokens, DType dtype,

@@ -1,6 +1,6 @@
 // The two-kernel tensor-core projection backward
-// (projection_backward_wide.cu), for the dynamic layers with more than
-// kRowsPerPass logits that UseMmaDx turns down (n >= 9, and n = 5, 6, 7);
+// (projection_backward_wide.cu), for the dynamic layers that UseMmaDx turns
+// down (n not a power of two, n = 16, and the largest fp32 tiles);
 // LaunchDxAndPhiPartials picks it when UseWideDx holds.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WIDE_H_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WIDE_H_

@@ -276,12 +276,12 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   for (const BackwardCase& c : cases) CheckBackward(c);
 }
 
-// The two-kernel one (n = 5 / 6 / 9 / 12 / 13 / 16 layers): odd N and odd K,
-// partial token tiles and chunks, both layouts, tf32 and ieee, every dtype;
+// The two-kernel one (n = 3 / 5 / 6 / 9 / 12 / 13 / 16 layers): odd N and odd
+// K, partial token tiles and chunks, both layouts, tf32 and ieee, every dtype;
 // under tf32 with 16-byte rows dphi runs on warpgroup mmas at each of its
 // tile widths (144: n = 16, 9; 96: n = 12; 80: n = 13 in three tiles, the
-// last past the padded logits, and n = 6), with a partial last column tile
-// (n = 9) and fp32 x (n = 12).
+// last past the padded logits, n = 6 and 3), with a partial last column
+// tile (n = 9) and fp32 x (n = 12).
 TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
   const BackwardCase cases[] = {
@@ -296,6 +296,8 @@ TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
        false},
       {9, 336, 97, DType::kF16, MatmulPrecision::kTf32, true, false, false},
       {6, 520, 1030, DType::kF16, MatmulPrecision::kTf32, true, false, true},
+      {3, 1037, 300, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {3, 1024, 1030, DType::kF16, MatmulPrecision::kTf32, false, false, true},
   };
   for (const BackwardCase& c : cases) CheckBackward(c);
 }
