@@ -37,6 +37,7 @@
 #include "dispatch.cuh"
 #include "dx_terms.cuh"
 #include "kernel_fit.h"
+#include "phi_tile.cuh"
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
 #include "projection_backward_wide.h"
@@ -303,13 +304,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
   constexpr int kParts = kIeee ? 2 : 1;
   constexpr int kStages = kDxStages<kWgmma>;
   constexpr int RF = kDxRowFloats<kWgmma>;
-  float* wide_smem = wide_dx_smem;
-  if constexpr (kWgmma) {
-    const uint32_t base =
-        static_cast<uint32_t>(__cvta_generic_to_shared(wide_dx_smem));
-    wide_smem +=
-        (kSwizzleAtomBytes - base % kSwizzleAtomBytes) % kSwizzleAtomBytes / 4;
-  }
+  float* wide_smem = kWgmma ? AtomAligned(wide_dx_smem) : wide_dx_smem;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -560,21 +555,12 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
   constexpr int XS = PhiXStride<T>();
   constexpr int kParts = kIeee ? 2 : 1;
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
-  constexpr int kVecElems = 16 / static_cast<int>(sizeof(T));
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int grp = lane >> 2;
   const int quad = lane & 3;
-  const int g0 = static_cast<int>(blockIdx.x) * kPhiLogits;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kPhiCols;
-  const int64_t begin = static_cast<int64_t>(blockIdx.z) * kTokenChunk;
-  const int chunk_tokens =
-      static_cast<int>(min(static_cast<int64_t>(kTokenChunk), tokens - begin));
-  const int stages = (chunk_tokens + kPhiTokens - 1) / kPhiTokens;
-  const int cols =
-      static_cast<int>(min(static_cast<int64_t>(kPhiCols), s.K - k0));
-  const int logits = min(kPhiLogits, s.N - g0);
+  const PhiTile tile = PhiTileOf<kPhiLogits, kPhiCols, kPhiTokens>(s, tokens);
 
   auto stage_x = [&](int buf) {
     return reinterpret_cast<T*>(wide_phi_smem +
@@ -587,42 +573,38 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
            part * kPhiLogits * kFragStride;
   };
   auto load_stage = [&](int st) {
-    if (st >= stages) return;
+    if (st >= tile.stages) return;
     const int buf = st % kPhiStages;
-    const int64_t m0 = begin + st * kPhiTokens;
-    const int rows = min(kPhiTokens, chunk_tokens - st * kPhiTokens);
+    const int64_t m0 = tile.begin + st * kPhiTokens;
+    const int rows = min(kPhiTokens, tile.chunk_tokens - st * kPhiTokens);
     T* xs = stage_x(buf);
     if constexpr (kVector) {
-      constexpr int kPerRow = kPhiCols / kVecElems;
-      for (int v = tid; v < kPhiTokens * kPerRow; v += kWideThreads) {
-        const int t = v / kPerRow;
-        const int j = v % kPerRow * kVecElems;
-        const bool ok = t < rows && j < cols;
-        CpAsync<16>(xs + t * XS + j, ok ? x + (m0 + t) * s.K + k0 + j : x, ok);
-      }
+      StageXVectors<T, kPhiCols, kPhiTokens, kWideThreads>(s, x, tile, st, xs,
+                                                           XS);
     } else {
       // Unaligned rows (odd K, offset tensors): element copies.
       for (int v = tid; v < kPhiTokens * kPhiCols; v += kWideThreads) {
         const int t = v / kPhiCols;
         const int j = v % kPhiCols;
-        xs[t * XS + j] = t < rows && j < cols ? x[(m0 + t) * s.K + k0 + j]
-                                              : FromFloat<T>(0.0f);
+        xs[t * XS + j] = t < rows && j < tile.cols
+                             ? x[(m0 + t) * s.K + tile.k0 + j]
+                             : FromFloat<T>(0.0f);
       }
     }
-    // Rounded dh rows of the tile's logits (zero past Np), this stage's
+    // Rounded dh rows of the tile's tile.logits (zero past Np), this stage's
     // tokens: pieces of 4 tokens, which Mp and the zero pad past M keep
     // inside the row.
-    const int live = min(kPhiLogits, a.Np - g0);
+    const int live = min(kPhiLogits, a.Np - tile.g0);
     for (int p = 0; p < kParts; ++p) {
       float* dhs = stage_dh(buf, p);
       for (int v = tid; v < kPhiLogits * 8; v += kWideThreads) {
         const int l = v >> 3;
         const int piece = (v & 7) * 4;
         const bool ok = l < live && piece < rows;
-        CpAsync<16>(
-            dhs + l * kFragStride + piece,
-            ok ? a.op.dh_t[p] + (g0 + l) * a.Mp + m0 + piece : a.op.dh_t[p],
-            ok);
+        CpAsync<16>(dhs + l * kFragStride + piece,
+                    ok ? a.op.dh_t[p] + (tile.g0 + l) * a.Mp + m0 + piece
+                       : a.op.dh_t[p],
+                    ok);
       }
     }
   };
@@ -649,7 +631,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     }
   };
 
-  Pipeline<kPhiStages>(stages, load_stage, [&](int st) {
+  Pipeline<kPhiStages>(tile.stages, load_stage, [&](int st) {
     const T* xs = stage_x(st % kPhiStages);
     if constexpr (kIeee) {
 #pragma unroll
@@ -715,7 +697,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     }
   });
 
-  // dphi^T fragment: columns 32 wc + 16 mt + grp (+8), logits 48 wl + 8 nt
+  // dphi^T fragment: columns 32 wc + 16 mt + grp (+8), tile.logits 48 wl + 8 nt
   // + 2 quad (+1).
   float* partial = a.dphi_partial + blockIdx.z * s.N * s.K;
 #pragma unroll
@@ -723,14 +705,15 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = wc * 32 + mt * 16 + grp + 8 * h;
-      if (j >= cols) continue;
+      if (j >= tile.cols) continue;
 #pragma unroll
       for (int nt = 0; nt < 6; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int g = wl * 48 + nt * 8 + 2 * quad + e;
-          if (g < logits) {
-            partial[(g0 + g) * s.K + k0 + j] = dphi[mt][nt][2 * h + e];
+          if (g < tile.logits) {
+            partial[(tile.g0 + g) * s.K + tile.k0 + j] =
+                dphi[mt][nt][2 * h + e];
           }
         }
       }

@@ -21,6 +21,7 @@
 
 #include "dispatch.cuh"
 #include "kernel_fit.h"
+#include "phi_tile.cuh"
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
 #include "projection_dphi_wgmma.h"
@@ -59,26 +60,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   using Plan = DphiPlan<T, kW>;
   constexpr int kStages = Plan::kStages;
   constexpr int XS = Plan::kXStride;
-  constexpr int kVecElems = 16 / static_cast<int>(sizeof(T));
   extern __shared__ __align__(16) char wgmma_dphi_smem[];
-  const uint32_t base =
-      static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_dphi_smem));
-  char* smem =
-      wgmma_dphi_smem +
-      ((kSwizzleAtomBytes - base % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  char* smem = AtomAligned(wgmma_dphi_smem);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int grp = lane >> 2;
   const int quad = lane & 3;
-  const int g0 = static_cast<int>(blockIdx.x) * kW;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  const int64_t begin = static_cast<int64_t>(blockIdx.z) * kTokenChunk;
-  const int chunk_tokens =
-      static_cast<int>(min(static_cast<int64_t>(kTokenChunk), tokens - begin));
-  const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
-  const int cols = static_cast<int>(min(static_cast<int64_t>(kCols), s.K - k0));
-  const int logits = min(kW, s.N - g0);
+  const PhiTile tile = PhiTileOf<kW, kCols, kStageTokens>(s, tokens);
 
   auto dh_stage = [&](int buf) {
     return reinterpret_cast<float*>(smem + buf * Plan::kDhBytes);
@@ -87,29 +76,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     return reinterpret_cast<T*>(smem + Plan::kXAt + buf * Plan::kXBytes);
   };
   auto load = [&](int st) {
-    if (st >= stages) return;
+    if (st >= tile.stages) return;
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
-    // x: rows past the chunk and columns past K land as zeros.
-    constexpr int kPerRow = kCols / kVecElems;
-    T* xs = x_stage(buf);
-#pragma unroll
-    for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
-      const int t = v / kPerRow;
-      const int j = v % kPerRow * kVecElems;
-      const bool ok = t < rows && j < cols;
-      CpAsync<16>(xs + t * XS + j, ok ? x + (m0 + t) * s.K + k0 + j : x, ok);
-    }
+    const int64_t m0 = tile.begin + static_cast<int64_t>(st) * kStageTokens;
+    StageXVectors<T, kCols, kStageTokens, kThreads>(s, x, tile, st,
+                                                    x_stage(buf), XS);
     // dh^T: 16-byte chunk c (4 token positions) of logit row l at c ^ (l % 8);
     // rows past Np and positions past Mp land as zeros.
     float* dhs = dh_stage(buf);
     for (int v = tid; v < kW * 8; v += kThreads) {
       const int l = v >> 3;
       const int c = v & 7;
-      const bool ok = g0 + l < Np && m0 + 4 * c < Mp;
+      const bool ok = tile.g0 + l < Np && m0 + 4 * c < Mp;
       CpAsync<16>(dhs + l * kStageTokens + ((c ^ (l & 7)) << 2),
-                  ok ? dh_t + (g0 + l) * Mp + m0 + 4 * c : dh_t, ok);
+                  ok ? dh_t + (tile.g0 + l) * Mp + m0 + 4 * c : dh_t, ok);
     }
   };
 
@@ -125,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     load(st);
     CpAsyncCommit();
   }
-  for (int st = 0; st < stages; ++st) {
+  for (int st = 0; st < tile.stages; ++st) {
     CpAsyncWait<kStages - 2>();
     // This thread's landed copies, visible to the async proxy the wgmmas
     // read through, then everyone's.
@@ -163,7 +143,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 0; i < kW / 2; ++i) {
     const int j = col + grp + 8 * ((i >> 1) & 1);
     const int g = 8 * (i >> 2) + 2 * quad + (i & 1);
-    if (j < cols && g < logits) out[(g0 + g) * s.K + k0 + j] = acc[i];
+    if (j < tile.cols && g < tile.logits)
+      out[(tile.g0 + g) * s.K + tile.k0 + j] = acc[i];
   }
 }
 

@@ -107,11 +107,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   static_assert(kXStep % 4 == 0 && kPStep % 8 == 0,
                 "copy rows keep their swizzle");
   extern __shared__ __align__(16) char wgmma_fwd_smem[];
-  const uint32_t base =
-      static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_fwd_smem));
-  char* smem =
-      wgmma_fwd_smem +
-      ((kSwizzleAtomBytes - base % kSwizzleAtomBytes) % kSwizzleAtomBytes);
+  char* smem = AtomAligned(wgmma_fwd_smem);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;

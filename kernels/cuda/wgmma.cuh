@@ -20,6 +20,16 @@ namespace mhc::cuda {
 
 inline constexpr int kSwizzleAtomBytes = 1024;
 
+// The first atom boundary at or after dynamic shared memory's start, which
+// is only 16-byte aligned (the kernels' plans reserve an atom for this).
+template <typename E>
+__device__ __forceinline__ E* AtomAligned(E* smem) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t skip =
+      (kSwizzleAtomBytes - at % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+  return reinterpret_cast<E*>(reinterpret_cast<char*>(smem) + skip);
+}
+
 // Where fp32 element k (of 32) of operand row r lives, in floats.
 __device__ __forceinline__ int SwizzledRow(int r, int k) {
   return r * 32 + (((k >> 2) ^ (r & 7)) << 2) + (k & 3);
@@ -63,6 +73,7 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 
 // d (64 x kN, fp32) += A (64 x 8 tf32) * B (8 x kN tf32), both operands
 // from shared memory tiles in the swizzled layout, named by descriptors.
+// Each width is spelled out: inline asm takes only literal operand lists.
 template <int kN>
 __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], uint64_t a,
                                           uint64_t b);
