@@ -136,15 +136,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   CpAsyncWait<0>();
 
-  // Accumulator i: column 64 wg + 16 wq + grp (+ 8), logit 8 (i / 4) +
-  // 2 quad (+ 1).
+  // Accumulator i: column col + grp (+ 8), logit 8 (i / 4) + 2 quad (+ 1).
   float* out = partial + blockIdx.z * s.N * s.K;
 #pragma unroll
   for (int i = 0; i < kW / 2; ++i) {
     const int j = col + grp + 8 * ((i >> 1) & 1);
     const int g = 8 * (i >> 2) + 2 * quad + (i & 1);
-    if (j < tile.cols && g < tile.logits)
+    if (j < tile.cols && g < tile.logits) {
       out[(tile.g0 + g) * s.K + tile.k0 + j] = acc[i];
+    }
   }
 }
 
