@@ -9,8 +9,9 @@
 //                     pre backward's aggregate and residual terms, the
 //                     latter summed apart by dx_terms.cu), rounded once;
 //   dphi^T  [K x N] = x^T [K x tokens] . dh [tokens x N], per fixed chunk of
-//                     kTokenChunk tokens; under TF32 with 16-byte x rows on
-//                     warpgroup mmas (projection_dphi_wgmma.cu).
+//                     kTokenChunk tokens: under TF32 with 16-byte x rows on
+//                     warpgroup mmas (projection_dphi_wgmma.cu), else on
+//                     mma.sync tiles (projection_dphi_mma.cu).
 // x is read twice (once per kernel) instead of once: at these N the
 // products, not the bytes, set the time.
 //
@@ -27,8 +28,7 @@
 // Determinism / batch invariance: a token's dx sums its logits in blocks of
 // kLogitBlock in order, each block in the mma's fixed order, independent of
 // M and of the token's slot in the tile. dphi partials are per (chunk,
-// column, logit), the chunk's tokens in order (IEEE: each stage of
-// kPhiTokens in fresh registers, added with rounded adds), reduced over
+// column, logit), each a fixed sum over the chunk's tokens, reduced over
 // chunks in order by LaunchPhiGradReduce. No atomics.
 #include <algorithm>
 #include <cstdint>
@@ -37,17 +37,17 @@
 #include "dispatch.cuh"
 #include "dx_terms.cuh"
 #include "kernel_fit.h"
-#include "phi_tile.cuh"
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
 #include "projection_backward_wide.h"
+#include "projection_dphi_mma.h"
 #include "projection_dphi_wgmma.h"
+#include "stage_pipeline.cuh"
 #include "wgmma.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-using dx_mma::LoadXTransposed;
 using dx_mma::SplitTf32;
 
 constexpr int kWideThreads = 256;  // 8 warps
@@ -89,7 +89,6 @@ struct WideDev {
   const float* terms;  // both terms of the chunk's columns, or null
   ChannelChunk chunk;  // the columns of a dx launch
   void* dx;
-  float* dphi_partial;
 };
 
 // Bytes of one part's rounded dh, dh^T and phi'.
@@ -190,30 +189,6 @@ __global__ void __launch_bounds__(kWideThreads)
       out.phi_t[p][k * Np + g0 + tx] = tile[p][Deinterleaved(tx)][kl];
     }
   }
-}
-
-// Runs compute(i) for stages i < count, load(i) issued kStages - 1 stages
-// ahead as cp.async groups; a barrier before each compute, after which the
-// oldest buffer is free for the next load. kAsyncProxy: compute reads the
-// stage through wgmmas, which see the copies after a proxy fence.
-template <int kStages, bool kAsyncProxy = false, typename Load,
-          typename Compute>
-__device__ __forceinline__ void Pipeline(int count, Load&& load,
-                                         Compute&& compute) {
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    load(i);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < count; ++i) {
-    CpAsyncWait<kStages - 2>();
-    if constexpr (kAsyncProxy) FenceProxyAsyncShared();
-    __syncthreads();
-    load(i + kStages - 1);
-    CpAsyncCommit();
-    compute(i);
-  }
-  CpAsyncWait<0>();
 }
 
 // ---------------------------------------------------------------- dx --
@@ -518,209 +493,6 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
   }
 }
 
-// -------------------------------------------------------------- dphi --
-// A CTA owns kPhiCols columns of K x kPhiLogits logits of one token chunk;
-// warp (wl, wc) the 32 columns 32 wc.. (2 mma row tiles) x the 48 logits
-// 48 wl.. (6 tiles). A stage is kPhiTokens tokens: x [tokens x columns] in
-// its own type and the rounded dh [logits x tokens]. x reaches the mma
-// through ldmatrix.trans (16-bit), which hands each lane tokens 2u and
-// 2u + 1, so the mma's k slots u and u + 4 are those tokens for both
-// operands.
-constexpr int kPhiCols = 128;
-constexpr int kPhiLogits = 96;
-constexpr int kPhiTokens = 32;
-constexpr int kPhiStages = 3;
-static_assert(kTokenChunk % kPhiTokens == 0, "stages tile a chunk");
-// x rows: 16-bit strides of 16 mod 128 bytes (ldmatrix rows conflict free),
-// fp32 of 8 mod 32 words over two rows (fragment loads of rows 2 quad).
-template <typename T>
-constexpr int PhiXStride() {
-  return sizeof(T) == 4 ? kPhiCols + 4 : kPhiCols + 8;
-}
-template <typename T, bool kIeee>
-constexpr int PhiStageBytes() {
-  return kPhiTokens * PhiXStride<T>() * static_cast<int>(sizeof(T)) +
-         (kIeee ? 2 : 1) * kPhiLogits * kFragStride * 4;
-}
-template <typename T, bool kIeee>
-constexpr int PhiSmemBytes() {
-  return kPhiStages * PhiStageBytes<T, kIeee>();
-}
-
-template <typename T, bool kIeee, bool kVector>
-__global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
-    wide_dphi_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
-                     WideDev a) {
-  extern __shared__ __align__(16) char wide_phi_smem[];
-  constexpr int XS = PhiXStride<T>();
-  constexpr int kParts = kIeee ? 2 : 1;
-  constexpr bool kSplitX = kIeee && sizeof(T) == 4;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int grp = lane >> 2;
-  const int quad = lane & 3;
-  const PhiTile tile = PhiTileOf<kPhiLogits, kPhiCols, kPhiTokens>(s, tokens);
-
-  auto stage_x = [&](int buf) {
-    return reinterpret_cast<T*>(wide_phi_smem +
-                                buf * PhiStageBytes<T, kIeee>());
-  };
-  auto stage_dh = [&](int buf, int part) {
-    return reinterpret_cast<float*>(wide_phi_smem +
-                                    buf * PhiStageBytes<T, kIeee>() +
-                                    kPhiTokens * XS * sizeof(T)) +
-           part * kPhiLogits * kFragStride;
-  };
-  auto load_stage = [&](int st) {
-    if (st >= tile.stages) return;
-    const int buf = st % kPhiStages;
-    const int64_t m0 = tile.begin + st * kPhiTokens;
-    const int rows = min(kPhiTokens, tile.chunk_tokens - st * kPhiTokens);
-    T* xs = stage_x(buf);
-    if constexpr (kVector) {
-      StageXVectors<T, kPhiCols, kPhiTokens, kWideThreads>(s, x, tile, st, xs,
-                                                           XS);
-    } else {
-      // Unaligned rows (odd K, offset tensors): element copies.
-      for (int v = tid; v < kPhiTokens * kPhiCols; v += kWideThreads) {
-        const int t = v / kPhiCols;
-        const int j = v % kPhiCols;
-        xs[t * XS + j] = t < rows && j < tile.cols
-                             ? x[(m0 + t) * s.K + tile.k0 + j]
-                             : FromFloat<T>(0.0f);
-      }
-    }
-    // Rounded dh rows of the tile's tile.logits (zero past Np), this stage's
-    // tokens: pieces of 4 tokens, which Mp and the zero pad past M keep
-    // inside the row.
-    const int live = min(kPhiLogits, a.Np - tile.g0);
-    for (int p = 0; p < kParts; ++p) {
-      float* dhs = stage_dh(buf, p);
-      for (int v = tid; v < kPhiLogits * 8; v += kWideThreads) {
-        const int l = v >> 3;
-        const int piece = (v & 7) * 4;
-        const bool ok = l < live && piece < rows;
-        CpAsync<16>(dhs + l * kFragStride + piece,
-                    ok ? a.op.dh_t[p] + (tile.g0 + l) * a.Mp + m0 + piece
-                       : a.op.dh_t[p],
-                    ok);
-      }
-    }
-  };
-
-  const int wl = warp >> 2;  // 48-logit half
-  const int wc = warp & 3;   // 32-column quarter
-  float dphi[2][6][4];
-  [[maybe_unused]] float stage_sum[kIeee ? 2 : 1][kIeee ? 6 : 1][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dphi[mt][nt][e] = 0.0f;
-    }
-  }
-  // IEEE sums each stage in fresh registers and adds it with rounded adds,
-  // as the forward does; tf32 accumulates in the mma.
-  auto acc = [&](int mt, int nt) -> float(&)[4] {
-    if constexpr (kIeee) {
-      return stage_sum[mt][nt];
-    } else {
-      return dphi[mt][nt];
-    }
-  };
-
-  Pipeline<kPhiStages>(tile.stages, load_stage, [&](int st) {
-    const T* xs = stage_x(st % kPhiStages);
-    if constexpr (kIeee) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) stage_sum[mt][nt][e] = 0.0f;
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < kPhiTokens / 16; ++half) {
-      // A = x^T: columns 32 wc + 16 mt + grp (+8), tokens 16 half + 8 step
-      // + 2 quad (slot quad) and + 1 (slot quad + 4).
-      uint32_t xa[2][2][4];
-      [[maybe_unused]] uint32_t xl[2][2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        LoadXTransposed<kSplitX>(lane, xs, XS, half * 16, wc * 32 + mt * 16,
-                                 xa[mt], xl[mt]);
-      }
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        // B = dh: logit 48 wl + 8 nt + grp, tokens as above (adjacent).
-        const int off =
-            (wl * 48 + grp) * kFragStride + half * 16 + step * 8 + 2 * quad;
-#pragma unroll
-        for (int nt = 0; nt < 6; ++nt) {
-          uint32_t bf[kParts][2];
-#pragma unroll
-          for (int p = 0; p < kParts; ++p) {
-            const float2 v = *reinterpret_cast<const float2*>(
-                stage_dh(st % kPhiStages, p) + off + nt * 8 * kFragStride);
-            bf[p][0] = __float_as_uint(v.x);
-            bf[p][1] = __float_as_uint(v.y);
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            Mma1688(acc(mt, nt), xa[mt][step], __uint_as_float(bf[0][0]),
-                    __uint_as_float(bf[0][1]));
-            if constexpr (kIeee) {
-              Mma1688(acc(mt, nt), xa[mt][step], __uint_as_float(bf[1][0]),
-                      __uint_as_float(bf[1][1]));
-            }
-            if constexpr (kSplitX) {
-              Mma1688(acc(mt, nt), xl[mt][step], __uint_as_float(bf[0][0]),
-                      __uint_as_float(bf[0][1]));
-            }
-          }
-        }
-      }
-    }
-    if constexpr (kIeee) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dphi[mt][nt][e] += stage_sum[mt][nt][e];
-        }
-      }
-    }
-  });
-
-  // dphi^T fragment: columns 32 wc + 16 mt + grp (+8), tile.logits 48 wl + 8 nt
-  // + 2 quad (+1).
-  float* partial = a.dphi_partial + blockIdx.z * s.N * s.K;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = wc * 32 + mt * 16 + grp + 8 * h;
-      if (j >= tile.cols) continue;
-#pragma unroll
-      for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int g = wl * 48 + nt * 8 + 2 * quad + e;
-          if (g < tile.logits) {
-            partial[(tile.g0 + g) * s.K + tile.k0 + j] =
-                dphi[mt][nt][2 * h + e];
-          }
-        }
-      }
-    }
-  }
-}
-
 template <bool kIeee>
 cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
                            const float* gamma, const float* dh,
@@ -749,19 +521,6 @@ cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
       wide_dx_kernel<T, kIeee, kVector, kWgmma>,
       dim3(GridSize((tokens + kDxTokens - 1) / kDxTokens), GridSize(tiles)),
       kWideThreads, DxSmemBytes<kIeee, kWgmma>(), stream, s, tokens, x, d);
-}
-
-template <typename T, bool kIeee, bool kVector>
-cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, const T* x,
-                       const WideDev& d, cudaStream_t stream) {
-  // Logit tiles fastest: the CTAs of one x tile run side by side and read
-  // it from HBM once.
-  return LaunchLargeSmem(wide_dphi_kernel<T, kIeee, kVector>,
-                         dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
-                              GridSize((s.K + kPhiCols - 1) / kPhiCols),
-                              GridSize(NumChunks(tokens))),
-                         kWideThreads, PhiSmemBytes<T, kIeee>(), stream, s,
-                         tokens, x, d);
 }
 
 }  // namespace
@@ -806,7 +565,6 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
   d.dy = a.dy;
   d.chunk = {0, s.C};
   d.dx = a.dx;
-  d.dphi_partial = a.dphi_partial;
   float* terms =
       residual
           ? reinterpret_cast<float*>(static_cast<char*>(a.wide_scratch) +
@@ -855,20 +613,17 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
           }
         });
       }
-      if (err != cudaSuccess || d.dphi_partial == nullptr) return;
-      if (wgmma_dphi) {
-        err =
-            LaunchWgmmaPhiPartials(s, a.tokens, a.act_dtype, a.x, d.op.dh_t[0],
-                                   d.Mp, d.Np, d.dphi_partial, stream);
-        return;
-      }
-      // IEEE, or TF32 with x rows off 16 bytes.
-      DispatchBool(vector_x, [&](auto vector_tag) {
-        constexpr bool kVector = kIeee && decltype(vector_tag)::value;
-        err = LaunchDphi<T, kIeee, kVector>(s, a.tokens, x, d, stream);
-      });
     });
   });
+  if (err == cudaSuccess && a.dphi_partial != nullptr) {
+    // The mma.sync kernel: IEEE, or TF32 with x rows off 16 bytes.
+    err = wgmma_dphi ? LaunchWgmmaPhiPartials(s, a.tokens, a.act_dtype, a.x,
+                                              d.op.dh_t[0], d.Mp, d.Np,
+                                              a.dphi_partial, stream)
+                     : LaunchMmaPhiPartials(s, a.tokens, a.act_dtype, ieee, a.x,
+                                            vector_x, d.op.dh_t, d.Mp, d.Np,
+                                            a.dphi_partial, stream);
+  }
   MHC_CUDA_RETURN_IF_ERROR(err, "dx (wide mma)",
                            ShapeString(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();

@@ -149,31 +149,23 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
   ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
     const auto [tile, chunk, group] = unit;
-    const int64_t m0 = tile * kMmaTokens;
-    const int64_t kbeg = chunk * plan.chunk;
-    const int64_t kend = min(s.K, kbeg + plan.chunk);
-    const int g0 = group * kW;
-    const int rows =
-        static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
-    const int logits = min(kW, s.N - g0);
-    const int span = static_cast<int>(kend - kbeg);
-    const int stages = (span + kStageK - 1) / kStageK;
+    const WideUnit u = WideUnitOf<kW>(s, tokens, plan, unit);
     // A copy's chunk holds k below kend when its stage offset is below:
-    const int x_klimit = span - xj * kXPer, phi_klimit = span - pj * 4;
+    const int x_klimit = u.span - xj * kXPer, phi_klimit = u.span - pj * 4;
 
-    const T* x_src = x + (m0 + xr) * s.K + kbeg + xj * kXPer;
-    const float* phi_src = phi + (g0 + pr) * s.K + kbeg + pj * 4;
+    const T* x_src = x + (u.m0 + xr) * s.K + u.kbeg + xj * kXPer;
+    const float* phi_src = phi + (u.g0 + pr) * s.K + u.kbeg + pj * 4;
     unsigned x_rows = 0, phi_rows = 0;
 #pragma unroll
     for (int i = 0; i < kXCopies; ++i) {
-      if (xr + i * kXStep < rows) x_rows |= 1u << i;
+      if (xr + i * kXStep < u.rows) x_rows |= 1u << i;
     }
 #pragma unroll
     for (int i = 0; i < kPCopies; ++i) {
-      if (pr + i * kPStep < logits) phi_rows |= 1u << i;
+      if (pr + i * kPStep < u.logits) phi_rows |= 1u << i;
     }
     auto load = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       const int buf = st % kStages;
       const int kst = st * kStageK;
       T* xs = x_stage(buf);
@@ -194,9 +186,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                     ok ? phi_src + kst + i * phi_step : phi, ok);
       }
       if (gamma != nullptr && tid < kPChunks) {
-        const int64_t k = kbeg + kst + tid * 4;
-        CpAsync<16>(gamma_stage(buf) + tid * 4, k < kend ? gamma + k : gamma,
-                    k < kend);
+        const int64_t k = u.kbeg + kst + tid * 4;
+        CpAsync<16>(gamma_stage(buf) + tid * 4, k < u.kend ? gamma + k : gamma,
+                    k < u.kend);
       }
     };
 
@@ -206,7 +198,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     // copied.
     float ss_run = 0.0f;
     auto prepare = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       const int buf = st % kStages;
       const int r = tid >> 1, k0 = 16 * (tid & 1);
       float v[16];
@@ -277,7 +269,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     prepare(0);
     FenceProxyAsyncShared();
     __syncthreads();
-    for (int st = 0; st < stages; ++st) {
+    for (int st = 0; st < u.stages; ++st) {
       compute(st);
       CpAsyncWait<kStages - 3>();
       __syncthreads();
@@ -291,14 +283,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     CpAsyncWait<0>();
 
     float* out =
-        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk) + g0;
+        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk) + u.g0;
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) {
       const int t = 64 * wg + 16 * wq + grp + 8 * ((i >> 1) & 1);
       const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
-      if (t < rows && col < logits) out[t * width + col] = acc[i];
+      if (t < u.rows && col < u.logits) out[t * width + col] = acc[i];
     }
-    StoreRowSquares(out, width, s.N, ss_run, group == 0, rows);
+    StoreRowSquares(out, width, s.N, ss_run, group == 0, u.rows);
     // The next unit's first loads reuse the stages this one computed from.
     __syncthreads();
   });

@@ -134,44 +134,37 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
 
   ForEachUnit(units, groups, plan.chunks, next_unit, [&](MmaUnit unit) {
     const auto [tile, chunk, group] = unit;
-    const int64_t m0 = tile * kMmaTokens;
-    const int64_t kbeg = chunk * plan.chunk;
-    const int64_t kend = min(s.K, kbeg + plan.chunk);
-    const int g0 = group * kLogits;
-    const int rows =
-        static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - m0));
-    const int logits = min(kLogits, s.N - g0);
-    const int stages = static_cast<int>((kend - kbeg + kStageK - 1) / kStageK);
+    const WideUnit u = WideUnitOf<kLogits>(s, tokens, plan, unit);
 
     // Vector copies: this thread always takes chunk xj of rows xr + i
     // kXStep (x) and chunk pj of rows pr + i 32 (phi), rows that keep its
     // swizzle, so a stage only adds its k offset.
-    const T* x_src = x + (m0 + xr) * s.K + kbeg + xj * kXPer;
-    const float* phi_src = phi + (g0 + pr) * s.K + kbeg + pj * 4;
+    const T* x_src = x + (u.m0 + xr) * s.K + u.kbeg + xj * kXPer;
+    const float* phi_src = phi + (u.g0 + pr) * s.K + u.kbeg + pj * 4;
     unsigned x_rows = 0, phi_rows = 0;
 #pragma unroll
     for (int i = 0; i < kXCopies; ++i) {
-      if (xr + i * kXStep < rows) x_rows |= 1u << i;
+      if (xr + i * kXStep < u.rows) x_rows |= 1u << i;
     }
 #pragma unroll
     for (int i = 0; i < kNT; ++i) {
-      if (pr + i * 32 < logits) phi_rows |= 1u << i;
+      if (pr + i * 32 < u.logits) phi_rows |= 1u << i;
     }
     auto load = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       const int buf = st % kStages;
       const int kst = st * kStageK;
       T* xs = x_stage(buf);
       float* ps = phi_stage(buf, 0);
       if constexpr (kVector) {
-        const bool x_k = kbeg + kst + xj * kXPer < kend;
+        const bool x_k = u.kbeg + kst + xj * kXPer < u.kend;
 #pragma unroll
         for (int i = 0; i < kXCopies; ++i) {
           const bool ok = x_k && ((x_rows >> i) & 1u);
           CpAsync<16>(xs + x_dst + i * kXStep * kStageK,
                       ok ? x_src + kst + i * x_step : x, ok);
         }
-        const bool phi_in_k = kbeg + kst + pj * 4 < kend;
+        const bool phi_in_k = u.kbeg + kst + pj * 4 < u.kend;
 #pragma unroll
         for (int i = 0; i < kNT; ++i) {
           const bool ok = phi_in_k && ((phi_rows >> i) & 1u);
@@ -179,28 +172,29 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
                       ok ? phi_src + kst + i * phi_step : phi, ok);
         }
         if (gamma != nullptr && tid < kPChunks) {
-          const int64_t k = kbeg + kst + tid * 4;
-          CpAsync<16>(gamma_stage(buf) + tid * 4, k < kend ? gamma + k : gamma,
-                      k < kend);
+          const int64_t k = u.kbeg + kst + tid * 4;
+          CpAsync<16>(gamma_stage(buf) + tid * 4,
+                      k < u.kend ? gamma + k : gamma, k < u.kend);
         }
       } else {
         // Rows that are not 16-byte aligned (odd K): element copies.
-        const int64_t k0 = kbeg + kst;
+        const int64_t k0 = u.kbeg + kst;
         for (int e = tid; e < kMmaTokens * kStageK; e += kMmaThreads) {
           const int r = e / kStageK;
           const int k = e % kStageK;
-          xs[StagedIndex<T>(r, k)] = r < rows && k0 + k < kend
-                                         ? x[(m0 + r) * s.K + k0 + k]
+          xs[StagedIndex<T>(r, k)] = r < u.rows && k0 + k < u.kend
+                                         ? x[(u.m0 + r) * s.K + k0 + k]
                                          : FromFloat<T>(0.0f);
         }
         for (int e = tid; e < kLogits * kStageK; e += kMmaThreads) {
           const int r = e / kStageK;
           const int k = e % kStageK;
-          ps[StagedIndex<float>(r, k)] =
-              r < logits && k0 + k < kend ? phi[(g0 + r) * s.K + k0 + k] : 0.0f;
+          ps[StagedIndex<float>(r, k)] = r < u.logits && k0 + k < u.kend
+                                             ? phi[(u.g0 + r) * s.K + k0 + k]
+                                             : 0.0f;
         }
         if (gamma != nullptr && tid < kStageK) {
-          gamma_stage(buf)[tid] = k0 + tid < kend ? gamma[k0 + tid] : 0.0f;
+          gamma_stage(buf)[tid] = k0 + tid < u.kend ? gamma[k0 + tid] : 0.0f;
         }
       }
     };
@@ -212,7 +206,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     // thread takes the chunks it copied: k 4 pj .. 4 pj + 3 of rows pr +
     // 32 i.
     auto prepare = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       const int buf = st % kStages;
       // The sum of squares: 16 k of row tid / 2 (half tid % 2 of the
       // stage) per thread, in a fresh register added to the running one.
@@ -354,7 +348,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     CpAsyncWait<kStages - 2>();
     __syncthreads();
     prepare(0);
-    for (int st = 0; st < stages; ++st) {
+    for (int st = 0; st < u.stages; ++st) {
       CpAsyncWait<kStages - 3>();
       __syncthreads();
       load(st + kStages - 1);
@@ -365,24 +359,24 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     CpAsyncWait<0>();
 
     float* out =
-        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk) + g0;
+        partial + PartialOffset(tokens, plan.chunks, width, tile, chunk) + u.g0;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int t = wt * 64 + mt * 16 + grp + 8 * h;
-        if (t >= rows) continue;
+        if (t >= u.rows) continue;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = wl * 8 * kNT + nt * 8 + 2 * quad + e;
-            if (col < logits) out[t * width + col] = acc[mt][nt][2 * h + e];
+            if (col < u.logits) out[t * width + col] = acc[mt][nt][2 * h + e];
           }
         }
       }
     }
-    StoreRowSquares(out, width, s.N, ss_run, group == 0, rows);
+    StoreRowSquares(out, width, s.N, ss_run, group == 0, u.rows);
     // The next unit's first loads reuse the stages this one computed from.
     __syncthreads();
   });

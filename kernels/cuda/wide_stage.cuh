@@ -1,9 +1,10 @@
 // What the wide projection forwards (projection_forward_wide and its wgmma
-// form) share: stages of kWideStageK k whose x rows are 16-byte chunks
-// swizzled so that fragment loads of consecutive rows cover all 32 banks, the
-// TF32 rounding both apply to phi' (and to fp32 x), and the store of a row's
-// sum of squares. (Their copy plans look alike but stay apart: the wgmma
-// form through a shared copy helper ran 17 % slower at n = 8, C = 4096.)
+// form) share: a unit's bounds, stages of kWideStageK k whose x rows are
+// 16-byte chunks swizzled so that fragment loads of consecutive rows cover
+// all 32 banks, the TF32 rounding both apply to phi' (and to fp32 x), and the
+// store of a row's sum of squares. (Their copy plans look alike but stay
+// apart: the wgmma form through a shared copy helper ran 17 % slower at n =
+// 8, C = 4096.)
 #ifndef MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
 #define MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
 
@@ -36,6 +37,29 @@ __device__ __forceinline__ int StagedIndex(int r, int k) {
   constexpr int kPer = 16 / sizeof(E);
   return r * kWideStageK + SwizzledChunk<kRowBytes>(r, k / kPer) * kPer +
          k % kPer;
+}
+
+// A persistent unit's tokens m0 .. m0 + rows - 1, its K chunk [kbeg, kend)
+// (span k) in stages of kWideStageK, and its logits g0 .. g0 + logits - 1.
+struct WideUnit {
+  int64_t m0, kbeg, kend;
+  int g0, rows, logits, span, stages;
+};
+template <int kLogits>
+__device__ __forceinline__ WideUnit WideUnitOf(const DevSpec& s, int64_t tokens,
+                                               const ChunkPlan& plan,
+                                               const MmaUnit& unit) {
+  WideUnit u;
+  u.m0 = unit.tile * kMmaTokens;
+  u.kbeg = unit.chunk * plan.chunk;
+  u.kend = min(s.K, u.kbeg + plan.chunk);
+  u.g0 = unit.group * kLogits;
+  u.rows =
+      static_cast<int>(min(static_cast<int64_t>(kMmaTokens), tokens - u.m0));
+  u.logits = min(kLogits, s.N - u.g0);
+  u.span = static_cast<int>(u.kend - u.kbeg);
+  u.stages = (u.span + kWideStageK - 1) / kWideStageK;
+  return u;
 }
 
 // v rounded to tf32, to nearest with ties away from zero (cvt.rna's
