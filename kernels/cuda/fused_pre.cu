@@ -378,7 +378,8 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.r = take(tokens * n * n);
   b.contrib = take(tokens * width);
   b.col_partial = take(NumChunks(tokens) * width);
-  b.dphi = take(spec.dynamic ? NumChunks(tokens) * rows * spec.K() : 0);
+  b.dphi =
+      take(spec.dynamic ? NumPhiChunks(spec, tokens) * rows * spec.K() : 0);
   b.wide = take(WideDxScratchBytes(spec, tokens, dtype, /*terms=*/true) /
                 sizeof(float));
   b.h_fwd = take(spec.dynamic ? tokens * rows : 0);

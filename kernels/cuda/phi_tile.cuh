@@ -11,7 +11,8 @@
 
 namespace mhc::cuda {
 
-// blockIdx: x the logit tile, y the column tile, z the token chunk.
+// blockIdx: x the logit tile, y the column tile, z the token chunk (of
+// chunk_tokens, PhiChunkTokens: a multiple of kTokenChunk).
 struct PhiTile {
   int g0;         // first logit
   int64_t k0;     // first column of K
@@ -19,13 +20,14 @@ struct PhiTile {
   int chunk_tokens, stages, cols, logits;
 };
 template <int kLogits, int kCols, int kStageTokens>
-__device__ __forceinline__ PhiTile PhiTileOf(const DevSpec& s, int64_t tokens) {
+__device__ __forceinline__ PhiTile PhiTileOf(const DevSpec& s, int64_t tokens,
+                                             int chunk_tokens) {
   PhiTile t;
   t.g0 = static_cast<int>(blockIdx.x) * kLogits;
   t.k0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  t.begin = static_cast<int64_t>(blockIdx.z) * kTokenChunk;
+  t.begin = static_cast<int64_t>(blockIdx.z) * chunk_tokens;
   t.chunk_tokens = static_cast<int>(
-      min(static_cast<int64_t>(kTokenChunk), tokens - t.begin));
+      min(static_cast<int64_t>(chunk_tokens), tokens - t.begin));
   t.stages = (t.chunk_tokens + kStageTokens - 1) / kStageTokens;
   t.cols = static_cast<int>(min(static_cast<int64_t>(kCols), s.K - t.k0));
   t.logits = min(kLogits, s.N - t.g0);

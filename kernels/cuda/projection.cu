@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
 }
 
 size_t PhiPartialBytes(const LayerSpec& spec, int64_t tokens) {
-  return AlignBytes(sizeof(float) * NumChunks(tokens) * spec.NumLogits() *
-                    spec.K());
+  return AlignBytes(sizeof(float) * NumPhiChunks(spec, tokens) *
+                    spec.NumLogits() * spec.K());
 }
 
 }  // namespace
@@ -483,8 +483,8 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
   if (grads_phi == nullptr && grads_gamma == nullptr) return absl::OkStatus();
   phi_grad_reduce_kernel<<<GridSize((s.K + kReduceCols - 1) / kReduceCols),
                            kReduceCols * kReduceRows, 0, stream>>>(
-      s, NumChunks(tokens), partial, phi, s.has_gamma ? gamma : nullptr,
-      grads_phi, grads_gamma);
+      s, NumPhiChunks(spec, tokens), partial, phi,
+      s.has_gamma ? gamma : nullptr, grads_phi, grads_gamma);
   MHC_CUDA_CHECK_LAUNCH("phi gradient reduce",
                         ShapeString(spec, tokens, DType::kF32));
   return absl::OkStatus();

@@ -9,7 +9,7 @@
 //                     pre backward's aggregate and residual terms, the
 //                     latter summed apart by dx_terms.cu), rounded once;
 //   dphi^T  [K x N] = x^T [K x tokens] . dh [tokens x N], per fixed chunk of
-//                     kTokenChunk tokens: under TF32 with 16-byte x rows on
+//                     PhiChunkTokens tokens: under TF32 with 16-byte x rows on
 //                     warpgroup mmas (projection_dphi_wgmma.cu), else on
 //                     mma.sync tiles (projection_dphi_mma.cu).
 // x is read twice (once per kernel) instead of once: at these N the
@@ -525,6 +525,26 @@ cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
 
 }  // namespace
 
+int64_t PhiChunkTokens(const LayerSpec& spec) {
+  // The layers UseMmaDx turns down whatever the request: every dynamic one
+  // that reaches this file but n = 1 / 8 with fp32 tiles too large.
+  const int n = spec.n;
+  const int64_t N = spec.NumLogits();
+  const bool pow2 = (n & (n - 1)) == 0;
+  const bool wide_only = spec.dynamic && spec.K() <= INT32_MAX &&
+                         (!pow2 || N > dx_mma::kMaxTiles * 8);
+  if (!wide_only) return kTokenChunk;
+  // Longer chunks only while one chunk's CTAs (128 columns x up to 144
+  // logits each) still fill the GPU several times over at M = 8192 (n = 9:
+  // four chunks of 2048 tokens, not two of 4096, which left a third of a
+  // wave idle), in powers of two so that chunks end together.
+  const int64_t ctas = (spec.K() + 127) / 128 * ((N + 143) / 144);
+  const int64_t most = std::min<int64_t>({N / 24, ctas / 128, 8});
+  int64_t multiple = 1;
+  while (multiple * 2 <= most) multiple *= 2;
+  return kTokenChunk * multiple;
+}
+
 bool UseWideDx(const DxArgs& a) {
   const LayerSpec& spec = *a.spec;
   return a.dh != nullptr && spec.dynamic && spec.K() <= INT32_MAX &&
@@ -616,13 +636,15 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
     });
   });
   if (err == cudaSuccess && a.dphi_partial != nullptr) {
+    const int chunk_tokens = static_cast<int>(PhiChunkTokens(*a.spec));
     // The mma.sync kernel: IEEE, or TF32 with x rows off 16 bytes.
-    err = wgmma_dphi ? LaunchWgmmaPhiPartials(s, a.tokens, a.act_dtype, a.x,
-                                              d.op.dh_t[0], d.Mp, d.Np,
-                                              a.dphi_partial, stream)
-                     : LaunchMmaPhiPartials(s, a.tokens, a.act_dtype, ieee, a.x,
-                                            vector_x, d.op.dh_t, d.Mp, d.Np,
-                                            a.dphi_partial, stream);
+    err = wgmma_dphi
+              ? LaunchWgmmaPhiPartials(s, a.tokens, chunk_tokens, a.act_dtype,
+                                       a.x, d.op.dh_t[0], d.Mp, d.Np,
+                                       a.dphi_partial, stream)
+              : LaunchMmaPhiPartials(s, a.tokens, chunk_tokens, a.act_dtype,
+                                     ieee, a.x, vector_x, d.op.dh_t, d.Mp, d.Np,
+                                     a.dphi_partial, stream);
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "dx (wide mma)",
                            ShapeString(*a.spec, a.tokens, a.act_dtype));

@@ -13,6 +13,18 @@
 namespace mhc::cuda {
 
 bool UseWideDx(const DxArgs& a);
+
+// Tokens per dphi partial of a layer's projection backward (a function of
+// the layer alone, so the order of the sum over tokens never depends on M):
+// kTokenChunk, or for the layers only this backward takes (n not a power of
+// two, n = 16) up to kTokenChunk times N / 24, which keeps their partials
+// near n = 4's share of the x bytes (n = 16, C = 4096: one partial at M =
+// 8192, not eight).
+int64_t PhiChunkTokens(const LayerSpec& spec);
+inline int64_t NumPhiChunks(const LayerSpec& spec, int64_t tokens) {
+  const int64_t chunk = PhiChunkTokens(spec);
+  return (tokens + chunk - 1) / chunk;
+}
 // Scratch of the rounded operands and, for the fused pre backward (terms),
 // of one channel chunk's terms (dx_terms.cuh); 0 where UseWideDx does not
 // hold.

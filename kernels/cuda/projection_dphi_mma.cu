@@ -63,8 +63,8 @@ constexpr int PhiSmemBytes() {
 
 template <typename T, bool kIeee, bool kVector>
 __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
-    wide_dphi_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
-                     PhiOperands a) {
+    wide_dphi_kernel(DevSpec s, int64_t tokens, int chunk_tokens,
+                     const T* __restrict__ x, PhiOperands a) {
   extern __shared__ __align__(16) char wide_phi_smem[];
   constexpr int XS = PhiXStride<T>();
   constexpr int kParts = kIeee ? 2 : 1;
@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
   const int lane = tid & 31;
   const int grp = lane >> 2;
   const int quad = lane & 3;
-  const PhiTile tile = PhiTileOf<kPhiLogits, kPhiCols, kPhiTokens>(s, tokens);
+  const PhiTile tile =
+      PhiTileOf<kPhiLogits, kPhiCols, kPhiTokens>(s, tokens, chunk_tokens);
 
   auto stage_x = [&](int buf) {
     return reinterpret_cast<T*>(wide_phi_smem +
@@ -234,22 +235,24 @@ __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
 }
 
 template <typename T, bool kIeee, bool kVector>
-cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, const T* x,
-                       const PhiOperands& d, cudaStream_t stream) {
+cudaError_t LaunchDphi(const DevSpec& s, int64_t tokens, int chunk_tokens,
+                       const T* x, const PhiOperands& d, cudaStream_t stream) {
   // Logit tiles fastest: the CTAs of one x tile run side by side and read
   // it from HBM once.
-  return LaunchLargeSmem(wide_dphi_kernel<T, kIeee, kVector>,
-                         dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
-                              GridSize((s.K + kPhiCols - 1) / kPhiCols),
-                              GridSize(NumChunks(tokens))),
-                         kThreads, PhiSmemBytes<T, kIeee>(), stream, s, tokens,
-                         x, d);
+  return LaunchLargeSmem(
+      wide_dphi_kernel<T, kIeee, kVector>,
+      dim3(GridSize((s.N + kPhiLogits - 1) / kPhiLogits),
+           GridSize((s.K + kPhiCols - 1) / kPhiCols),
+           GridSize((tokens + chunk_tokens - 1) / chunk_tokens)),
+      kThreads, PhiSmemBytes<T, kIeee>(), stream, s, tokens, chunk_tokens, x,
+      d);
 }
 
 }  // namespace
 
-cudaError_t LaunchMmaPhiPartials(const DevSpec& s, int64_t tokens, DType dtype,
-                                 bool ieee, const void* x, bool vector_x,
+cudaError_t LaunchMmaPhiPartials(const DevSpec& s, int64_t tokens,
+                                 int chunk_tokens, DType dtype, bool ieee,
+                                 const void* x, bool vector_x,
                                  float* const (&dh_t)[2], int64_t Mp, int Np,
                                  float* partial, cudaStream_t stream) {
   const PhiOperands d{{dh_t[0], dh_t[1]}, Mp, Np, partial};
@@ -261,8 +264,8 @@ cudaError_t LaunchMmaPhiPartials(const DevSpec& s, int64_t tokens, DType dtype,
       // TF32 with vector rows runs on warpgroup mmas: no vector build here.
       DispatchBool(kIeee && vector_x, [&](auto vector_tag) {
         constexpr bool kVector = kIeee && decltype(vector_tag)::value;
-        err = LaunchDphi<T, kIeee, kVector>(s, tokens, static_cast<const T*>(x),
-                                            d, stream);
+        err = LaunchDphi<T, kIeee, kVector>(
+            s, tokens, chunk_tokens, static_cast<const T*>(x), d, stream);
       });
     });
   });

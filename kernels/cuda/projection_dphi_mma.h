@@ -15,10 +15,11 @@ namespace mhc::cuda {
 
 // dh_t: [Np][Mp] rounded dh^T, tokens in order (Np >= N a multiple of 32, Mp
 // >= tokens a multiple of 4, zero past N and past the tokens); dh_t[1] the
-// low parts under IEEE. partial: [NumChunks(tokens)][N][K]. vector_x: x rows
-// on 16 bytes.
-cudaError_t LaunchMmaPhiPartials(const DevSpec& s, int64_t tokens, DType dtype,
-                                 bool ieee, const void* x, bool vector_x,
+// low parts under IEEE. partial: [chunks][N][K], one per chunk_tokens tokens
+// (a multiple of kTokenChunk). vector_x: x rows on 16 bytes.
+cudaError_t LaunchMmaPhiPartials(const DevSpec& s, int64_t tokens,
+                                 int chunk_tokens, DType dtype, bool ieee,
+                                 const void* x, bool vector_x,
                                  float* const (&dh_t)[2], int64_t Mp, int Np,
                                  float* partial, cudaStream_t stream);
 

@@ -54,9 +54,9 @@ struct DphiPlan {
 
 template <typename T, int kW>
 __global__ void __launch_bounds__(kThreads, 2)
-    wgmma_dphi_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
-                      const float* __restrict__ dh_t, int64_t Mp, int Np,
-                      float* __restrict__ partial) {
+    wgmma_dphi_kernel(DevSpec s, int64_t tokens, int chunk_tokens,
+                      const T* __restrict__ x, const float* __restrict__ dh_t,
+                      int64_t Mp, int Np, float* __restrict__ partial) {
   using Plan = DphiPlan<T, kW>;
   constexpr int kStages = Plan::kStages;
   constexpr int XS = Plan::kXStride;
@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int lane = tid & 31;
   const int grp = lane >> 2;
   const int quad = lane & 3;
-  const PhiTile tile = PhiTileOf<kW, kCols, kStageTokens>(s, tokens);
+  const PhiTile tile =
+      PhiTileOf<kW, kCols, kStageTokens>(s, tokens, chunk_tokens);
 
   auto dh_stage = [&](int buf) {
     return reinterpret_cast<float*>(smem + buf * Plan::kDhBytes);
@@ -163,23 +164,23 @@ int DphiTileWidth(int N) {
 }
 
 template <typename T, int kW>
-cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
-                        const float* dh_t, int64_t Mp, int Np, float* partial,
-                        cudaStream_t stream) {
+cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, int chunk_tokens,
+                        const void* x, const float* dh_t, int64_t Mp, int Np,
+                        float* partial, cudaStream_t stream) {
   // Logit tiles fastest: the CTAs of one x tile run side by side and read it
   // from HBM once.
   return LaunchLargeSmem(
       wgmma_dphi_kernel<T, kW>,
       dim3(GridSize((s.N + kW - 1) / kW), GridSize((s.K + kCols - 1) / kCols),
-           GridSize(NumChunks(tokens))),
-      kThreads, DphiPlan<T, kW>::kSmem, stream, s, tokens,
+           GridSize((tokens + chunk_tokens - 1) / chunk_tokens)),
+      kThreads, DphiPlan<T, kW>::kSmem, stream, s, tokens, chunk_tokens,
       static_cast<const T*>(x), dh_t, Mp, Np, partial);
 }
 
 }  // namespace
 
 cudaError_t LaunchWgmmaPhiPartials(const DevSpec& s, int64_t tokens,
-                                   DType dtype, const void* x,
+                                   int chunk_tokens, DType dtype, const void* x,
                                    const float* dh_t, int64_t Mp, int Np,
                                    float* partial, cudaStream_t stream) {
   const int width = DphiTileWidth(static_cast<int>(s.N));
@@ -187,11 +188,14 @@ cudaError_t LaunchWgmmaPhiPartials(const DevSpec& s, int64_t tokens,
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     if (width == 144) {
-      err = LaunchTiles<T, 144>(s, tokens, x, dh_t, Mp, Np, partial, stream);
+      err = LaunchTiles<T, 144>(s, tokens, chunk_tokens, x, dh_t, Mp, Np,
+                                partial, stream);
     } else if (width == 96) {
-      err = LaunchTiles<T, 96>(s, tokens, x, dh_t, Mp, Np, partial, stream);
+      err = LaunchTiles<T, 96>(s, tokens, chunk_tokens, x, dh_t, Mp, Np,
+                               partial, stream);
     } else {
-      err = LaunchTiles<T, 80>(s, tokens, x, dh_t, Mp, Np, partial, stream);
+      err = LaunchTiles<T, 80>(s, tokens, chunk_tokens, x, dh_t, Mp, Np,
+                               partial, stream);
     }
   });
   return err;

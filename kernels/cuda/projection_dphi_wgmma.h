@@ -1,6 +1,6 @@
 // The phi gradient of the two-kernel projection backward
 // (projection_backward_wide.cu) on warpgroup mmas: per fixed chunk of
-// kTokenChunk tokens, dphi^T [K x N] = x^T [K x tokens] . dh [tokens x N],
+// PhiChunkTokens tokens, dphi^T [K x N] = x^T [K x tokens] . dh [tokens x N],
 // for TF32 matmul precision and x rows on 16 bytes (other requests keep the
 // mma.sync kernel there).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_DPHI_WGMMA_H_
@@ -24,9 +24,10 @@ __host__ __device__ inline int64_t WgmmaTokenPosition(int64_t m) {
 
 // dh_t: [Np][Mp] rounded tf32 dh^T (Np >= N a multiple of 32, Mp >= tokens a
 // multiple of 8, zero past N and past the tokens), tokens placed by
-// WgmmaTokenPosition. partial: [NumChunks(tokens)][N][K]. x rows on 16 bytes.
+// WgmmaTokenPosition. partial: [chunks][N][K], one per chunk_tokens tokens
+// (a multiple of kTokenChunk). x rows on 16 bytes.
 cudaError_t LaunchWgmmaPhiPartials(const DevSpec& s, int64_t tokens,
-                                   DType dtype, const void* x,
+                                   int chunk_tokens, DType dtype, const void* x,
                                    const float* dh_t, int64_t Mp, int Np,
                                    float* partial, cudaStream_t stream);
 

@@ -3,8 +3,9 @@
 // gradients. Determinism / batch invariance: every per-token output comes
 // from code that sees that token alone, in a fixed order; dalpha / dbeta
 // (and every other parameter gradient built from per-token rows) are summed
-// over fixed chunks of tokens in token order, then over chunks in order,
-// never with float atomics.
+// over fixed groups of tokens in a fixed order (the scale backward at n != 4:
+// warps of 32 by an xor tree, then chunks of warp rows in order), then over
+// the groups in order, never with float atomics.
 //
 // n = 4 (the production case) has its own kernels. The step is elementwise
 // over (token, logit) but for the per-token dms sum, and every group
@@ -28,6 +29,7 @@ namespace mhc::cuda {
 namespace {
 
 constexpr int kTokenThreads = 64;
+constexpr int kMaxAlpha = 3;  // gate groups: pre, post, H_res
 
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
@@ -60,27 +62,51 @@ __global__ void __launch_bounds__(kTokenThreads)
   }
 }
 
+// One thread per token; the contributions of each warp's 32 tokens (lanes
+// past M add zeros) are summed by a fixed xor tree into one row per warp
+// (warp_rows: [WarpRows(M)][width]), which LaunchColumnSum then adds in
+// order like per-token rows: rows per warp rather than per token keep the
+// scratch near 1 % of the op's tensors.
+int64_t WarpRows(int64_t tokens) { return (tokens + 31) / 32; }
+
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     scale_backward_kernel(DevSpec s, int64_t tokens, const float* h,
                           const float* mean_square, const float* alpha,
                           const float* beta, const float* dh_pre,
                           const float* dh_post, const float* dlogits, float* dh,
-                          float* dmean_square, float* contrib) {
+                          float* dmean_square, float* warp_rows) {
+  static_assert(kTokenThreads % 32 == 0, "whole warps");
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (m >= tokens) return;
+  if ((m & ~int64_t{31}) >= tokens) return;  // the whole warp is past M
   const int n = StreamCount<NT>(s);
-  float da[NT * NT];
-#pragma unroll
-  for (int e = 0; e < NT * NT; ++e) {
-    da[e] = (!s.head && e < n * n) ? dlogits[m * n * n + e] : 0.0f;
-  }
   const int width = s.N + s.num_alpha;
-  ScaleBackwardToken<NT>(
-      s, s.dynamic ? h + m * s.N : nullptr, s.dynamic ? mean_square[m] : 0.0f,
-      alpha, beta, dh_pre + m * n, s.head ? nullptr : dh_post + m * n, da,
-      s.dynamic ? dh + m * s.N : nullptr,
-      s.dynamic ? dmean_square + m : nullptr, contrib + m * width);
+  float contrib[NT * NT + 2 * NT + kMaxAlpha];
+  if (m < tokens) {
+    float da[NT * NT];
+#pragma unroll
+    for (int e = 0; e < NT * NT; ++e) {
+      da[e] = (!s.head && e < n * n) ? dlogits[m * n * n + e] : 0.0f;
+    }
+    ScaleBackwardToken<NT>(s, s.dynamic ? h + m * s.N : nullptr,
+                           s.dynamic ? mean_square[m] : 0.0f, alpha, beta,
+                           dh_pre + m * n, s.head ? nullptr : dh_post + m * n,
+                           da, s.dynamic ? dh + m * s.N : nullptr,
+                           s.dynamic ? dmean_square + m : nullptr, contrib);
+  } else {
+    for (int g = 0; g < width; ++g) contrib[g] = 0.0f;
+  }
+  if (warp_rows == nullptr) return;
+  const int lane = threadIdx.x & 31;
+  float* row = warp_rows + (m >> 5) * width;
+  for (int g = 0; g < width; ++g) {
+    float sum = contrib[g];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if (lane == (g & 31)) row[g] = sum;
+  }
 }
 
 // ---------------------------------------------------------------- n = 4 --
@@ -398,8 +424,9 @@ size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
     return AlignBytes(sizeof(float) * ((tokens + kScaleTile - 1) / kScaleTile) *
                       width);
   }
-  return AlignBytes(sizeof(float) * tokens * width) +
-         AlignBytes(sizeof(float) * NumChunks(tokens) * width);
+  const int64_t rows = WarpRows(tokens);  // warp rows, then their chunks
+  return AlignBytes(sizeof(float) * rows * width) +
+         AlignBytes(sizeof(float) * NumChunks(rows) * width);
 }
 
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
@@ -473,21 +500,23 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
                           ShapeString(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
   }
-  float* contrib = static_cast<float*>(ws.data);
-  float* partial =
-      reinterpret_cast<float*>(static_cast<char*>(ws.data) +
-                               AlignBytes(sizeof(float) * p.tokens * width));
+  const bool grads = p.grads.beta != nullptr || grad_alpha != nullptr;
+  float* warp_rows = grads ? static_cast<float*>(ws.data) : nullptr;
   const unsigned grid =
       GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
   DispatchMix(s.n, [&](auto nt) {
     scale_backward_kernel<decltype(nt)::value>
         <<<grid, kTokenThreads, 0, stream>>>(
             s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-            p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, contrib);
+            p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, warp_rows);
   });
   MHC_CUDA_CHECK_LAUNCH("scale backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
-  return LaunchColumnSum(contrib, p.tokens, width, s.N, partial, p.grads.beta,
+  if (!grads) return absl::OkStatus();
+  const int64_t rows = WarpRows(p.tokens);
+  float* partial = reinterpret_cast<float*>(
+      static_cast<char*>(ws.data) + AlignBytes(sizeof(float) * rows * width));
+  return LaunchColumnSum(warp_rows, rows, width, s.N, partial, p.grads.beta,
                          grad_alpha, stream);
 }
 

@@ -298,6 +298,9 @@ TEST(CudaProjectionTilesTest, WideBackwardMatchesReferenceAndIsDeterministic) {
       {6, 520, 1030, DType::kF16, MatmulPrecision::kTf32, true, false, true},
       {3, 1037, 300, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
       {3, 1024, 1030, DType::kF16, MatmulPrecision::kTf32, false, false, true},
+      // dphi partials of 2048 tokens (PhiChunkTokens), the second partial.
+      {12, 1366, 2100, DType::kBF16, MatmulPrecision::kTf32, true, false,
+       false},
   };
   for (const BackwardCase& c : cases) CheckBackward(c);
 }
