@@ -132,6 +132,20 @@ struct VecWord<16> {
   using type = uint4;
 };
 
+// Zeroes a register array of floats of any rank (mma accumulators), fully
+// unrolled.
+template <typename E, int kN>
+__device__ __forceinline__ void ZeroFill(E (&a)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    if constexpr (std::is_array<E>::value) {
+      ZeroFill(a[i]);
+    } else {
+      a[i] = 0.0f;
+    }
+  }
+}
+
 // V consecutive elements with one access of V * sizeof(T) bytes when that is
 // 4, 8 or 16 (the caller guarantees alignment), element accesses otherwise.
 template <typename T, int V>

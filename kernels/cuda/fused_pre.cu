@@ -376,15 +376,18 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.h_pre = take(tokens * n);
   b.dh_pre = take(tokens * n);
   b.r = take(tokens * n * n);
-  b.contrib = take(tokens * width);
-  b.col_partial = take(NumChunks(tokens) * width);
+  // The per-token dalpha / dbeta contributions and their chunk sums; a
+  // SplitMix layer's scale backward takes the two slices as its workspace.
+  const bool split = SplitMix(spec);
+  b.contrib = take(split ? ScaleBackwardWorkspace(spec, tokens) / sizeof(float)
+                         : tokens * width);
+  b.col_partial = take(split ? 0 : NumChunks(tokens) * width);
   b.dphi =
       take(spec.dynamic ? NumPhiChunks(spec, tokens) * rows * spec.K() : 0);
   b.wide = take(WideDxScratchBytes(spec, tokens, dtype, /*terms=*/true) /
                 sizeof(float));
   b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
   b.ms_fwd = take(spec.dynamic ? tokens : 0);
-  const bool split = SplitMix(spec);
   b.h_post = take(split ? tokens * n : 0);
   b.logits = take(split ? tokens * n * n : 0);
   b.dlogits = take(split ? tokens * n * n : 0);

@@ -341,14 +341,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     const int wt = warp >> 2;  // 64-token half
     const int wc = warp & 3;   // 32-column quarter
     float acc[4][4][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-      }
-    }
+    ZeroFill(acc);
     // A fragment of (mt, kt): rows 64 wt + 16 mt + grp (+8), logits 8 kt +
     // quad (+4) at words 2 quad, 2 quad + 1. B of (kt, nt): column 32 wc +
     // 8 nt + grp, the same logits.

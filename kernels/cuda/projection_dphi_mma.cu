@@ -126,14 +126,7 @@ __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
   const int wc = warp & 3;   // 32-column quarter
   float dphi[2][6][4];
   [[maybe_unused]] float stage_sum[kIeee ? 2 : 1][kIeee ? 6 : 1][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dphi[mt][nt][e] = 0.0f;
-    }
-  }
+  ZeroFill(dphi);
   // IEEE sums each stage in fresh registers and adds it with rounded adds,
   // as the forward does; tf32 accumulates in the mma.
   auto acc = [&](int mt, int nt) -> float(&)[4] {
@@ -146,16 +139,7 @@ __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
 
   Pipeline<kPhiStages>(tile.stages, load_stage, [&](int st) {
     const T* xs = stage_x(st % kPhiStages);
-    if constexpr (kIeee) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 6; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) stage_sum[mt][nt][e] = 0.0f;
-        }
-      }
-    }
+    if constexpr (kIeee) ZeroFill(stage_sum);
 #pragma unroll
     for (int half = 0; half < kPhiTokens / 16; ++half) {
       // A = x^T: columns 32 wc + 16 mt + grp (+8), tokens 16 half + 8 step

@@ -247,14 +247,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     };
 
     float acc[4][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-      }
-    }
+    ZeroFill(acc);
 
     // The mma's k slots quad and quad + 4 take physical k 4 quad + 2 v and
     // 4 quad + 2 v + 1 (v: the k step of the 16-k half) for both operands:

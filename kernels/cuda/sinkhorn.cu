@@ -188,35 +188,35 @@ __global__ void __launch_bounds__(kSk4BwdThreads)
 // nothing. A token's n x n matrix (n = N unless kPadded) fills the top-left
 // of the lanes' N x N block; the rest loads as zeros and is never stored.
 template <int N, int L, bool kPadded>
-__device__ __forceinline__ void LoadRows(const float* src, int64_t m, int lane,
-                                         bool live, int n,
+using LaneExtent = typename SinkhornLanes<N, L, kPadded>::Extent;
+
+template <int N, int L, bool kPadded>
+__device__ __forceinline__ void LoadRows(const float* src, int64_t m, bool live,
+                                         const LaneExtent<N, L, kPadded>& ext,
                                          float (&v)[N / L][N]) {
-  const int nr = kPadded ? n : N;
-  const int row0 = lane * (N / L);
-  const float* row = src + m * nr * nr + row0 * nr;
+  const int nr = ext.Stride();
+  const float* row = src + m * nr * nr + ext.row0 * nr;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const bool in = live && (!kPadded || (row0 + r < n && j < n));
-      v[r][j] = in ? row[r * nr + j] : 0.0f;
+      v[r][j] = live && ext.Holds(r, j) ? row[r * nr + j] : 0.0f;
     }
   }
 }
 
 template <int N, int L, bool kPadded>
-__device__ __forceinline__ void StoreRows(float* dst, int64_t m, int lane,
-                                          bool live, int n,
+__device__ __forceinline__ void StoreRows(float* dst, int64_t m, bool live,
+                                          const LaneExtent<N, L, kPadded>& ext,
                                           const float (&v)[N / L][N]) {
   if (!live) return;
-  const int nr = kPadded ? n : N;
-  const int row0 = lane * (N / L);
-  float* row = dst + m * nr * nr + row0 * nr;
+  const int nr = ext.Stride();
+  float* row = dst + m * nr * nr + ext.row0 * nr;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      if (!kPadded || (row0 + r < n && j < n)) row[r * nr + j] = v[r][j];
+      if (ext.Holds(r, j)) row[r * nr + j] = v[r][j];
     }
   }
 }
@@ -231,33 +231,31 @@ __global__ void __launch_bounds__(kLaneThreads)
   const int64_t m = g / L;
   const int lane = static_cast<int>(g % L);
   const bool live = m < tokens;
-  float a[S::kRows][N], p[S::kRows][N];
-  LoadRows<N, L, kPadded>(logits, live ? m : 0, lane, live, n, a);
   const typename S::Extent ext{n, lane * S::kRows};
+  float a[S::kRows][N], p[S::kRows][N];
+  LoadRows<N, L, kPadded>(logits, live ? m : 0, live, ext, a);
   S::template Forward<false>(iterations, eps, ext, a, p, typename S::Keep{});
-  StoreRows<N, L, kPadded>(h_res, m, lane, live, n, p);
+  StoreRows<N, L, kPadded>(h_res, m, live, ext, p);
 }
 
 // The lane's rows of H_res as R in source-rows form: as stored, or
 // transposed under DEST_ROWS.
 template <int N, int L, bool kPadded>
-__device__ __forceinline__ void StoreSourceRows(float* dst, int64_t m, int lane,
-                                                bool live, int n,
-                                                bool dest_rows,
-                                                const float (&v)[N / L][N]) {
+__device__ __forceinline__ void StoreSourceRows(
+    float* dst, int64_t m, bool live, const LaneExtent<N, L, kPadded>& ext,
+    bool dest_rows, const float (&v)[N / L][N]) {
   if (!dest_rows) {
-    StoreRows<N, L, kPadded>(dst, m, lane, live, n, v);
+    StoreRows<N, L, kPadded>(dst, m, live, ext, v);
     return;
   }
   if (!live) return;
-  const int nr = kPadded ? n : N;
-  const int row0 = lane * (N / L);
-  float* block = dst + m * nr * nr + row0;
+  const int nr = ext.Stride();
+  float* block = dst + m * nr * nr + ext.row0;
 #pragma unroll
   for (int r = 0; r < N / L; ++r) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      if (!kPadded || (row0 + r < n && j < n)) block[j * nr + r] = v[r][j];
+      if (ext.Holds(r, j)) block[j * nr + r] = v[r][j];
     }
   }
 }
@@ -275,19 +273,19 @@ __global__ void __launch_bounds__(kLaneThreads)
   const int64_t m = g / L;
   const int lane = static_cast<int>(g % L);
   const bool live = m < tokens;
+  const typename S::Extent ext{n, lane * S::kRows};
   float a[S::kRows][N], y[S::kRows][N], dy[S::kRows][N];
-  LoadRows<N, L, kPadded>(logits, live ? m : 0, lane, live, n, a);
+  LoadRows<N, L, kPadded>(logits, live ? m : 0, live, ext, a);
   __shared__ float kept[kLaneMaxIterations * S::kSlots * kLaneThreads];
   const typename S::Keep keep{kept, kLaneThreads, static_cast<int>(threadIdx.x),
                               lane};
-  const typename S::Extent ext{n, lane * S::kRows};
   S::template Forward<true>(iterations, eps, ext, a, y, keep);
   if (r != nullptr) {
-    StoreSourceRows<N, L, kPadded>(r, m, lane, live, n, dest_rows, y);
+    StoreSourceRows<N, L, kPadded>(r, m, live, ext, dest_rows, y);
   }
-  LoadRows<N, L, kPadded>(dh_res, live ? m : 0, lane, live, n, dy);
+  LoadRows<N, L, kPadded>(dh_res, live ? m : 0, live, ext, dy);
   S::Backward(iterations, eps, ext, a, y, dy, keep, a);
-  StoreRows<N, L, kPadded>(dlogits, m, lane, live, n, a);
+  StoreRows<N, L, kPadded>(dlogits, m, live, ext, a);
 }
 
 // Runs f with IntTag<N>, the lane count and BoolTag<kPadded> when the lane

@@ -54,6 +54,12 @@ struct SinkhornLanes {
     __device__ __forceinline__ bool Col(int j) const {
       return !kPadded || j < n;
     }
+    // Whether entry (r, j) of the lane's rows belongs to the matrix, and
+    // the row length of the matrix as stored (n x n, rows contiguous).
+    __device__ __forceinline__ bool Holds(int r, int j) const {
+      return Row(r) && Col(j);
+    }
+    __device__ __forceinline__ int Stride() const { return kPadded ? n : N; }
   };
 
   // Per-lane slots of the kept denominators: slot k of step t of the thread

@@ -71,96 +71,56 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The wgmma wrappers below. Inline asm takes only literal operand lists, so
+// each width is spelled out by these macros: MHC_WGMMA_D<n> the accumulator
+// operands d[0 .. n-1], MHC_WGMMA_R<n> their names %0 .. %n-1.
+#define MHC_WGMMA_D8(i)                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MHC_WGMMA_D40                                                   \
+  MHC_WGMMA_D8(0), MHC_WGMMA_D8(8), MHC_WGMMA_D8(16), MHC_WGMMA_D8(24), \
+      MHC_WGMMA_D8(32)
+#define MHC_WGMMA_D48 MHC_WGMMA_D40, MHC_WGMMA_D8(40)
+#define MHC_WGMMA_D64 MHC_WGMMA_D48, MHC_WGMMA_D8(48), MHC_WGMMA_D8(56)
+#define MHC_WGMMA_D72 MHC_WGMMA_D64, MHC_WGMMA_D8(64)
+#define MHC_WGMMA_R40                                \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"           \
+  "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
+  "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35," \
+  "%36,%37,%38,%39"
+#define MHC_WGMMA_R48 \
+  MHC_WGMMA_R40       \
+  ",%40,%41,%42,%43,%44,%45,%46,%47"
+#define MHC_WGMMA_R64                                 \
+  MHC_WGMMA_R48                                       \
+  ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59," \
+  "%60,%61,%62,%63"
+#define MHC_WGMMA_R72 \
+  MHC_WGMMA_R64       \
+  ",%64,%65,%66,%67,%68,%69,%70,%71"
+
 // d (64 x kN, fp32) += A (64 x 8 tf32) * B (8 x kN tf32), both operands
 // from shared memory tiles in the swizzled layout, named by descriptors.
-// Each width is spelled out: inline asm takes only literal operand lists.
 template <int kN>
 __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], uint64_t a,
                                           uint64_t b);
 
-template <>
-__device__ __forceinline__ void WgmmaTf32<96>(float (&d)[48], uint64_t a,
-                                              uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
-      "}, %48, %49, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
-        "+f"(d[46]), "+f"(d[47])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void WgmmaTf32<128>(float (&d)[64], uint64_t a,
-                                               uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"
-      "%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
-        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-        "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void WgmmaTf32<144>(float (&d)[72], uint64_t a,
-                                               uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n144k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"
-      "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71"
-      "}, %72, %73, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
-        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-        "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
-        "+f"(d[71])
-      : "l"(a), "l"(b), "r"(1));
-}
+// kA, kB, kP: the names of the descriptors and of the scale-d flag.
+#define MHC_WGMMA_TF32(kN, kRegs, kOperands, kA, kB, kP)                       \
+  template <>                                                                  \
+  __device__ __forceinline__ void WgmmaTf32<kN>(float(&d)[kN / 2], uint64_t a, \
+                                                uint64_t b) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " kP                        \
+                 ", 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" #kN                       \
+                 "k8.f32.tf32.tf32 {" kRegs "}, " kA ", " kB ", p, 1, 1;\n}\n" \
+                 : kOperands                                                   \
+                 : "l"(a), "l"(b), "r"(1));                                    \
+  }
+MHC_WGMMA_TF32(96, MHC_WGMMA_R48, MHC_WGMMA_D48, "%48", "%49", "%50")
+MHC_WGMMA_TF32(128, MHC_WGMMA_R64, MHC_WGMMA_D64, "%64", "%65", "%66")
+MHC_WGMMA_TF32(144, MHC_WGMMA_R72, MHC_WGMMA_D72, "%72", "%73", "%74")
+#undef MHC_WGMMA_TF32
 
 // d (64 x kN, fp32) += A (64 x 8 tf32) * B (8 x kN tf32), A from registers
 // (warp w of the warpgroup: rows 16 w .. 16 w + 15 in the m16n8k8 A
@@ -170,85 +130,35 @@ __device__ __forceinline__ void WgmmaTf32RegA(float (&d)[kN / 2],
                                               const uint32_t (&a)[4],
                                               uint64_t b);
 
-template <>
-__device__ __forceinline__ void WgmmaTf32RegA<80>(float (&d)[40],
-                                                  const uint32_t (&a)[4],
-                                                  uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n80k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39"
-      "}, {%40,%41,%42,%43}, %44, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void WgmmaTf32RegA<96>(float (&d)[48],
-                                                  const uint32_t (&a)[4],
-                                                  uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
-      "}, {%48,%49,%50,%51}, %52, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
-        "+f"(d[46]), "+f"(d[47])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void WgmmaTf32RegA<144>(float (&d)[72],
-                                                   const uint32_t (&a)[4],
-                                                   uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n144k8.f32.tf32.tf32 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-      "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,"
-      "%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"
-      "%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71"
-      "}, {%72,%73,%74,%75}, %76, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
-        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
-        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-        "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
-        "+f"(d[71])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
+// kA: the names of A's four registers; kB, kP as above.
+#define MHC_WGMMA_TF32_REG_A(kN, kRegs, kOperands, kA, kB, kP)                 \
+  template <>                                                                  \
+  __device__ __forceinline__ void WgmmaTf32RegA<kN>(                           \
+      float(&d)[kN / 2], const uint32_t(&a)[4], uint64_t b) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " kP                        \
+                 ", 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" #kN                       \
+                 "k8.f32.tf32.tf32 {" kRegs "}, " kA ", " kB ", p, 1, 1;\n}\n" \
+                 : kOperands                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),         \
+                   "r"(1));                                                    \
+  }
+MHC_WGMMA_TF32_REG_A(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "{%40,%41,%42,%43}",
+                     "%44", "%45")
+MHC_WGMMA_TF32_REG_A(96, MHC_WGMMA_R48, MHC_WGMMA_D48, "{%48,%49,%50,%51}",
+                     "%52", "%53")
+MHC_WGMMA_TF32_REG_A(144, MHC_WGMMA_R72, MHC_WGMMA_D72, "{%72,%73,%74,%75}",
+                     "%76", "%77")
+#undef MHC_WGMMA_TF32_REG_A
+#undef MHC_WGMMA_D8
+#undef MHC_WGMMA_D40
+#undef MHC_WGMMA_D48
+#undef MHC_WGMMA_D64
+#undef MHC_WGMMA_D72
+#undef MHC_WGMMA_R40
+#undef MHC_WGMMA_R48
+#undef MHC_WGMMA_R64
+#undef MHC_WGMMA_R72
 
 }  // namespace mhc::cuda
 
