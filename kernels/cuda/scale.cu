@@ -116,6 +116,16 @@ constexpr int kScaleTile = 128;      // backward: tokens per block / partial
 constexpr int kScaleRuns = 16;       // runs of kScaleTile / kScaleRuns tokens
 constexpr int kScaleBatch = 16;      // partial rows in flight per thread
 
+// atomicAdd with acquire-release ordering at GPU scope.
+__device__ __forceinline__ unsigned AddAcqRel(unsigned* counter, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(counter), "r"(v)
+               : "memory");
+  return old;
+}
+
 // Logit quarter c of a token: 0 the pre gates, 1 the post gates, 2..5 H_res.
 __device__ __forceinline__ int QuarterGroup(int c) { return c < 2 ? c : 2; }
 
@@ -220,6 +230,15 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kScaleTile;
   const int64_t m = m0 + t;
   const int group = QuarterGroup(c);
+  // The gradient this thread adds to if its block comes last, read now so
+  // that the last block's tail does not wait on it.
+  float* grad = nullptr;
+  if (partial != nullptr && threadIdx.x < kWidth) {
+    const int w = threadIdx.x;
+    grad = w < kN ? (grad_beta != nullptr ? grad_beta + w : nullptr)
+                  : (grad_alpha != nullptr ? grad_alpha + (w - kN) : nullptr);
+  }
+  const float grad_before = grad != nullptr ? *grad : 0.0f;
   float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float dalpha = 0.0f, ms_dot = 0.0f;
   if (m < tokens) {
@@ -301,13 +320,17 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
 #pragma unroll
     for (int q = 0; q < kScaleRuns; ++q) sum += runs[threadIdx.x][q];
     partial[static_cast<int64_t>(blockIdx.x) * kWidth + threadIdx.x] = sum;
-    __threadfence();  // the row is visible before this block is counted
   }
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  // The count is an acq_rel atomic: as a release it publishes the row the
+  // barrier ordered before it, as an acquire (in the last block) every other
+  // block's row. __threadfence's sequentially consistent fences, one per
+  // writer and one in the last block, cost more and order nothing more.
+  if (threadIdx.x == 0) {
+    last = AddAcqRel(arrivals, 1u) == gridDim.x - 1;
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();  // every other block's row is visible to this one
 
   const int64_t blocks = gridDim.x;
   if (threadIdx.x < kSplit * kWidth) {
@@ -342,11 +365,7 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
     float total = 0.0f;
 #pragma unroll
     for (int k = 0; k < kSplit; ++k) total += strands[k][w];
-    if (w < kN) {
-      if (grad_beta != nullptr) grad_beta[w] += total;
-    } else if (grad_alpha != nullptr) {
-      grad_alpha[w - kN] += total;
-    }
+    if (grad != nullptr) *grad = grad_before + total;
   }
   if (threadIdx.x == 0) *arrivals = 0;  // ready for the next launch
 }

@@ -5,11 +5,13 @@
 // is the issue slots of the 2T - 1 normalisations. One thread per token needs
 // no shuffles and computes every row / column denominator once (lanes that
 // split a token each recompute all column reciprocals); every sum is a
-// two-level tree (a + b) + (c + d) so the chain per step is short. The
-// denominators are >= eps_sk >= FLT_MIN on this path (the launcher checks),
-// so one rcp.approx.ftz (<= 1 ulp, a single MUFU op) replaces the division:
-// the subnormal fix-up of the non-ftz form and a Newton step cost 8 more
-// instructions per denominator, 64 per iteration, for half an ulp.
+// two-level tree (a + b) + (c + d) so the chain per step is short. What is
+// inverted is a denominator (>= eps_sk >= FLT_MIN on this path: the launcher
+// checks) or an inverse scale (a denominator over the previous scale, see
+// Forward), a positive normal either way, so one rcp.approx.ftz (<= 1 ulp, a
+// single MUFU op) replaces the division: the subnormal fix-up of the non-ftz
+// form and a Newton step cost 8 more instructions per reciprocal, 64 per
+// iteration, for half an ulp.
 //
 // Reverse mode: the forward keeps every step's denominators d (Keep::Put,
 // shared memory in the kernel); the backward walks the steps in reverse from
@@ -96,11 +98,16 @@ struct NoKeep {
 // p = Sinkhorn(a) with T = iterations >= 1; p0 = the softmax (kept for the
 // reverse mode). Step t >= 1 is a row step then a column step.
 //
-// The iterate is carried as P = diag(u) K diag(v) with K = P0 + eps fixed:
-// a step only rescales u (rows) or v (columns), so a row's denominator is
-// fma(u_i, sum_j K_ij v_j, eps), one 4-FMA dot, and the new u_i one
-// reciprocal and one multiply; 28 instructions per step instead of 36 for
-// summing and rescaling all 16 elements. P is formed once at the end.
+// The iterate is carried as P = diag(u) K diag(v) with K = P0 + eps fixed, so
+// a step only rescales u (rows) or v (columns). It tracks the inverse scales
+// w = 1 / u and z = 1 / v: a row step's u_i / (u_i sum_j K_ij v_j + eps) is
+// 1 / (sum_j K_ij v_j + eps w_i), so the new w_i is a 4-FMA dot started from
+// eps w_i (known a step early, off the dependent chain) and the new u_i one
+// reciprocal: 24 instructions per step and a chain of four FMAs and a
+// reciprocal, where dividing u by its denominator took 28 and two more
+// dependent operations. The reverse mode's denominator u_i sum_j K_ij v_j +
+// eps is the old u_i times the new w_i (formed only when kept). P is formed
+// once at the end.
 template <typename Keep>
 __device__ __forceinline__ void Forward(int iterations, float eps,
                                         const float (&a)[16], float (&p0)[16],
@@ -109,33 +116,37 @@ __device__ __forceinline__ void Forward(int iterations, float eps,
   float k[16];
 #pragma unroll
   for (int e = 0; e < 16; ++e) k[e] = p0[e] + eps;
-  float u[4] = {1.0f, 1.0f, 1.0f, 1.0f}, v[4], d[4];
+  float u[4] = {1.0f, 1.0f, 1.0f, 1.0f}, w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  float v[4], z[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    d[j] = Sum4(k[j], k[4 + j], k[8 + j], k[12 + j]) + eps;
-    v[j] = Rcp(d[j]);
+    z[j] = Sum4(k[j], k[4 + j], k[8 + j], k[12 + j]) + eps;
+    v[j] = Rcp(z[j]);
   }
-  keep.Put(0, 1, d[0], d[1], d[2], d[3]);
+  keep.Put(0, 1, z[0], z[1], z[2], z[3]);
 #pragma unroll 2
   for (int t = 1; t < iterations; ++t) {
+    float old[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float dot = k[4 * i] * v[0];
+      old[i] = u[i];
+      float acc = eps * w[i];
 #pragma unroll
-      for (int j = 1; j < 4; ++j) dot = fmaf(k[4 * i + j], v[j], dot);
-      d[i] = fmaf(u[i], dot, eps);
-      u[i] *= Rcp(d[i]);
+      for (int j = 0; j < 4; ++j) acc = fmaf(k[4 * i + j], v[j], acc);
+      w[i] = acc;
+      u[i] = Rcp(acc);
     }
-    keep.Put(t, 0, d[0], d[1], d[2], d[3]);
+    keep.Put(t, 0, old[0] * w[0], old[1] * w[1], old[2] * w[2], old[3] * w[3]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float dot = u[0] * k[j];
+      old[j] = v[j];
+      float acc = eps * z[j];
 #pragma unroll
-      for (int i = 1; i < 4; ++i) dot = fmaf(u[i], k[4 * i + j], dot);
-      d[j] = fmaf(v[j], dot, eps);
-      v[j] *= Rcp(d[j]);
+      for (int i = 0; i < 4; ++i) acc = fmaf(u[i], k[4 * i + j], acc);
+      z[j] = acc;
+      v[j] = Rcp(acc);
     }
-    keep.Put(t, 1, d[0], d[1], d[2], d[3]);
+    keep.Put(t, 1, old[0] * z[0], old[1] * z[1], old[2] * z[2], old[3] * z[3]);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
