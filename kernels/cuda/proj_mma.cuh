@@ -10,6 +10,10 @@
 // keep the GPU evenly loaded at any M (a tile-per-cluster split lost up to half
 // a wave to cluster placement).
 //
+// bf16 layers of one logit group on 16-byte aligned rows run
+// projection_forward_bf16.cu's warpgroup-mma units (half a tile each) over
+// the same chunks and partial layout instead.
+//
 // Numerics: bf16 x goes to bf16 mmas against a bf16 split of phi'
 // (proj_mma_bf16.cuh). fp16 x converts to tf32 exactly. phi' is split into a
 // tf32 high part and a tf32 low part; MATMUL_PRECISION_IEEE issues both MMAs
@@ -169,6 +173,40 @@ __device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
   v[3] = u.w;
 }
 
+// phi' = phi * gamma (one rounded multiply, as the SPEC defines it) at k0 ..
+// k0 + 7 of logit row g; zero past N or kend. vec: 16-byte loads allowed
+// (K % 4 == 0, phi and gamma 16-byte aligned).
+__device__ __forceinline__ void FetchPhiChunk(const DevSpec& s,
+                                              const float* phi,
+                                              const float* gamma, int g,
+                                              int64_t k0, int64_t kend,
+                                              bool vec, float (&v)[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+  if (g >= s.N) return;
+  const float* src = phi + g * s.K + k0;
+  if (vec && k0 + 8 <= kend) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(src));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    if (gamma != nullptr) {
+      const float4 c = __ldg(reinterpret_cast<const float4*>(gamma + k0));
+      const float4 d = __ldg(reinterpret_cast<const float4*>(gamma + k0) + 1);
+      const float g8[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], g8[e]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (k0 + e < kend) {
+      v[e] = __fmul_rn(src[e], gamma != nullptr ? gamma[k0 + e] : 1.0f);
+    }
+  }
+}
+
 // The partial sums of one unit: tokens m0 .. m0 + kMmaTokens - 1 over k in
 // [kbeg, kend). Returns part (in smem) with part[t * kPartRow + g] = h_g (g <
 // N) and part[t * kPartRow + kMmaCols] = the sum of squares of token t; the
@@ -270,31 +308,12 @@ __device__ __forceinline__ const float* ProjectUnit(
   const int pk = (tid & 7) * 8;
   float pv[8];
   auto fetch_phi = [&](int kb) {
-    const int64_t k0 = kbeg + static_cast<int64_t>(kb) * kMmaBk + pk;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) pv[e] = 0.0f;
-    if (kb >= nkb || prow >= s.N) return;
-    const float* src = phi + prow * s.K + k0;
-    if (vec_phi && k0 + 8 <= kend) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(src));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
-      pv[0] = a.x, pv[1] = a.y, pv[2] = a.z, pv[3] = a.w;
-      pv[4] = b.x, pv[5] = b.y, pv[6] = b.z, pv[7] = b.w;
-      if (gamma != nullptr) {
-        const float4 c = __ldg(reinterpret_cast<const float4*>(gamma + k0));
-        const float4 d = __ldg(reinterpret_cast<const float4*>(gamma + k0) + 1);
-        const float g8[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) pv[e] = __fmul_rn(pv[e], g8[e]);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (k0 + e < kend) {
-          pv[e] = __fmul_rn(src[e], gamma != nullptr ? gamma[k0 + e] : 1.0f);
-        }
-      }
+    if (kb >= nkb) {
+      ZeroFill(pv);
+      return;
     }
+    FetchPhiChunk(s, phi, gamma, prow, kbeg + int64_t{kb} * kMmaBk + pk, kend,
+                  vec_phi, pv);
   };
   auto store_phi = [&](int buf) {
     if constexpr (kBf16Mma<T>) {
@@ -508,31 +527,44 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
   return AddGroup<kMaxChunks>(rows.first + e, rows.step, chunks, 0.0f);
 }
 
-// Launches min(units, co-resident CTAs) CTAs of kMmaThreads that take the
-// units in turn. The kernel's last parameter receives next_unit when there
-// is more than one wave (zeroed here first; the CTAs take units from it) and
-// null otherwise (each CTA strides by gridDim.x).
+// Launches CTAs of `threads` that take the units in turn: as many as
+// divide the units into equal shares within the co-resident count (units
+// over several waves: 1280 units on 528 slots run 427 CTAs of three, where
+// a full grid left 58 % of it idle for the third). The kernel's last
+// parameter receives next_unit when there is more than one wave (zeroed here
+// first; the CTAs take units from it) and null otherwise (each CTA strides
+// by gridDim.x).
 template <typename... Exp, typename... Act>
-cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
-                             unsigned long long* next_unit, cudaStream_t stream,
-                             Act&&... args) {
+cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
+                                   int64_t units, size_t smem,
+                                   unsigned long long* next_unit,
+                                   cudaStream_t stream, Act&&... args) {
   int64_t resident = 0;
   cudaError_t e = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
-                                     kMmaThreads, smem, &resident);
+                                     threads, smem, &resident);
   if (e != cudaSuccess) return e;
-  const bool take_in_turn = units > resident;
+  const int64_t waves = (units + resident - 1) / resident;
+  const int64_t ctas = waves > 0 ? (units + waves - 1) / waves : 0;
+  const bool take_in_turn = units > ctas;
   if (take_in_turn) {
     e = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
     if (e != cudaSuccess) return e;
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim =
-      dim3(static_cast<unsigned>(units < resident ? units : resident));
-  cfg.blockDim = dim3(kMmaThreads);
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...,
                             take_in_turn ? next_unit : nullptr);
+}
+// The same for CTAs of kMmaThreads.
+template <typename... Exp, typename... Act>
+cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
+                             unsigned long long* next_unit, cudaStream_t stream,
+                             Act&&... args) {
+  return LaunchPersistentBlocks(kernel, kMmaThreads, units, smem, next_unit,
+                                stream, std::forward<Act>(args)...);
 }
 
 // A unit's place: tile of kMmaTokens tokens, K chunk and logit group (the

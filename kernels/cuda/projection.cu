@@ -12,6 +12,7 @@
 #include "launch.h"
 #include "proj_mma.cuh"
 #include "projection_backward_wide.h"
+#include "projection_forward_bf16.h"
 #include "projection_forward_wide.h"
 
 namespace mhc::cuda {
@@ -71,20 +72,12 @@ __global__ void __launch_bounds__(kMmaThreads, sizeof(T) == 4 ? 1 : 2)
 // and arithmetic as the in-tile split, so both give the same bits.
 __global__ void __launch_bounds__(kMmaThreads)
     phi_split_kernel(DevSpec s, const float* phi, const float* gamma, bool ieee,
-                     uint32_t* out) {
+                     bool vec, uint32_t* out) {
   const int prow = threadIdx.x >> 3;
   const int pk = (threadIdx.x & 7) * 8;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kMmaBk + pk;
   float pv[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int64_t k = k0 + e;
-    pv[e] = 0.0f;
-    if (prow < s.N && k < s.K) {
-      pv[e] = phi[prow * s.K + k];
-      if (gamma != nullptr) pv[e] = __fmul_rn(pv[e], gamma[k]);
-    }
-  }
+  FetchPhiChunk(s, phi, gamma, prow,
+                static_cast<int64_t>(blockIdx.x) * kMmaBk + pk, s.K, vec, pv);
   Bf16TileMath::StorePhi(pv, prow, pk, ieee,
                          out + blockIdx.x * int64_t{Bf16SplitWords(ieee)});
 }
@@ -357,12 +350,24 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
   if (!s.has_gamma) gamma = nullptr;
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
   float* partial = static_cast<float*>(workspace);
+  if (UseBf16WgmmaProjection(spec, dtype, x)) {
+    char* after_partials =
+        static_cast<char*>(workspace) + PartialBytes(spec, tokens);
+    const size_t split_bytes = PhiSplitBytes(spec, tokens, dtype);
+    return LaunchBf16WgmmaProjectionPartials(
+        spec, tokens, x, phi, gamma, split_bytes > 0 ? after_partials : nullptr,
+        partial,
+        reinterpret_cast<unsigned long long*>(after_partials + split_bytes),
+        stream);
+  }
+  const bool vec_phi =
+      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
   uint32_t* phi_split = nullptr;
   if (PhiSplitBytes(spec, tokens, dtype) > 0) {
     phi_split = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) +
                                             PartialBytes(spec, tokens));
     phi_split_kernel<<<GridSize((s.K + kMmaBk - 1) / kMmaBk), kMmaThreads, 0,
-                       stream>>>(s, phi, gamma, ieee, phi_split);
+                       stream>>>(s, phi, gamma, ieee, vec_phi, phi_split);
     MHC_CUDA_CHECK_LAUNCH("projection forward (phi split)",
                           ShapeString(spec, tokens, dtype));
   }
@@ -373,8 +378,6 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
     return LaunchWideProjectionPartials(spec, tokens, dtype, x, phi, gamma,
                                         partial, next_unit, stream);
   }
-  const bool vec_phi =
-      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
   const int64_t units =
       MmaTiles(tokens) * PlanChunks(s.K, s.N).chunks * LogitGroups(s.N);
   cudaError_t err = cudaSuccess;

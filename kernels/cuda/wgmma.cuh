@@ -1,12 +1,14 @@
 // Warpgroup matrix multiplies (sm_90a wgmma) of TF32 operands (B in shared
-// memory, A in shared memory or registers), and the layout they read.
+// memory, A in shared memory or registers) and of bf16 operands (both in
+// shared memory), and the layout they read.
 //
 // Operand layout (A: one row per output row, B: one row per output column):
-// K-major rows of 32 fp32 (128 bytes), 128-byte swizzle: 16-byte chunk c of
-// row r lives at chunk c ^ (r % 8), in atoms of 8 rows (1024 bytes,
-// 1024-aligned). A descriptor names the row the instruction starts at and
-// its k offset inside the 128-byte row; the hardware applies the same XOR to
-// the address it forms, so k steps of 8 (32 bytes) only add to the start.
+// K-major rows of 32 fp32 or 64 bf16 (128 bytes), 128-byte swizzle: 16-byte
+// chunk c of row r lives at chunk c ^ (r % 8), in atoms of 8 rows (1024
+// bytes, 1024-aligned). A descriptor names the row the instruction starts at
+// and its k offset inside the 128-byte row; the hardware applies the same
+// XOR to the address it forms, so k steps (8 tf32 or 16 bf16: 32 bytes)
+// only add to the start.
 //
 // Accumulators: a warpgroup computes 64 rows; warp w of it holds rows 16 w ..
 // 16 w + 15 in the m16n8 fragment layout (per 8 columns j: rows grp and
@@ -150,6 +152,19 @@ MHC_WGMMA_TF32_REG_A(96, MHC_WGMMA_R48, MHC_WGMMA_D48, "{%48,%49,%50,%51}",
 MHC_WGMMA_TF32_REG_A(144, MHC_WGMMA_R72, MHC_WGMMA_D72, "{%72,%73,%74,%75}",
                      "%76", "%77")
 #undef MHC_WGMMA_TF32_REG_A
+
+// d (64 x 24, fp32) += A (64 x 16 bf16) * B (16 x 24 bf16), both operands
+// from swizzled shared-memory tiles (K-major: no transpose).
+__device__ __forceinline__ void WgmmaBf16N24(float (&d)[12], uint64_t a,
+                                             uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, %12, %13, p, 1, 1, 0, 0;\n}\n"
+      : MHC_WGMMA_D8(0), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+      : "l"(a), "l"(b), "r"(1));
+}
+
 #undef MHC_WGMMA_D8
 #undef MHC_WGMMA_D40
 #undef MHC_WGMMA_D48

@@ -1,0 +1,354 @@
+// The projection forward of bf16 layers with one logit group (n <= 4 mHC
+// layers, heads) on warpgroup mmas. The mma.sync units (proj_mma_bf16.cuh)
+// spend ~226 instructions per warp and 64-k stage on fragment loads,
+// addressing and 56 mmas, and left HBM 22-47 % idle at n = 4
+// (bench/RESULTS.md); here the tensor cores read both operands from shared
+// memory.
+//
+// Unit: 64 tokens (half of a proj_mma.cuh tile) x one K chunk
+// (PlanChunks), one warpgroup per CTA; the partials land in proj_mma.cuh's
+// layout, so the chunk sum and the fused pre forward's mixing read them
+// unchanged. Units half the mma.sync units' size leave less of the last
+// wave idle. Per stage of 64 k (one 128-byte swizzled row per token
+// and per logit): x lands by cp.async straight in wgmma's A layout (bf16,
+// no conversion); phi' = phi * gamma (one rounded multiply, as the SPEC
+// defines it) split into bf16 terms hi + mid (TF32 precision: 16
+// significant bits) or hi + mid + lo (IEEE) lands in B tiles of 24 rows,
+// copied from a split made once per launch or split per stage by the unit
+// (small batches): the same function makes both, so both give the same bits.
+// The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for its 64
+// tokens; the products of bf16 x and a bf16 term are exact in fp32. The sum
+// of squares comes from the same staged tile on mma.sync (ldmatrix, then
+// x x^T: each token's x.x lands on the diagonal, exact products added in
+// fp32) while the wgmmas run. Both accumulate four stages in the tensor
+// cores, then are added to fp32 sums with rounded adds (the tensor cores
+// truncate against a long running sum), as the mma.sync units do.
+//
+// Determinism / batch invariance: a token's h and sum of squares depend on
+// its x row, phi', K and N only (rows of both products are independent dot
+// products in a fixed k order); chunks are added in order by the chunk sum.
+// No floating-point atomics.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "proj_mma.cuh"
+#include "projection_forward_bf16.h"
+#include "wgmma.cuh"
+
+namespace mhc::cuda {
+namespace {
+
+constexpr int kStageK = kMmaBk;         // 64 bf16: one 128-byte row
+constexpr int kRowBytes = kStageK * 2;  // of a token or of a logit
+constexpr int kRowChunks = kRowBytes / 16;
+constexpr int kStages = 3;
+constexpr int kUnitTokens = 64;           // wgmma rows
+constexpr int kUnitThreads = 128;         // one warpgroup
+constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
+constexpr int kXTileBytes = kUnitTokens * kRowBytes;
+constexpr int kTermTileBytes = kTileLogits * kRowBytes;
+constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
+constexpr int kXCopyRows = kUnitThreads / kRowChunks;   // rows per pass
+static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
+static_assert(kXCopyRows % 8 == 0, "copies keep their swizzle phase");
+
+__host__ __device__ constexpr int Terms(bool ieee) { return ieee ? 3 : 2; }
+// A stage: the x tile, then one B tile per term; all on swizzle atoms.
+__host__ __device__ constexpr int StageBytes(int terms) {
+  return kXTileBytes + terms * kTermTileBytes;
+}
+template <int kTerms>
+constexpr int SmemBytes() {
+  return kStages * StageBytes(kTerms) + kSwizzleAtomBytes;
+}
+static_assert(kXTileBytes % kSwizzleAtomBytes == 0 &&
+                  kTermTileBytes % kSwizzleAtomBytes == 0,
+              "operand tiles start on atoms");
+// The split takes the workspace the mma.sync units' split would.
+static_assert(Terms(false) * kTermTileBytes == kBf16HiMidWords * 4 &&
+                  Terms(true) * kTermTileBytes == kBf16StageWords * 4,
+              "same split bytes per stage");
+
+__host__ __device__ inline int64_t UnitsOf(int64_t tokens) {
+  return (tokens + kUnitTokens - 1) / kUnitTokens;
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled tile.
+__device__ __forceinline__ int SwizzledChunkAt(int r, int c) {
+  return r * kRowBytes + ((c ^ (r & 7)) << 4);
+}
+
+// The bf16 terms of one phi' chunk (logit row g, 16-byte chunk c) into the
+// term tiles at `tiles`, consumed from v.
+template <int kTerms>
+__device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
+                                              int c) {
+  const int at = SwizzledChunkAt(g, c);
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) {
+    uint4 w;
+    w.x = SplitPair(v[0], v[1]);
+    w.y = SplitPair(v[2], v[3]);
+    w.z = SplitPair(v[4], v[5]);
+    w.w = SplitPair(v[6], v[7]);
+    *reinterpret_cast<uint4*>(tiles + t * kTermTileBytes + at) = w;
+  }
+}
+
+// phi' split once for the launch: a CTA per 64-k stage, its term tiles
+// where the units copy them from.
+template <int kTerms>
+__global__ void __launch_bounds__(kSplitChunks)
+    phi_planes_kernel(DevSpec s, const float* phi, const float* gamma, bool vec,
+                      char* planes) {
+  const int g = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
+  float v[8];
+  FetchPhiChunk(s, phi, gamma, g, k0, s.K, vec, v);
+  StorePhiChunk<kTerms>(
+      v, planes + static_cast<int64_t>(blockIdx.x) * kTerms * kTermTileBytes, g,
+      c);
+}
+
+template <int kTerms>
+__global__ void __launch_bounds__(kUnitThreads, 4)
+    bf16_wgmma_projection_kernel(DevSpec s, int64_t tokens,
+                                 const __nv_bfloat16* __restrict__ x,
+                                 const float* __restrict__ phi,
+                                 const float* __restrict__ gamma,
+                                 const char* __restrict__ planes, bool vec_phi,
+                                 float* partial,
+                                 unsigned long long* next_unit) {
+  constexpr int kStageBytes = StageBytes(kTerms);
+  constexpr int kSplitBytes = kTerms * kTermTileBytes;
+  extern __shared__ __align__(16) char bf16_proj_smem[];
+  char* smem = AtomAligned(bf16_proj_smem);
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int slab = 16 * warp;  // this warp's first token row
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const int64_t units = UnitsOf(tokens) * plan.chunks;
+  const int width = s.N + 1;
+
+  // x copies: chunk xc of rows xr + i kXCopyRows.
+  const int xc = tid % kRowChunks, xr = tid / kRowChunks;
+  const int x_dst = SwizzledChunkAt(xr, xc);
+  const uint64_t a_desc0 = SwizzledDescriptor(smem);
+  const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
+  // ldmatrix rows of the sum of squares: lanes 0-15 rows 0-15 at k 0,
+  // lanes 16-31 the same rows at k 8 of each 16-k step.
+  const int gram_row = slab + (lane & 15);
+
+  // A unit's tile index counts halves of proj_mma.cuh's tiles.
+  ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
+    const int64_t m0 = unit.tile * kUnitTokens;
+    const int64_t kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
+    const int64_t kend = min(s.K, kbeg + plan.chunk);
+    const int rows =
+        static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
+    const int span = static_cast<int>(kend - kbeg);
+    const int stages = (span + kStageK - 1) / kStageK;
+    const __nv_bfloat16* x_src = x + (m0 + xr) * s.K + kbeg + xc * 8;
+    unsigned x_rows = 0;
+#pragma unroll
+    for (int i = 0; i < kUnitTokens / kXCopyRows; ++i) {
+      if (xr + i * kXCopyRows < rows) x_rows |= 1u << i;
+    }
+    // A chunk holds k below kend when its stage offset is below:
+    const int x_klimit = span - xc * 8;
+    const char* split_src = planes != nullptr
+                                ? planes + kbeg / kStageK * int64_t{kSplitBytes}
+                                : nullptr;
+    const bool split_here = split_src == nullptr;
+
+    auto load = [&](int st) {
+      if (st >= stages) return;
+      char* stage = smem + st % kStages * kStageBytes;
+      const int kst = st * kStageK;
+      const bool k_ok = kst < x_klimit;
+#pragma unroll
+      for (int i = 0; i < kUnitTokens / kXCopyRows; ++i) {
+        const bool ok = k_ok && ((x_rows >> i) & 1u);
+        CpAsync<16>(stage + x_dst + i * kXCopyRows * kRowBytes,
+                    ok ? x_src + kst + i * kXCopyRows * s.K : x, ok);
+      }
+      if (split_src != nullptr) {
+        const char* src = split_src + st * kSplitBytes;
+#pragma unroll
+        for (int q = tid * 16; q < kSplitBytes; q += kUnitThreads * 16) {
+          CpAsync<16>(stage + kXTileBytes + q, src + q, true);
+        }
+      }
+    };
+    // The per-stage split travels through registers a stage ahead: chunk
+    // q % kRowChunks of logit row q / kRowChunks for q = tid, tid + 128.
+    constexpr int kSplitPasses =
+        (kSplitChunks + kUnitThreads - 1) / kUnitThreads;
+    float pv[kSplitPasses][8];
+    auto fetch_phi = [&](int st) {
+      if (!split_here || st >= stages) return;
+#pragma unroll
+      for (int i = 0; i < kSplitPasses; ++i) {
+        const int q = tid + i * kUnitThreads;
+        if (q < kSplitChunks) {
+          FetchPhiChunk(s, phi, gamma, q / kRowChunks,
+                        kbeg + st * kStageK + q % kRowChunks * 8, kend, vec_phi,
+                        pv[i]);
+        }
+      }
+    };
+    auto store_phi = [&](int st) {
+      if (!split_here || st >= stages) return;
+#pragma unroll
+      for (int i = 0; i < kSplitPasses; ++i) {
+        const int q = tid + i * kUnitThreads;
+        if (q < kSplitChunks) {
+          StorePhiChunk<kTerms>(pv[i],
+                                smem + st % kStages * kStageBytes + kXTileBytes,
+                                q / kRowChunks, q % kRowChunks);
+        }
+      }
+    };
+
+    float acc[12], fresh[12], gram[2][4];
+    float ss[2] = {0.0f, 0.0f};
+    ZeroFill(acc);
+    ZeroFill(fresh);
+    ZeroFill(gram);
+    auto compute = [&](int st) {
+      const int at = st % kStages * kStageBytes;
+      const uint64_t a_desc = DescriptorPlus(a_desc0, at);
+      const uint64_t b_desc = DescriptorPlus(b_desc0, at);
+      WgmmaFence();
+#pragma unroll
+      for (int j = 0; j < kStageK / 16; ++j) {
+#pragma unroll
+        for (int t = 0; t < kTerms; ++t) {
+          WgmmaBf16N24(fresh, DescriptorPlus(a_desc, 32 * j),
+                       DescriptorPlus(b_desc, t * kTermTileBytes + 32 * j));
+        }
+      }
+      WgmmaCommit();
+      if (slab >= rows) return;  // rows past the tokens: zeros
+      const char* tile = smem + at;
+#pragma unroll
+      for (int j = 0; j < kStageK / 16; ++j) {
+        uint32_t a[4];
+        LdMatrixX4(a, tile + SwizzledChunkAt(gram_row, 2 * j + (lane >> 4)));
+        // As B operands the same registers are x^T: tokens 0-7 in a[0],
+        // a[2], tokens 8-15 in a[1], a[3].
+        Mma16816(gram[0], a, a[0], a[2]);
+        Mma16816(gram[1], a, a[1], a[3]);
+      }
+    };
+    // The lane with quad == grp / 2 holds token grp's x.x (gram[0]) and
+    // token grp + 8's (gram[1]).
+    auto flush = [&] {
+#pragma unroll
+      for (int i = 0; i < 12; ++i) {
+        acc[i] += fresh[i];
+        fresh[i] = 0.0f;
+      }
+      const bool odd = grp & 1;
+      ss[0] += odd ? gram[0][1] : gram[0][0];
+      ss[1] += odd ? gram[1][3] : gram[1][2];
+      ZeroFill(gram);
+    };
+
+    fetch_phi(0);
+    store_phi(0);
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      load(st);
+      CpAsyncCommit();
+    }
+    for (int st = 0; st < stages; ++st) {
+      fetch_phi(st + 1);
+      CpAsyncWait<kStages - 2>();
+      // The copies and split stores of stage st, for the wgmmas' proxy.
+      FenceProxyAsyncShared();
+      __syncthreads();
+      load(st + kStages - 1);
+      CpAsyncCommit();
+      compute(st);
+      store_phi(st + 1);
+      // Stage st's buffers are refilled after the next barrier.
+      WgmmaWait<0>();
+      if ((st & 3) == 3 || st == stages - 1) flush();
+    }
+    CpAsyncWait<0>();
+
+    float* out =
+        partial +
+        PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
+        unit.tile % 2 * kUnitTokens * width;
+#pragma unroll
+    for (int i = 0; i < 12; ++i) {
+      const int t = slab + grp + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
+      if (t < rows && col < s.N) out[t * width + col] = acc[i];
+    }
+    if (quad == grp >> 1) {
+      const int t = slab + grp;
+      if (t < rows) out[t * width + s.N] = ss[0];
+      if (t + 8 < rows) out[(t + 8) * width + s.N] = ss[1];
+    }
+    // The next unit's first copies reuse the stages this one read.
+    __syncthreads();
+  });
+}
+
+template <int kTerms>
+cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
+                        const float* phi, const float* gamma, char* planes,
+                        float* partial, unsigned long long* next_unit,
+                        cudaStream_t stream) {
+  const bool vec_phi =
+      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+  if (planes != nullptr) {
+    phi_planes_kernel<kTerms>
+        <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
+            s, phi, gamma, vec_phi, planes);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
+  return LaunchPersistentBlocks(
+      bf16_wgmma_projection_kernel<kTerms>, kUnitThreads, units,
+      SmemBytes<kTerms>(), next_unit, stream, s, tokens,
+      static_cast<const __nv_bfloat16*>(x), phi, gamma,
+      static_cast<const char*>(planes), vec_phi, partial);
+}
+
+}  // namespace
+
+bool UseBf16WgmmaProjection(const LayerSpec& spec, DType dtype, const void* x) {
+  return spec.dynamic && dtype == DType::kBF16 &&
+         LogitGroups(spec.NumLogits()) == 1 && spec.K() % 8 == 0 &&
+         Aligned16(x);
+}
+
+absl::Status LaunchBf16WgmmaProjectionPartials(
+    const LayerSpec& spec, int64_t tokens, const void* x, const float* phi,
+    const float* gamma, void* planes, float* partial,
+    unsigned long long* next_unit, cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  char* split = static_cast<char*>(planes);
+  const cudaError_t err = spec.matmul_precision == MatmulPrecision::kIeee
+                              ? LaunchTerms<3>(s, tokens, x, phi, gamma, split,
+                                               partial, next_unit, stream)
+                              : LaunchTerms<2>(s, tokens, x, phi, gamma, split,
+                                               partial, next_unit, stream);
+  const std::string shape = ShapeString(spec, tokens, DType::kBF16);
+  MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma)", shape);
+  MHC_CUDA_CHECK_LAUNCH("projection forward (bf16 wgmma)", shape);
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda
