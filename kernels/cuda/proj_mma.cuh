@@ -527,24 +527,29 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
   return AddGroup<kMaxChunks>(rows.first + e, rows.step, chunks, 0.0f);
 }
 
-// Launches CTAs of `threads` that take the units in turn: as many as
-// divide the units into equal shares within the co-resident count (units
-// over several waves: 1280 units on 528 slots run 427 CTAs of three, where
-// a full grid left 58 % of it idle for the third). The kernel's last
-// parameter receives next_unit when there is more than one wave (zeroed here
-// first; the CTAs take units from it) and null otherwise (each CTA strides
-// by gridDim.x).
+// Launches CTAs of `threads` that take the units in turn: the co-resident
+// count, or with `equal_shares` as many as divide the units into equal
+// shares within it, so that no slot idles while others run a last unit (832
+// units on 528 slots: 416 CTAs of two, where a full grid left 37 % of the
+// slots idle for the second). Equal shares measured faster for the
+// memory-bound bf16 warpgroup-mma forward at 1.58 waves and 21 % slower for
+// the compute-bound wide wgmma forward at n = 16, which they left on 192 of
+// 264 slots (bench/RESULTS.md). The kernel's last parameter receives
+// next_unit when there is more than one wave (zeroed here first; the CTAs
+// take units from it) and null otherwise (each CTA strides by gridDim.x).
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
-                                   int64_t units, size_t smem,
-                                   unsigned long long* next_unit,
+                                   bool equal_shares, int64_t units,
+                                   size_t smem, unsigned long long* next_unit,
                                    cudaStream_t stream, Act&&... args) {
   int64_t resident = 0;
   cudaError_t e = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
                                      threads, smem, &resident);
   if (e != cudaSuccess) return e;
   const int64_t waves = (units + resident - 1) / resident;
-  const int64_t ctas = waves > 0 ? (units + waves - 1) / waves : 0;
+  const int64_t ctas = !equal_shares ? (units < resident ? units : resident)
+                       : waves > 0   ? (units + waves - 1) / waves
+                                     : 0;
   const bool take_in_turn = units > ctas;
   if (take_in_turn) {
     e = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
@@ -558,13 +563,14 @@ cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...,
                             take_in_turn ? next_unit : nullptr);
 }
-// The same for CTAs of kMmaThreads.
+// The co-resident count of CTAs of kMmaThreads.
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistent(void (*kernel)(Exp...), int64_t units, size_t smem,
                              unsigned long long* next_unit, cudaStream_t stream,
                              Act&&... args) {
-  return LaunchPersistentBlocks(kernel, kMmaThreads, units, smem, next_unit,
-                                stream, std::forward<Act>(args)...);
+  return LaunchPersistentBlocks(kernel, kMmaThreads, /*equal_shares=*/false,
+                                units, smem, next_unit, stream,
+                                std::forward<Act>(args)...);
 }
 
 // A unit's place: tile of kMmaTokens tokens, K chunk and logit group (the

@@ -320,9 +320,9 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
   }
   const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocks(
-      bf16_wgmma_projection_kernel<kTerms>, kUnitThreads, units,
-      SmemBytes<kTerms>(), next_unit, stream, s, tokens,
-      static_cast<const __nv_bfloat16*>(x), phi, gamma,
+      bf16_wgmma_projection_kernel<kTerms>, kUnitThreads,
+      /*equal_shares=*/true, units, SmemBytes<kTerms>(), next_unit, stream, s,
+      tokens, static_cast<const __nv_bfloat16*>(x), phi, gamma,
       static_cast<const char*>(planes), vec_phi, partial);
 }
 
