@@ -169,8 +169,10 @@ struct DxArgs {
 };
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 // The tensor-core version (projection_backward_mma.cu), for dynamic layers
-// with n a power of two and at most 80 logits; LaunchDxAndPhiPartials picks
-// it when UseMmaDx holds.
+// with n a power of two and at most 80 logits (MmaDxSuitsLayer);
+// LaunchDxAndPhiPartials picks it when UseMmaDx, which adds the request's
+// limits, holds.
+bool MmaDxSuitsLayer(const LayerSpec& spec);
 bool UseMmaDx(const DxArgs& a);
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
 

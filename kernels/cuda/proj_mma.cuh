@@ -207,6 +207,11 @@ __device__ __forceinline__ void FetchPhiChunk(const DevSpec& s,
   }
 }
 
+// FetchPhiChunk's vec for a launch over phi [N][K] and gamma [K].
+inline bool PhiVectorLoads(int64_t K, const float* phi, const float* gamma) {
+  return K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+}
+
 // The partial sums of one unit: tokens m0 .. m0 + kMmaTokens - 1 over k in
 // [kbeg, kend). Returns part (in smem) with part[t * kPartRow + g] = h_g (g <
 // N) and part[t * kPartRow + kMmaCols] = the sum of squares of token t; the

@@ -360,8 +360,7 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
         reinterpret_cast<unsigned long long*>(after_partials + split_bytes),
         stream);
   }
-  const bool vec_phi =
-      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+  const bool vec_phi = PhiVectorLoads(s.K, phi, gamma);
   uint32_t* phi_split = nullptr;
   if (PhiSplitBytes(spec, tokens, dtype) > 0) {
     phi_split = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) +

@@ -644,14 +644,19 @@ RowCopy ChooseRowCopy(const DxArgs& a, const DevSpec& s) {
 
 }  // namespace
 
+bool MmaDxSuitsLayer(const LayerSpec& spec) {
+  // Whole channels per CTA: 128 / n columns of each stream.
+  const int n = spec.n;
+  const bool pow2 = n >= 1 && n <= 16 && (n & (n - 1)) == 0;
+  return spec.dynamic && pow2 && spec.NumLogits() <= kMaxTiles * 8;
+}
+
 bool UseMmaDx(const DxArgs& a) {
   const LayerSpec& spec = *a.spec;
   const int n = spec.n;
   const int N = static_cast<int>(spec.NumLogits());
-  // Whole channels per CTA: 128 / n columns of each stream; the offsets of a
-  // stage's elements from its first row fit an int.
-  const bool pow2 = n >= 1 && n <= 16 && (n & (n - 1)) == 0;
-  if (a.dh == nullptr || !spec.dynamic || !pow2 || N > kMaxTiles * 8 ||
+  // The offsets of a stage's elements from its first row fit an int.
+  if (a.dh == nullptr || !MmaDxSuitsLayer(spec) ||
       spec.K() > INT32_MAX / kStageTokens) {
     return false;
   }

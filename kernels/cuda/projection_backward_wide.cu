@@ -521,12 +521,10 @@ cudaError_t LaunchDx(const DevSpec& s, int64_t tokens, const T* x,
 int64_t PhiChunkTokens(const LayerSpec& spec) {
   // The layers UseMmaDx turns down whatever the request: every dynamic one
   // that reaches this file but n = 1 / 8 with fp32 tiles too large.
-  const int n = spec.n;
-  const int64_t N = spec.NumLogits();
-  const bool pow2 = (n & (n - 1)) == 0;
-  const bool wide_only = spec.dynamic && spec.K() <= INT32_MAX &&
-                         (!pow2 || N > dx_mma::kMaxTiles * 8);
+  const bool wide_only =
+      spec.dynamic && spec.K() <= INT32_MAX && !MmaDxSuitsLayer(spec);
   if (!wide_only) return kTokenChunk;
+  const int64_t N = spec.NumLogits();
   // Longer chunks only while one chunk's CTAs (128 columns x up to 144
   // logits each) still fill the GPU several times over at M = 8192 (n = 9:
   // four chunks of 2048 tokens, not two of 4096, which left a third of a

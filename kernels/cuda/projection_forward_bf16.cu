@@ -309,8 +309,7 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
                         const float* phi, const float* gamma, char* planes,
                         float* partial, unsigned long long* next_unit,
                         cudaStream_t stream) {
-  const bool vec_phi =
-      s.K % 4 == 0 && Aligned16(phi) && (gamma == nullptr || Aligned16(gamma));
+  const bool vec_phi = PhiVectorLoads(s.K, phi, gamma);
   if (planes != nullptr) {
     phi_planes_kernel<kTerms>
         <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
