@@ -10,7 +10,7 @@
 // keep the GPU evenly loaded at any M (a tile-per-cluster split lost up to half
 // a wave to cluster placement).
 //
-// bf16 layers of one logit group on 16-byte aligned rows run
+// bf16 layers of one logit group on rows of at least 4-byte copies run
 // projection_forward_bf16.cu's warpgroup-mma units (half a tile each) over
 // the same chunks and partial layout instead.
 //

@@ -51,9 +51,7 @@ constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
 constexpr int kXTileBytes = kUnitTokens * kRowBytes;
 constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
-constexpr int kXCopyRows = kUnitThreads / kRowChunks;   // rows per pass
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
-static_assert(kXCopyRows % 8 == 0, "copies keep their swizzle phase");
 
 __host__ __device__ constexpr int Terms(bool ieee) { return ieee ? 3 : 2; }
 // A stage: the x tile, then one B tile per term; all on swizzle atoms.
@@ -113,7 +111,13 @@ __global__ void __launch_bounds__(kSplitChunks)
       c);
 }
 
-template <int kTerms>
+// x rows go in copies of kCopyBytes (MmaCopyBytes: 16, or 8 / 4 where an
+// odd C leaves rows of 4 C / 2 C elements on 8 / 4 bytes); the pieces keep
+// their place in the swizzled row, so the width never changes the bits.
+// (16-byte copies from the boundaries around such rows, shifted into place
+// through a raw ring, measured slower than the narrow copies:
+// bench/RESULTS.md.)
+template <int kTerms, int kCopyBytes>
 __global__ void __launch_bounds__(kUnitThreads, 4)
     bf16_wgmma_projection_kernel(DevSpec s, int64_t tokens,
                                  const __nv_bfloat16* __restrict__ x,
@@ -136,9 +140,16 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const int64_t units = UnitsOf(tokens) * plan.chunks;
   const int width = s.N + 1;
 
-  // x copies: chunk xc of rows xr + i kXCopyRows.
-  const int xc = tid % kRowChunks, xr = tid / kRowChunks;
-  const int x_dst = SwizzledChunkAt(xr, xc);
+  // x copies: piece xc of rows xr + i kXCopyRows.
+  constexpr int kPieceElems = kCopyBytes / 2;
+  constexpr int kRowPieces = kRowBytes / kCopyBytes;
+  constexpr int kXCopyRows = kUnitThreads / kRowPieces;  // rows per pass
+  constexpr int kXPasses = kUnitTokens / kXCopyRows;
+  const int xc = tid % kRowPieces, xr = tid / kRowPieces;
+  auto x_dst = [&](int i) {
+    return SwizzledChunkAt(xr + i * kXCopyRows, xc * kCopyBytes / 16) +
+           xc * kCopyBytes % 16;
+  };
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
   // ldmatrix rows of the sum of squares: lanes 0-15 rows 0-15 at k 0,
@@ -154,14 +165,15 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
     const int span = static_cast<int>(kend - kbeg);
     const int stages = (span + kStageK - 1) / kStageK;
-    const __nv_bfloat16* x_src = x + (m0 + xr) * s.K + kbeg + xc * 8;
+    const __nv_bfloat16* x_src = x + (m0 + xr) * s.K + kbeg + xc * kPieceElems;
     unsigned x_rows = 0;
 #pragma unroll
-    for (int i = 0; i < kUnitTokens / kXCopyRows; ++i) {
+    for (int i = 0; i < kXPasses; ++i) {
       if (xr + i * kXCopyRows < rows) x_rows |= 1u << i;
     }
-    // A chunk holds k below kend when its stage offset is below:
-    const int x_klimit = span - xc * 8;
+    // A piece holds k below kend (K is a multiple of the piece) when its
+    // stage offset is below:
+    const int x_klimit = span - xc * kPieceElems;
     const char* split_src = planes != nullptr
                                 ? planes + kbeg / kStageK * int64_t{kSplitBytes}
                                 : nullptr;
@@ -173,10 +185,10 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       const int kst = st * kStageK;
       const bool k_ok = kst < x_klimit;
 #pragma unroll
-      for (int i = 0; i < kUnitTokens / kXCopyRows; ++i) {
+      for (int i = 0; i < kXPasses; ++i) {
         const bool ok = k_ok && ((x_rows >> i) & 1u);
-        CpAsync<16>(stage + x_dst + i * kXCopyRows * kRowBytes,
-                    ok ? x_src + kst + i * kXCopyRows * s.K : x, ok);
+        CpAsync<kCopyBytes>(stage + x_dst(i),
+                            ok ? x_src + kst + i * kXCopyRows * s.K : x, ok);
       }
       if (split_src != nullptr) {
         const char* src = split_src + st * kSplitBytes;
@@ -304,7 +316,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   });
 }
 
-template <int kTerms>
+template <int kTerms, int kCopyBytes>
 cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
                         const float* phi, const float* gamma, char* planes,
                         float* partial, unsigned long long* next_unit,
@@ -319,7 +331,7 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
   }
   const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocks(
-      bf16_wgmma_projection_kernel<kTerms>, kUnitThreads,
+      bf16_wgmma_projection_kernel<kTerms, kCopyBytes>, kUnitThreads,
       /*equal_shares=*/true, units, SmemBytes<kTerms>(), next_unit, stream, s,
       tokens, static_cast<const __nv_bfloat16*>(x), phi, gamma,
       static_cast<const char*>(planes), vec_phi, partial);
@@ -329,8 +341,8 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
 
 bool UseBf16WgmmaProjection(const LayerSpec& spec, DType dtype, const void* x) {
   return spec.dynamic && dtype == DType::kBF16 &&
-         LogitGroups(spec.NumLogits()) == 1 && spec.K() % 8 == 0 &&
-         Aligned16(x);
+         LogitGroups(spec.NumLogits()) == 1 &&
+         MmaCopyBytes<__nv_bfloat16>(spec.K(), x) != 0;
 }
 
 absl::Status LaunchBf16WgmmaProjectionPartials(
@@ -339,11 +351,23 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
     unsigned long long* next_unit, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   char* split = static_cast<char*>(planes);
+  auto launch = [&](auto terms, auto copy_bytes) {
+    return LaunchTerms<decltype(terms)::value, decltype(copy_bytes)::value>(
+        s, tokens, x, phi, gamma, split, partial, next_unit, stream);
+  };
+  auto for_width = [&](auto terms) {
+    switch (MmaCopyBytes<__nv_bfloat16>(s.K, x)) {
+      case 16:
+        return launch(terms, IntTag<16>{});
+      case 8:
+        return launch(terms, IntTag<8>{});
+      default:
+        return launch(terms, IntTag<4>{});
+    }
+  };
   const cudaError_t err = spec.matmul_precision == MatmulPrecision::kIeee
-                              ? LaunchTerms<3>(s, tokens, x, phi, gamma, split,
-                                               partial, next_unit, stream)
-                              : LaunchTerms<2>(s, tokens, x, phi, gamma, split,
-                                               partial, next_unit, stream);
+                              ? for_width(IntTag<3>{})
+                              : for_width(IntTag<2>{});
   const std::string shape = ShapeString(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma)", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward (bf16 wgmma)", shape);

@@ -1,6 +1,7 @@
 // The projection forward of bf16 layers with one logit group (N <= 24: n <=
 // 4 mHC layers and heads) on warpgroup mmas (projection_forward_bf16.cu), for
-// 16-byte aligned x rows. LaunchProjectionPartials hands such launches to it.
+// x rows that take 16-, 8- or 4-byte copies (MmaCopyBytes; any C at n = 2 and
+// 4). LaunchProjectionPartials hands such launches to it.
 // Same units' chunks and partial layout as proj_mma.cuh.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_FORWARD_BF16_H_
 #define MHC_KERNELS_CUDA_PROJECTION_FORWARD_BF16_H_
