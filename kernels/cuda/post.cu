@@ -17,7 +17,7 @@ namespace mhc::cuda {
 namespace {
 
 // The wide backward kernels split a token's streams into kSlices slices of
-// S = NT / kSlices, one group of kRowThreads threads each: group p computes
+// S = NT / kSlices, one group of threads each: group p computes
 // dx and the dH_res rows of streams [p S, p S + S) from all of dx_next,
 // whose rows the other groups read again from L1 / L2; group 0 also
 // computes df and dH_post. One thread holding all NT + NT^2 sums took 254
@@ -30,28 +30,40 @@ inline constexpr int kPostForwardSlices = NT >= 16 ? 4 : 1;
 template <int NT>
 inline constexpr int kPostBackwardSlices = NT >= 16 ? 4 : (NT >= 8 ? 2 : 1);
 
-// The slice of the calling thread's group: its first stream, and the
-// thread's index within the group.
+// Threads per slice group of the backward: n = 4 on vector rows runs 64
+// (eight CTAs per SM at the same register cap as four of 128), which
+// measured up to 5.5 % faster where C is small and a CTA's few channel steps
+// left its fixed costs (the mixing values, the sums' reduction and stores)
+// exposed, and within 0.6 % elsewhere; strided rows (odd C) lost 3 % and
+// the other row kernels 1-3 % that way (bench/RESULTS.md).
+template <int NT, bool kStrided>
+inline constexpr int kPostBackwardGroup =
+    NT == 4 && !kStrided ? 64 : kRowThreads;
+
+// The slice of the calling thread's group (of kGroup threads): its first
+// stream, and the thread's index within the group.
 struct PostSlice {
   int first;
   int thread;
 };
-template <int NT, int kSlices>
+template <int NT, int kSlices, int kGroup = kRowThreads>
 __device__ __forceinline__ PostSlice SliceOfThread() {
   if constexpr (kSlices == 1) return PostSlice{0, int(threadIdx.x)};
-  return PostSlice{int(threadIdx.x) / kRowThreads * (NT / kSlices),
-                   int(threadIdx.x) % kRowThreads};
+  return PostSlice{int(threadIdx.x) / kGroup * (NT / kSlices),
+                   int(threadIdx.x) % kGroup};
 }
 
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
 // why). The n = 4 backward holds 20 sums and 2 x 4 streams of loads:
-// uncapped it took 134-156 registers, three CTAs per SM, which left HBM idle
-// (bench/RESULTS.md: 8-15 % slower); capped at five or six it spills. The
+// uncapped it took 134-156 registers, three CTAs of 128 threads per SM,
+// which left HBM idle (bench/RESULTS.md: 8-15 % slower); capped at five or
+// six such CTAs it spills, so its 64-thread CTAs are capped at eight. The
 // strided forward (odd C) gains from five likewise.
 template <int NT, bool kStrided>
 inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
-template <int NT>
-inline constexpr int kPostBackwardBlocks = NT == 4 ? 4 : 0;
+template <int NT, bool kStrided>
+inline constexpr int kPostBackwardBlocks =
+    NT == 4 ? 4 * kRowThreads / kPostBackwardGroup<NT, kStrided> : 0;
 
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
@@ -100,26 +112,28 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
 }
 
 template <typename T, int NT, int V, bool kStrided>
-__global__ void __launch_bounds__(kRowThreads* kPostBackwardSlices<NT>,
-                                  kPostBackwardBlocks<NT>)
+__global__ void __launch_bounds__(
+    kPostBackwardGroup<NT, kStrided>* kPostBackwardSlices<NT>,
+    kPostBackwardBlocks<NT, kStrided>)
     post_backward_kernel(DevSpec s, const T* dx_next, const T* f, const T* x,
                          const float* h_post, const float* h_res,
                          const float* bias, T* df, T* dx, float* dh_post,
                          float* dh_res) {
   constexpr int kSlices = kPostBackwardSlices<NT>;
+  constexpr int kGroup = kPostBackwardGroup<NT, kStrided>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
-  const PostSlice slice = SliceOfThread<NT, kSlices>();
+  const PostSlice slice = SliceOfThread<NT, kSlices, kGroup>();
   const bool first_group = slice.first == 0;
   // acc[j] = dH_post[j] (group 0), acc[NT + a*NT + j] = dR[first + a][j].
   constexpr int kW = NT + kS * NT;
   __shared__ float mix[kMixingSlots<NT>];
-  __shared__ float red[kW * kSlices * (kRowThreads / 32)];
+  __shared__ float red[kW * kSlices * (kGroup / 32)];
   __shared__ float total[kW * kSlices];
   const float* r = mix;
   const float* hp = mix + NT * NT;
-  PostMixing<NT, kRowThreads * kSlices> mixing;
+  PostMixing<NT, kGroup * kSlices> mixing;
   FetchMixing<NT>(mixing, s, n, h_post, h_res, m);
   const T* g_row = dx_next + m * s.K;
   const T* x_row = x + m * s.K;
@@ -132,7 +146,7 @@ __global__ void __launch_bounds__(kRowThreads* kPostBackwardSlices<NT>,
     float x[kS][V];
     float f[V];
   };
-  ForEachChannelStep<Loaded, V, kStrided, !kStrided>(
+  ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
       s.C, slice.thread,
       [&](int64_t c, Loaded& l) {
         LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
@@ -194,9 +208,9 @@ __global__ void __launch_bounds__(kRowThreads* kPostBackwardSlices<NT>,
         StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
                                                  slice.first, c, out);
       });
-  GroupSum<kW>(acc, kRowThreads, red, total);
+  GroupSum<kW>(acc, kGroup, red, total);
   const float* sums = total + slice.first / kS * kW;
-  for (int t = slice.thread; t < kS * NT; t += kRowThreads) {
+  for (int t = slice.thread; t < kS * NT; t += kGroup) {
     const int i = slice.first + t / NT;
     const int j = t % NT;
     // dH_res is the gradient of H_res itself: transpose back for DEST_ROWS.
@@ -283,12 +297,13 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
           post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                                decltype(rt)::value>
               <<<GridSize(p.tokens),
-                 kRowThreads * kPostBackwardSlices<decltype(nt)::value>, 0,
-                 stream>>>(s, static_cast<const T*>(p.dx_next),
-                           static_cast<const T*>(p.f),
-                           static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
-                           static_cast<T*>(p.df), static_cast<T*>(p.dx),
-                           p.dh_post, p.dh_res);
+                 kPostBackwardGroup<decltype(nt)::value, decltype(rt)::value> *
+                     kPostBackwardSlices<decltype(nt)::value>,
+                 0, stream>>>(s, static_cast<const T*>(p.dx_next),
+                              static_cast<const T*>(p.f),
+                              static_cast<const T*>(p.x), p.h_post, p.h_res,
+                              bias, static_cast<T*>(p.df),
+                              static_cast<T*>(p.dx), p.dh_post, p.dh_res);
         });
     MHC_CUDA_CHECK_LAUNCH("post backward", shape);
   }

@@ -262,8 +262,8 @@ class CtaValues {
   float value_[kPer];
 };
 
-// A row kernel's channel loop over the slots of thread (of kRowThreads
-// threads per token row): load(c, loaded) fills a Loaded with the
+// A row kernel's channel loop over the slots of thread (of kThreads threads
+// per token row): load(c, loaded) fills a Loaded with the
 // channel step at c, step(c, loaded) consumes it, after publish()
 // (CtaValues::Publish of values fetched earlier). With kOverlapFirst the
 // first step's loads are issued before publish(), so their round trips
@@ -273,11 +273,12 @@ class CtaValues {
 // element paths, slower for the forward kernels and strided rows
 // (bench/RESULTS.md).
 template <typename Loaded, int V, bool kStrided, bool kOverlapFirst,
-          typename Load, typename Publish, typename Step>
+          int kThreads = kRowThreads, typename Load, typename Publish,
+          typename Step>
 __device__ __forceinline__ void ForEachChannelStep(int64_t C, int thread,
                                                    Load load, Publish publish,
                                                    Step step) {
-  constexpr int kStep = kRowThreads * V;
+  constexpr int kStep = kThreads * V;
   int64_t c = FirstChannel<V, kStrided>(thread);
   if constexpr (kOverlapFirst) {
     {
