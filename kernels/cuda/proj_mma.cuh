@@ -10,9 +10,9 @@
 // keep the GPU evenly loaded at any M (a tile-per-cluster split lost up to half
 // a wave to cluster placement).
 //
-// bf16 layers of one logit group on rows of at least 4-byte copies run
-// projection_forward_bf16.cu's warpgroup-mma units (half a tile each) over
-// the same chunks and partial layout instead.
+// bf16 layers of one logit group whose rows take 16-, 8- or 4-byte copies
+// run projection_forward_bf16.cu's warpgroup-mma units (half a tile each)
+// over the same chunks and partial layout instead.
 //
 // Numerics: bf16 x goes to bf16 mmas against a bf16 split of phi'
 // (proj_mma_bf16.cuh). fp16 x converts to tf32 exactly. phi' is split into a
