@@ -19,6 +19,10 @@
 //   each token's |contribution| (measured with the reference token by token)
 //   at small sizes, normwise at large sizes; dalpha (h enters every term, an
 //   fp32 dot product of length K) at 1e-4.
+// - the scale ops' per-token sums of signed terms (H_res logits, dms): <=
+//   1e-5 of the same op on the inputs' magnitudes at small sizes, where a
+//   tensor of one or a few tokens has nothing to average a cancelled
+//   element against; normwise at large sizes.
 #include <string>
 #include <tuple>
 
