@@ -52,6 +52,7 @@ constexpr int kXTileBytes = kUnitTokens * kRowBytes;
 constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
+static_assert(kRowBytes == 128, "rows of wgmma.cuh's swizzled layout");
 
 __host__ __device__ constexpr int Terms(bool ieee) { return ieee ? 3 : 2; }
 // A stage: the x tile, then one B tile per term; all on swizzle atoms.
@@ -72,11 +73,6 @@ static_assert(Terms(false) * kTermTileBytes == kBf16HiMidWords * 4 &&
 
 __host__ __device__ inline int64_t UnitsOf(int64_t tokens) {
   return (tokens + kUnitTokens - 1) / kUnitTokens;
-}
-
-// Byte offset of 16-byte chunk c of row r in a swizzled tile.
-__device__ __forceinline__ int SwizzledChunkAt(int r, int c) {
-  return r * kRowBytes + ((c ^ (r & 7)) << 4);
 }
 
 // The bf16 terms of one phi' chunk (logit row g, 16-byte chunk c) into the
@@ -198,34 +194,30 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         }
       }
     };
-    // The per-stage split travels through registers a stage ahead: chunk
-    // q % kRowChunks of logit row q / kRowChunks for q = tid, tid + 128.
+    // The per-stage split travels through registers a stage ahead: pass i
+    // holds chunk q % kRowChunks of logit row q / kRowChunks, q = tid + 128 i.
     constexpr int kSplitPasses =
         (kSplitChunks + kUnitThreads - 1) / kUnitThreads;
     float pv[kSplitPasses][8];
-    auto fetch_phi = [&](int st) {
+    auto for_split_chunks = [&](int st, auto&& f) {
       if (!split_here || st >= stages) return;
 #pragma unroll
       for (int i = 0; i < kSplitPasses; ++i) {
         const int q = tid + i * kUnitThreads;
-        if (q < kSplitChunks) {
-          FetchPhiChunk(s, phi, gamma, q / kRowChunks,
-                        kbeg + st * kStageK + q % kRowChunks * 8, kend, vec_phi,
-                        pv[i]);
-        }
+        if (q < kSplitChunks) f(pv[i], q / kRowChunks, q % kRowChunks);
       }
     };
+    auto fetch_phi = [&](int st) {
+      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
+        FetchPhiChunk(s, phi, gamma, g, kbeg + st * kStageK + c * 8, kend,
+                      vec_phi, v);
+      });
+    };
     auto store_phi = [&](int st) {
-      if (!split_here || st >= stages) return;
-#pragma unroll
-      for (int i = 0; i < kSplitPasses; ++i) {
-        const int q = tid + i * kUnitThreads;
-        if (q < kSplitChunks) {
-          StorePhiChunk<kTerms>(pv[i],
-                                smem + st % kStages * kStageBytes + kXTileBytes,
-                                q / kRowChunks, q % kRowChunks);
-        }
-      }
+      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
+        StorePhiChunk<kTerms>(
+            v, smem + st % kStages * kStageBytes + kXTileBytes, g, c);
+      });
     };
 
     float acc[12], fresh[12], gram[2][4];

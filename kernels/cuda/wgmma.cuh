@@ -32,9 +32,14 @@ __device__ __forceinline__ E* AtomAligned(E* smem) {
   return reinterpret_cast<E*>(reinterpret_cast<char*>(smem) + skip);
 }
 
+// Byte offset of 16-byte chunk c of operand row r.
+__device__ __forceinline__ int SwizzledChunkAt(int r, int c) {
+  return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
 // Where fp32 element k (of 32) of operand row r lives, in floats.
 __device__ __forceinline__ int SwizzledRow(int r, int k) {
-  return r * 32 + (((k >> 2) ^ (r & 7)) << 2) + (k & 3);
+  return (SwizzledChunkAt(r, k >> 2) >> 2) + (k & 3);
 }
 
 // Descriptor of a K-major, 128-byte-swizzled operand whose first row starts

@@ -54,7 +54,7 @@ void CompareOp(Backend& cpu, Backend& ref, OpKind op, const LayerSpec& base,
   // error scale; they double the reference's time, so only at small sizes.
   constexpr int64_t kScaledCheckElements = 1500000;
   if (tokens * spec.K() <= kScaledCheckElements) {
-    const auto scales = GradientScales(ref, op, in, want);
+    const auto scales = ErrorScales(ref, op, in, want);
     ExpectMatchesReference(op, dtype, got, want, &scales);
   } else {
     ExpectMatchesReference(op, dtype, got, want);

@@ -450,7 +450,7 @@ inline bool IsParameterGradient(const std::string& name) {
 inline bool SumsOfSignedTerms(const std::string& name) {
   return name == "logits" || name == "dms";
 }
-inline std::vector<std::vector<double>> GradientScales(
+inline std::vector<std::vector<double>> ErrorScales(
     Backend& reference, OpKind op, const Inputs& in,
     const std::vector<Output>& outputs) {
   std::vector<std::vector<double>> scales(outputs.size());
@@ -466,7 +466,6 @@ inline std::vector<std::vector<double>> GradientScales(
   for (int64_t m = 0; m < in.tokens; ++m) {
     const std::vector<Output> one = RunOp(reference, op, TokenSlice(in, m));
     for (size_t o = 0; o < outputs.size(); ++o) {
-      if (!IsParameterGradient(outputs[o].name)) continue;
       for (size_t i = 0; i < scales[o].size(); ++i) {
         scales[o][i] +=
             std::fabs(static_cast<double>(one[o].values[i]) - in.grad_init[i]);
@@ -506,7 +505,7 @@ inline double ScaledError(const std::vector<float>& a,
 }
 
 // SPEC section 7 tolerances (see cpu_vs_reference_test.cc). `scales`, when
-// given (GradientScales), measures parameter gradients and the scale ops'
+// given (ErrorScales), measures parameter gradients and the scale ops'
 // signed sums against their terms' magnitudes instead of against their
 // (possibly cancelled) values.
 inline void ExpectMatchesReference(
