@@ -240,10 +240,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
     }
   };
-  // kTermsN as in stage_dx below: the terms' tensors, with n known at
-  // compile time where it is 4 or 8.
+  // The terms' tensors as the TermsTag has them (stage_dx below).
   auto load_stage = [&](int st, auto terms_tag) {
-    constexpr int kTermsN = decltype(terms_tag)::value;
+    using Terms = decltype(terms_tag);
+    constexpr int kTermsN = Terms::value;
     if (st >= stages) return;
     const int buf = st % kStages;
     const int64_t m0 = first_token(st);
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, FirstThread::kDms);
     if constexpr (kTermsN == 0) return;
     const int tn = kTermsN > 0 ? kTermsN : n;
-    if (residual) {
+    if (Terms::Residual(residual)) {
       load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
       load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows,
                FirstThread::kR);
@@ -444,31 +444,35 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   // dx for the stage's tokens and this warp's columns, stored to global.
   // Rows past the stage's tokens compute (zero-filled, finite) values too,
   // so the epilogue runs without branches; only the stores below skip them.
-  // kTermsN: 0 without the aggregate and residual terms, else the n they are
-  // built for (4, 8; -1 any n), each a separate copy of the stage loop so
-  // none carries another's checks. The lane's staged rows are set once per
+  // terms_tag: a TermsTag, each a separate copy of the stage loop so none
+  // carries another's checks. The lane's staged rows are set once per
   // stage: every pair below is them plus compile-time offsets.
   auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
-    constexpr int kTermsN = decltype(terms_tag)::value;
+    using Terms = decltype(terms_tag);
+    constexpr int kTermsN = Terms::value;
     T* xt = xs + buf * kStageTokens * RS;
     const int lane_row = buf * kStageTokens + grp;
     T* x_pairs = xt + grp * RS + j0 + 2 * quad;
     const float* dms_rows = dmss + lane_row;
     [[maybe_unused]] TermLane<T> terms;
     if constexpr (kTermsN > 0) {
-      terms = TermLaneOf<T, kTermsN, RS>(s.minor, j0, quad, lane_row, dxns, dys,
-                                         hps, rs);
+      terms = TermLaneOf<T, kTermsN, RS>(Terms::Minor(s.minor), j0, quad,
+                                         lane_row, dxns, dys, hps, rs);
     }
     // The stage's dx goes over this warp's own columns of the x tile, which
-    // the other lanes' ldmatrix reads must have left.
+    // the other lanes' ldmatrix reads must have left. All products, then all
+    // terms, then all stores: a store into the x tile may alias any staged
+    // operand as far as the compiler knows, so a load after it would wait
+    // for it.
     __syncwarp();
+    constexpr int kMt = kStageTokens / 16;
+    float d[kMt][2][4];
 #pragma unroll
-    for (int mt = 0; mt < kStageTokens / 16; ++mt) {
-      float d[2][4];
+    for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) d[mt][nt][e] = 0.0f;
       }
 #pragma unroll
       for (int kt = 0; kt < NT; ++kt) {
@@ -487,28 +491,34 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          Mma1688(d[nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
+          Mma1688(d[mt][nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
                   __uint_as_float(ph_hi[kt][nt][1]));
           if constexpr (kIeee) {
-            Mma1688(d[nt], al, __uint_as_float(ph_hi[kt][nt][0]),
+            Mma1688(d[mt][nt], al, __uint_as_float(ph_hi[kt][nt][0]),
                     __uint_as_float(ph_hi[kt][nt][1]));
-            Mma1688(d[nt], ah, __uint_as_float(ph_lo[kt][nt][0]),
+            Mma1688(d[mt][nt], ah, __uint_as_float(ph_lo[kt][nt][0]),
                     __uint_as_float(ph_lo[kt][nt][1]));
           }
         }
       }
+    }
+    // The lane's output pair of rows dt and the 8 nt columns right of its
+    // first: d[mt][nt][2 h], d[mt][nt][2 h + 1] with dt = 16 mt + 8 h.
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int dt = mt * 16 + 8 * h;  // rows below the lane's first
         const float dm = dms_rows[dt] * ms_scale;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          T* pair = x_pairs + dt * RS + 8 * nt;
-          const float2 v = LoadPair(pair);
-          float out[2] = {fmaf(dm, v.x, d[nt][2 * h]),
-                          fmaf(dm, v.y, d[nt][2 * h + 1])};
+          const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
+          float out[2] = {fmaf(dm, v.x, d[mt][nt][2 * h]),
+                          fmaf(dm, v.y, d[mt][nt][2 * h + 1])};
           if constexpr (kTermsN > 0) {
-            AddTerms<T, kTermsN, RS>(s.minor, residual, terms, dt, nt, out);
+            AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
+                                     Terms::Residual(residual), terms, dt, nt,
+                                     out);
           } else if constexpr (kTermsN < 0) {
             const int j = j0 + 8 * nt + 2 * quad;
             const int row = lane_row + dt;
@@ -530,8 +540,20 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
               out[e] += acc;
             }
           }
-          // Into the x slot this pair was the last read of; to dx below.
-          StoreVec<T, 2>(pair, out);
+          d[mt][nt][2 * h] = out[0];
+          d[mt][nt][2 * h + 1] = out[1];
+        }
+      }
+    }
+    // Into the x slots whose last reads were above; to dx below.
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float out[2] = {d[mt][nt][2 * h], d[mt][nt][2 * h + 1]};
+          StoreVec<T, 2>(x_pairs + (mt * 16 + 8 * h) * RS + 8 * nt, out);
         }
       }
     }
@@ -575,14 +597,39 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   // The residual term comes only with the aggregate one (the fused pre
   // backward), so !aggregate is the plain projection backward.
   if (!aggregate) {
-    run_stages(IntTag<0>{});
+    run_stages(TermsTag<0>{});
   } else if constexpr (kTerms) {
-    if (n == 4) {
-      run_stages(IntTag<4>{});
-    } else if (NT != 3 && n == 8) {  // NT = 3 never has n = 8
-      run_stages(IntTag<8>{});
+    // n = 4 layers have 24 logits (NT = 3), n = 8 layers 80; heads of n = 4
+    // and 8 up to 8 (NT = 1), and no residual term. Vector rows fix the
+    // layout and the residual flag per stage loop; the slot and element
+    // copies read them at run time (built fixed, the pre backward at C =
+    // 5129 ran 8.6x slower).
+    auto with_flags = [&](auto n_tag) {
+      constexpr int kN = decltype(n_tag)::value;
+      auto with_layout = [&](auto minor_tag) {
+        constexpr int kMinor = decltype(minor_tag)::value;
+        if (!residual) {
+          run_stages(TermsTag<kN, kMinor, 0>{});
+        } else if constexpr (NT != 1) {
+          run_stages(TermsTag<kN, kMinor, 1>{});
+        } else {
+          run_stages(TermsTag<kN>{});
+        }
+      };
+      if constexpr (!kVectorRows) {
+        run_stages(TermsTag<kN>{});
+      } else if (s.minor) {
+        with_layout(IntTag<1>{});
+      } else {
+        with_layout(IntTag<0>{});
+      }
+    };
+    if (n == 4 && NT != kMaxTiles) {
+      with_flags(IntTag<4>{});
+    } else if (n == 8 && NT != 3) {
+      with_flags(IntTag<8>{});
     } else {
-      run_stages(IntTag<-1>{});
+      run_stages(TermsTag<-1>{});
     }
   }
   CpAsyncWait<0>();

@@ -239,6 +239,23 @@ __device__ __forceinline__ int TileColumn(const DevSpec& s, int log_n,
   return s.minor ? (chan << log_n) + stream : (stream << (7 - log_n)) + chan;
 }
 
+// The pre backward's terms a stage loop is built for: none (kN = 0), n
+// streams known at compile time (kN = 4, 8) or any n read at run time
+// (kN = -1). kMinor / kResidual: the layout and whether the residual term
+// is on, fixed (0, 1) or read at run time (-1). Fixed flags keep a runtime
+// check per output pair from splitting the epilogue into small blocks the
+// compiler cannot interleave.
+template <int kN, int kMinor = -1, int kResidual = -1>
+struct TermsTag {
+  static constexpr int value = kN;
+  __device__ static bool Minor(bool at_run_time) {
+    return kMinor < 0 ? at_run_time : kMinor != 0;
+  }
+  __device__ static bool Residual(bool at_run_time) {
+    return kResidual < 0 ? at_run_time : kResidual != 0;
+  }
+};
+
 // The staged rows of the aggregate and residual terms as one lane reads
 // them for its output pair (stage row grp, tile column j0 + 2 quad), set once
 // per stage so every pair of the stage is these pointers plus compile-time
