@@ -1,5 +1,5 @@
 // Tile geometry, shared-memory plan and fragment helpers of the tensor-core
-// dx / dphi kernel (projection_backward_mma.cu): a CTA's 128 columns of K
+// dx / dphi kernel (projection_backward_mma.cuh): a CTA's 128 columns of K
 // and their streams and channels, the staged rows' strides and pads, the dh
 // fragment layouts, and the aggregate / residual terms of an output pair.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_TILES_CUH_
@@ -89,6 +89,12 @@ struct MmaDxDev {
   // bases are 16-byte aligned, and so is every stage's run (32 tokens on).
   bool runs16;
 };
+
+// Launches the kernel for T activations (projection_backward_mma.cuh, built
+// by projection_backward_mma_<dtype>.cu).
+template <typename T>
+cudaError_t LaunchDxMmaFor(const DevSpec& s, int64_t tokens, const void* x,
+                           const MmaDxDev& d, bool ieee, cudaStream_t stream);
 
 // Elements per staged dy row: the tile's 128 / n channels plus a 16-byte
 // pad.

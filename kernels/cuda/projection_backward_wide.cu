@@ -1,5 +1,5 @@
 // Tensor-core projection backward for the dynamic layers the
-// register-resident kernel (projection_backward_mma.cu) does not take: n
+// register-resident kernel (projection_backward_mma.cuh) does not take: n
 // not a power of two (n = 3, 5-7, 9-15), more than 80 logits (n = 16), or n
 // = 1 / 8 where that kernel's tiles outgrow shared memory. The FFMA kernel
 // (projection.cu) that ran them re-read every phi row for every token (n =
