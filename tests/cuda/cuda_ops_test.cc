@@ -592,5 +592,38 @@ TEST(CudaSinkhornTest, N4AlignmentInvariant) {
   }
 }
 
+// The n = 4 Sinkhorn kernels with logits spread so wide that whole columns
+// sit at eps, including tokens whose rows all peak in one column (one
+// column sum near 4, the others near 4 eps, scales up to 1 / (4 eps)), at
+// eps_sk from the presets' 1e-6 down to 1e-30: against the reference.
+TEST(CudaSinkhornTest, N4WideLogitsAndSmallEps) {
+  MHC_SKIP_WITHOUT_GPU();
+  const int64_t M = 1031, nn = 16;
+  std::vector<float> logits = RandomFloats(M * nn, FreshSeed(), -30.0f, 30.0f);
+  for (int64_t m = 0; m < 64; ++m) {
+    for (int e = 0; e < nn; ++e) {
+      logits[m * nn + e] = e % 4 == m % 4 ? 0.0f : -30.0f - 3.0f * m;
+    }
+  }
+  for (float eps_sk : {1e-6f, 1e-12f, 1e-30f}) {
+    LayerSpec spec = PresetSpec("deepseek_v4", 4, 8).value();
+    spec.eps_sk = eps_sk;
+    SCOPED_TRACE(absl::StrCat("eps_sk=", eps_sk));
+    Harness h;
+    Pair lg = h.Input(logits.data(), logits.size() * sizeof(float));
+    Pair dhres = h.Floats(M * nn, FreshSeed());
+    Pair hres = h.Output(M * nn * 4);
+    Pair dlg = h.Output(M * nn * 4);
+    for (int b = 0; b < 2; ++b) {
+      ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
+                              dhres.f(b), dlg.f(b))
+                      .ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
+    ExpectClose(h, dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+  }
+}
+
 }  // namespace
 }  // namespace mhc::testing
