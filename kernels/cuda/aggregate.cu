@@ -97,44 +97,22 @@ __global__ void __launch_bounds__(kRowThreads,
   if (threadIdx.x < n) dh_pre[m * n + threadIdx.x] = total[threadIdx.x];
 }
 
-// Whether the n = 8 forward takes 16-byte accesses, where DispatchStreams
-// gives n = 8 8-byte ones (the register budget of its quadratic kernels):
-// yes unless their passes over the channels leave more than a tenth of the
-// thread slots idle. H100, bf16 (bench/RESULTS.md): 1-16 % faster at the 12
-// benchmark configs this picks, 2.4 % slower at the one it leaves, C = 2560
-// (a sixth of the slots idle).
-bool WideAccessAtN8(int64_t hidden, DType dtype) {
-  const int64_t per_pass = int64_t{kRowThreads} * VectorWidth(dtype);
-  const int64_t passes = (hidden + per_pass - 1) / per_pass;
-  return 10 * hidden >= 9 * passes * per_pass;
-}
-
 }  // namespace
 
 absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.y);
-  if (s.n == 8 && access == RowAccess::kVector &&
-      WideAccessAtN8(s.C, p.act_dtype)) {
-    DispatchDType(p.act_dtype, [&](auto tt) {
-      using T = typename decltype(tt)::type;
-      aggregate_forward_kernel<T, 8, 16 / sizeof(T), false>
-          <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-              s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
-    });
-    MHC_CUDA_CHECK_LAUNCH("aggregate forward",
-                          ShapeString(*p.spec, p.tokens, p.act_dtype));
-    return absl::OkStatus();
-  }
-  DispatchStreams<StreamState::kLinear>(
-      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  DispatchStreams<StreamState::kLinearWide>(
+      p.act_dtype, s.n, access,
+      [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                                  decltype(rt)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
-      });
+      },
+      WideStreams(s.C, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("aggregate forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();

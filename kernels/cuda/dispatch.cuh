@@ -84,28 +84,57 @@ RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
 }
 
 // Whether a row kernel's per-thread state grows with n alone, so that n = 16
-// fits the vector and strided paths.
-enum class StreamState { kQuadratic, kLinear };
+// fits the vector and strided paths. kLinearWide: linear, and a kernel that
+// reduces the streams of a channel to one value (the aggregate forward, the
+// expand backward), light enough to take 16-byte accesses on aligned rows
+// at n = 8 and 16 too (DispatchStreams' `wide`), where the others take
+// 8-byte ones for their registers.
+enum class StreamState { kQuadratic, kLinear, kLinearWide };
+
+// Whether 16-byte accesses keep a row kernel's passes over the C channels
+// full: at most a tenth of the thread slots idle in them. On an H100 (bf16,
+// n = 8 aggregate forward, bench/RESULTS.md) they ran 1-16 % faster at the
+// 12 benchmark configs this picks and 2.4 % slower at C = 2560, a sixth idle
+// (n = 16, the aggregate forward and the expand backward: 4-19 % faster at
+// the 12).
+inline bool WideStreams(int64_t hidden, DType dtype) {
+  const int64_t per_pass = int64_t{kRowThreads} * VectorWidth(dtype);
+  const int64_t passes = (hidden + per_pass - 1) / per_pass;
+  return 10 * hidden >= 9 * passes * per_pass;
+}
 
 // f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>); NT == 4 means
-// n == 4 exactly, and so does V > 1 for every NT.
+// n == 4 exactly, and so does V > 1 for every NT. `wide` (kLinearWide only):
+// the vector path's V is the full 16 bytes at n = 8 and 16 too.
 template <StreamState kState = StreamState::kQuadratic, typename F>
-void DispatchStreams(DType dtype, int n, RowAccess access, F&& f) {
+void DispatchStreams(DType dtype, int n, RowAccess access, F&& f,
+                     bool wide = false) {
   if (n == 16 && kState == StreamState::kQuadratic) {
     access = RowAccess::kElement;
   }
   DispatchDType(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     constexpr int kV = 16 / sizeof(T);
+    // n = 8 or kMaxStreams at V = kV / 2, or kV where `wide` allows.
+    auto wide_or_half = [&](auto nt, auto strided) {
+      if constexpr (kState == StreamState::kLinearWide &&
+                    !decltype(strided)::value) {
+        if (wide) {
+          f(type_tag, nt, IntTag<kV>{}, strided);
+          return;
+        }
+      }
+      f(type_tag, nt, IntTag<kV / 2>{}, strided);
+    };
     auto vector = [&](auto strided) {
       if (n == 4) {
         f(type_tag, IntTag<4>{}, IntTag<kV>{}, strided);
       } else if (n == 2) {
         f(type_tag, IntTag<2>{}, IntTag<kV>{}, strided);
       } else if (n == 8) {
-        f(type_tag, IntTag<8>{}, IntTag<kV / 2>{}, strided);
-      } else if constexpr (kState == StreamState::kLinear) {
-        f(type_tag, IntTag<kMaxStreams>{}, IntTag<kV / 2>{}, strided);
+        wide_or_half(IntTag<8>{}, strided);
+      } else if constexpr (kState != StreamState::kQuadratic) {
+        wide_or_half(IntTag<kMaxStreams>{}, strided);
       }
     };
     if (access == RowAccess::kVector) {
