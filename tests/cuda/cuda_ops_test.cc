@@ -39,6 +39,29 @@ absl::Status RunSinkhorn(Backend& be, const LayerSpec& spec, int64_t M,
   return be.SinkhornBackward(g, Workspace{});
 }
 
+// The Sinkhorn forward and backward of M tokens with logits lg and a fresh
+// dh_res on both backends, CUDA's h_res and dlogits checked against the
+// reference's; the pairs stay with the caller for further checks.
+struct SinkhornPairs {
+  Pair dhres, hres, dlg;
+};
+SinkhornPairs CheckSinkhorn(Harness& h, const LayerSpec& spec, int64_t M,
+                            Pair& lg) {
+  const int64_t nn = int64_t{spec.n} * spec.n;
+  SinkhornPairs r{h.Floats(M * nn, FreshSeed()), h.Output(M * nn * 4),
+                  h.Output(M * nn * 4)};
+  for (int b = 0; b < 2; ++b) {
+    const absl::Status st = RunSinkhorn(h.backend(b), spec, M, lg.f(b),
+                                        r.hres.f(b), r.dhres.f(b), r.dlg.f(b));
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return r;
+  }
+  EXPECT_TRUE(h.cuda().Synchronize().ok());
+  ExpectClose(h, r.hres, DType::kF32, M * nn, 1e-5, false, "h_res");
+  ExpectClose(h, r.dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+  return r;
+}
+
 TEST_P(CudaOpsTest, ElementwiseOps) {
   const DType dt = dtype();
   const size_t es = DTypeSize(dt);
@@ -389,17 +412,8 @@ TEST(CudaSinkhornTest, ShapesModesAndBatchInvariance) {
           SCOPED_TRACE(absl::StrCat(preset, " n=", n, " T=", T, " M=", M));
           Harness h;
           Pair lg = h.Floats(M * nn, FreshSeed(), -2.0f, 2.0f);
-          Pair dhres = h.Floats(M * nn, FreshSeed());
-          Pair hres = h.Output(M * nn * 4);
-          Pair dlg = h.Output(M * nn * 4);
-          for (int b = 0; b < 2; ++b) {
-            ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
-                                    dhres.f(b), dlg.f(b))
-                            .ok());
-          }
-          ASSERT_TRUE(h.cuda().Synchronize().ok());
-          ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
-          ExpectClose(h, dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+          auto [dhres, hres, dlg] = CheckSinkhorn(h, spec, M, lg);
+          if (::testing::Test::HasFailure()) return;
           if (M != 137) continue;
           const int64_t first = 37, count = 50;
           Pair part_h = h.Output(count * nn * 4);
@@ -566,17 +580,8 @@ TEST(CudaSinkhornTest, N4AlignmentInvariant) {
     SCOPED_TRACE(absl::StrCat("T=", T));
     Harness h;
     Pair lg = h.Floats(M * nn, FreshSeed(), -4.0f, 4.0f);
-    Pair dhres = h.Floats(M * nn, FreshSeed());
-    Pair hres = h.Output(M * nn * 4);
-    Pair dlg = h.Output(M * nn * 4);
-    for (int b = 0; b < 2; ++b) {
-      ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
-                              dhres.f(b), dlg.f(b))
-                      .ok());
-    }
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
-    ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
-    ExpectClose(h, dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+    auto [dhres, hres, dlg] = CheckSinkhorn(h, spec, M, lg);
+    if (::testing::Test::HasFailure()) return;
 
     Pair k1, k2;
     Pair hres_u = h.Output((M * nn + 1) * 4),
@@ -611,17 +616,7 @@ TEST(CudaSinkhornTest, N4WideLogitsAndSmallEps) {
     SCOPED_TRACE(absl::StrCat("eps_sk=", eps_sk));
     Harness h;
     Pair lg = h.Input(logits.data(), logits.size() * sizeof(float));
-    Pair dhres = h.Floats(M * nn, FreshSeed());
-    Pair hres = h.Output(M * nn * 4);
-    Pair dlg = h.Output(M * nn * 4);
-    for (int b = 0; b < 2; ++b) {
-      ASSERT_TRUE(RunSinkhorn(h.backend(b), spec, M, lg.f(b), hres.f(b),
-                              dhres.f(b), dlg.f(b))
-                      .ok());
-    }
-    ASSERT_TRUE(h.cuda().Synchronize().ok());
-    ExpectClose(h, hres, DType::kF32, M * nn, 1e-5, false, "h_res");
-    ExpectClose(h, dlg, DType::kF32, M * nn, 1e-4, false, "dlogits");
+    CheckSinkhorn(h, spec, M, lg);
   }
 }
 
