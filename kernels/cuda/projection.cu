@@ -373,6 +373,10 @@ absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
   auto* next_unit = reinterpret_cast<unsigned long long*>(
       static_cast<char*>(workspace) + PartialBytes(spec, tokens) +
       PhiSplitBytes(spec, tokens, dtype));
+  if (UseBf16WideProjection(spec, dtype, x, phi, gamma)) {
+    return LaunchBf16WideProjectionPartials(spec, tokens, x, phi, gamma,
+                                            partial, next_unit, stream);
+  }
   if (UseWideProjection(spec)) {
     return LaunchWideProjectionPartials(spec, tokens, dtype, x, phi, gamma,
                                         partial, next_unit, stream);

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 
+#include "bf16_unit.cuh"
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "proj_mma.cuh"
@@ -41,9 +42,11 @@
 namespace mhc::cuda {
 namespace {
 
-constexpr int kStageK = kMmaBk;         // 64 bf16: one 128-byte row
-constexpr int kRowBytes = kStageK * 2;  // of a token or of a logit
-constexpr int kRowChunks = kRowBytes / 16;
+using bf16_unit::kRowBytes;
+using bf16_unit::kRowChunks;
+using bf16_unit::kStageK;
+using bf16_unit::Terms;
+
 constexpr int kStages = 3;
 constexpr int kUnitTokens = 64;           // wgmma rows
 constexpr int kUnitThreads = 128;         // one warpgroup
@@ -52,9 +55,6 @@ constexpr int kXTileBytes = kUnitTokens * kRowBytes;
 constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
-static_assert(kRowBytes == 128, "rows of wgmma.cuh's swizzled layout");
-
-__host__ __device__ constexpr int Terms(bool ieee) { return ieee ? 3 : 2; }
 // A stage: the x tile, then one B tile per term; all on swizzle atoms.
 __host__ __device__ constexpr int StageBytes(int terms) {
   return kXTileBytes + terms * kTermTileBytes;
@@ -75,23 +75,6 @@ __host__ __device__ inline int64_t UnitsOf(int64_t tokens) {
   return (tokens + kUnitTokens - 1) / kUnitTokens;
 }
 
-// The bf16 terms of one phi' chunk (logit row g, 16-byte chunk c) into the
-// term tiles at `tiles`, consumed from v.
-template <int kTerms>
-__device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
-                                              int c) {
-  const int at = SwizzledChunkAt(g, c);
-#pragma unroll
-  for (int t = 0; t < kTerms; ++t) {
-    uint4 w;
-    w.x = SplitPair(v[0], v[1]);
-    w.y = SplitPair(v[2], v[3]);
-    w.z = SplitPair(v[4], v[5]);
-    w.w = SplitPair(v[6], v[7]);
-    *reinterpret_cast<uint4*>(tiles + t * kTermTileBytes + at) = w;
-  }
-}
-
 // phi' split once for the launch: a CTA per 64-k stage, its term tiles
 // where the units copy them from.
 template <int kTerms>
@@ -102,17 +85,11 @@ __global__ void __launch_bounds__(kSplitChunks)
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
   float v[8];
   FetchPhiChunk(s, phi, gamma, g, k0, s.K, vec, v);
-  StorePhiChunk<kTerms>(
+  bf16_unit::StorePhiChunk<kTermTileBytes, kTerms>(
       v, planes + static_cast<int64_t>(blockIdx.x) * kTerms * kTermTileBytes, g,
       c);
 }
 
-// x rows go in copies of kCopyBytes (MmaCopyBytes: 16, or 8 / 4 where an
-// odd C leaves rows of 4 C / 2 C elements on 8 / 4 bytes); the pieces keep
-// their place in the swizzled row, so the width never changes the bits.
-// (16-byte copies from the boundaries around such rows, shifted into place
-// through a raw ring, measured slower than the narrow copies:
-// bench/RESULTS.md.)
 template <int kTerms, int kCopyBytes>
 __global__ void __launch_bounds__(kUnitThreads, 4)
     bf16_wgmma_projection_kernel(DevSpec s, int64_t tokens,
@@ -135,22 +112,9 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const ChunkPlan plan = PlanChunks(s.K, s.N);
   const int64_t units = UnitsOf(tokens) * plan.chunks;
   const int width = s.N + 1;
-
-  // x copies: piece xc of rows xr + i kXCopyRows.
-  constexpr int kPieceElems = kCopyBytes / 2;
-  constexpr int kRowPieces = kRowBytes / kCopyBytes;
-  constexpr int kXCopyRows = kUnitThreads / kRowPieces;  // rows per pass
-  constexpr int kXPasses = kUnitTokens / kXCopyRows;
-  const int xc = tid % kRowPieces, xr = tid / kRowPieces;
-  auto x_dst = [&](int i) {
-    return SwizzledChunkAt(xr + i * kXCopyRows, xc * kCopyBytes / 16) +
-           xc * kCopyBytes % 16;
-  };
+  bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
-  // ldmatrix rows of the sum of squares: lanes 0-15 rows 0-15 at k 0,
-  // lanes 16-31 the same rows at k 8 of each 16-k step.
-  const int gram_row = slab + (lane & 15);
 
   // A unit's tile index counts halves of proj_mma.cuh's tiles.
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
@@ -161,15 +125,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
     const int span = static_cast<int>(kend - kbeg);
     const int stages = (span + kStageK - 1) / kStageK;
-    const __nv_bfloat16* x_src = x + (m0 + xr) * s.K + kbeg + xc * kPieceElems;
-    unsigned x_rows = 0;
-#pragma unroll
-    for (int i = 0; i < kXPasses; ++i) {
-      if (xr + i * kXCopyRows < rows) x_rows |= 1u << i;
-    }
-    // A piece holds k below kend (K is a multiple of the piece) when its
-    // stage offset is below:
-    const int x_klimit = span - xc * kPieceElems;
+    x_copies.Begin(x, s.K, m0, kbeg, rows, span);
     const char* split_src = planes != nullptr
                                 ? planes + kbeg / kStageK * int64_t{kSplitBytes}
                                 : nullptr;
@@ -178,14 +134,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     auto load = [&](int st) {
       if (st >= stages) return;
       char* stage = smem + st % kStages * kStageBytes;
-      const int kst = st * kStageK;
-      const bool k_ok = kst < x_klimit;
-#pragma unroll
-      for (int i = 0; i < kXPasses; ++i) {
-        const bool ok = k_ok && ((x_rows >> i) & 1u);
-        CpAsync<kCopyBytes>(stage + x_dst(i),
-                            ok ? x_src + kst + i * kXCopyRows * s.K : x, ok);
-      }
+      x_copies.Load(stage, s.K, st * kStageK, x);
       if (split_src != nullptr) {
         const char* src = split_src + st * kSplitBytes;
 #pragma unroll
@@ -215,54 +164,20 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     };
     auto store_phi = [&](int st) {
       for_split_chunks(st, [&](float(&v)[8], int g, int c) {
-        StorePhiChunk<kTerms>(
+        bf16_unit::StorePhiChunk<kTermTileBytes, kTerms>(
             v, smem + st % kStages * kStageBytes + kXTileBytes, g, c);
       });
     };
 
-    float acc[12], fresh[12], gram[2][4];
-    float ss[2] = {0.0f, 0.0f};
-    ZeroFill(acc);
-    ZeroFill(fresh);
-    ZeroFill(gram);
+    bf16_unit::WarpSums<kTileLogits> sums;
+    sums.Zero();
     auto compute = [&](int st) {
       const int at = st % kStages * kStageBytes;
       const uint64_t a_desc = DescriptorPlus(a_desc0, at);
       const uint64_t b_desc = DescriptorPlus(b_desc0, at);
-      WgmmaFence();
-#pragma unroll
-      for (int j = 0; j < kStageK / 16; ++j) {
-#pragma unroll
-        for (int t = 0; t < kTerms; ++t) {
-          WgmmaBf16N24(fresh, DescriptorPlus(a_desc, 32 * j),
-                       DescriptorPlus(b_desc, t * kTermTileBytes + 32 * j));
-        }
-      }
-      WgmmaCommit();
-      if (slab >= rows) return;  // rows past the tokens: zeros
-      const char* tile = smem + at;
-#pragma unroll
-      for (int j = 0; j < kStageK / 16; ++j) {
-        uint32_t a[4];
-        LdMatrixX4(a, tile + SwizzledChunkAt(gram_row, 2 * j + (lane >> 4)));
-        // As B operands the same registers are x^T: tokens 0-7 in a[0],
-        // a[2], tokens 8-15 in a[1], a[3].
-        Mma16816(gram[0], a, a[0], a[2]);
-        Mma16816(gram[1], a, a[1], a[3]);
-      }
-    };
-    // The lane with quad == grp / 2 holds token grp's x.x (gram[0]) and
-    // token grp + 8's (gram[1]).
-    auto flush = [&] {
-#pragma unroll
-      for (int i = 0; i < 12; ++i) {
-        acc[i] += fresh[i];
-        fresh[i] = 0.0f;
-      }
-      const bool odd = grp & 1;
-      ss[0] += odd ? gram[0][1] : gram[0][0];
-      ss[1] += odd ? gram[1][3] : gram[1][2];
-      ZeroFill(gram);
+      sums.IssueStage<kTerms, kTermTileBytes>(a_desc, b_desc);
+      // Rows past the tokens hold zeros.
+      if (slab < rows) sums.AddSquares(smem + at, slab, lane);
     };
 
     fetch_phi(0);
@@ -284,7 +199,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       store_phi(st + 1);
       // Stage st's buffers are refilled after the next barrier.
       WgmmaWait<0>();
-      if ((st & 3) == 3 || st == stages - 1) flush();
+      if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
     }
     CpAsyncWait<0>();
 
@@ -292,17 +207,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         partial +
         PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
         unit.tile % 2 * kUnitTokens * width;
-#pragma unroll
-    for (int i = 0; i < 12; ++i) {
-      const int t = slab + grp + 8 * ((i >> 1) & 1);
-      const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
-      if (t < rows && col < s.N) out[t * width + col] = acc[i];
-    }
-    if (quad == grp >> 1) {
-      const int t = slab + grp;
-      if (t < rows) out[t * width + s.N] = ss[0];
-      if (t + 8 < rows) out[(t + 8) * width + s.N] = ss[1];
-    }
+    sums.Store(out, width, s.N, slab, rows, grp, quad);
     // The next unit's first copies reuse the stages this one read.
     __syncthreads();
   });
@@ -343,23 +248,11 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
     unsigned long long* next_unit, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   char* split = static_cast<char*>(planes);
-  auto launch = [&](auto terms, auto copy_bytes) {
-    return LaunchTerms<decltype(terms)::value, decltype(copy_bytes)::value>(
-        s, tokens, x, phi, gamma, split, partial, next_unit, stream);
-  };
-  auto for_width = [&](auto terms) {
-    switch (MmaCopyBytes<__nv_bfloat16>(s.K, x)) {
-      case 16:
-        return launch(terms, IntTag<16>{});
-      case 8:
-        return launch(terms, IntTag<8>{});
-      default:
-        return launch(terms, IntTag<4>{});
-    }
-  };
-  const cudaError_t err = spec.matmul_precision == MatmulPrecision::kIeee
-                              ? for_width(IntTag<3>{})
-                              : for_width(IntTag<2>{});
+  const cudaError_t err =
+      bf16_unit::ForTermsAndCopies(spec, x, [&](auto terms, auto copy_bytes) {
+        return LaunchTerms<decltype(terms)::value, decltype(copy_bytes)::value>(
+            s, tokens, x, phi, gamma, split, partial, next_unit, stream);
+      });
   const std::string shape = ShapeString(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma)", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward (bf16 wgmma)", shape);

@@ -1,7 +1,8 @@
 // The projection forward of wide layers (n >= 7) on warpgroup mmas, for
-// TF32 precision. projection_forward_wide.cu's mma.sync tiles spend more
-// issue slots on fragment loads, x unpacking and addressing than on mmas
-// (tensor pipe ~38 % busy at n = 16). Here each warpgroup issues one wgmma
+// TF32 precision (bf16 layers of up to 80 logits with aligned rows take
+// projection_forward_bf16_wide.cu). projection_forward_wide.cu's mma.sync tiles
+// spend more issue slots on fragment loads, x unpacking and addressing than on
+// mmas (tensor pipe ~38 % busy at n = 16). Here each warpgroup issues one wgmma
 // per 8 k for its 64 tokens x all kW logits of the unit, both operands read
 // by the tensor cores from shared memory in wgmma.cuh's swizzled layout.
 //

@@ -84,12 +84,15 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 #define MHC_WGMMA_D8(i)                                                       \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
       "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MHC_WGMMA_D12 \
+  MHC_WGMMA_D8(0), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
 #define MHC_WGMMA_D40                                                   \
   MHC_WGMMA_D8(0), MHC_WGMMA_D8(8), MHC_WGMMA_D8(16), MHC_WGMMA_D8(24), \
       MHC_WGMMA_D8(32)
 #define MHC_WGMMA_D48 MHC_WGMMA_D40, MHC_WGMMA_D8(40)
 #define MHC_WGMMA_D64 MHC_WGMMA_D48, MHC_WGMMA_D8(48), MHC_WGMMA_D8(56)
 #define MHC_WGMMA_D72 MHC_WGMMA_D64, MHC_WGMMA_D8(64)
+#define MHC_WGMMA_R12 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11"
 #define MHC_WGMMA_R40                                \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"           \
   "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
@@ -158,23 +161,35 @@ MHC_WGMMA_TF32_REG_A(144, MHC_WGMMA_R72, MHC_WGMMA_D72, "{%72,%73,%74,%75}",
                      "%76", "%77")
 #undef MHC_WGMMA_TF32_REG_A
 
-// d (64 x 24, fp32) += A (64 x 16 bf16) * B (16 x 24 bf16), both operands
+// d (64 x kN, fp32) += A (64 x 16 bf16) * B (16 x kN bf16), both operands
 // from swizzled shared-memory tiles (K-major: no transpose).
-__device__ __forceinline__ void WgmmaBf16N24(float (&d)[12], uint64_t a,
-                                             uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, %12, %13, p, 1, 1, 0, 0;\n}\n"
-      : MHC_WGMMA_D8(0), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-      : "l"(a), "l"(b), "r"(1));
-}
+template <int kN>
+__device__ __forceinline__ void WgmmaBf16(float (&d)[kN / 2], uint64_t a,
+                                          uint64_t b);
+
+#define MHC_WGMMA_BF16(kN, kRegs, kOperands, kA, kB, kP)                       \
+  template <>                                                                  \
+  __device__ __forceinline__ void WgmmaBf16<kN>(float(&d)[kN / 2], uint64_t a, \
+                                                uint64_t b) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " kP                        \
+                 ", 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" #kN                       \
+                 "k16.f32.bf16.bf16 {" kRegs "}, " kA ", " kB                  \
+                 ", p, 1, 1, 0, 0;\n}\n"                                       \
+                 : kOperands                                                   \
+                 : "l"(a), "l"(b), "r"(1));                                    \
+  }
+MHC_WGMMA_BF16(24, MHC_WGMMA_R12, MHC_WGMMA_D12, "%12", "%13", "%14")
+MHC_WGMMA_BF16(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "%40", "%41", "%42")
+#undef MHC_WGMMA_BF16
 
 #undef MHC_WGMMA_D8
+#undef MHC_WGMMA_D12
 #undef MHC_WGMMA_D40
 #undef MHC_WGMMA_D48
 #undef MHC_WGMMA_D64
 #undef MHC_WGMMA_D72
+#undef MHC_WGMMA_R12
 #undef MHC_WGMMA_R40
 #undef MHC_WGMMA_R48
 #undef MHC_WGMMA_R64

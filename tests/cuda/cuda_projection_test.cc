@@ -104,6 +104,13 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // 96 logits, 144-logit units with a last tile of one token.
       {12, 336, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
       {9, 1024, 129, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      // The 80-logit bf16 tiles (n = 7, 8; projection_forward_bf16_wide.cu):
+      // gamma and none, a partial last stage (C = 1029), IEEE, 63 logits,
+      // more units (144 at n = 8, C = 4096, M = 3000) than CTAs.
+      {8, 1024, 7000, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      {8, 1029, 650, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      {8, 4096, 3000, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      {7, 1024, 300, DType::kBF16, MatmulPrecision::kTf32, true, false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);

@@ -1,0 +1,264 @@
+// The projection forward of bf16 layers with 49-80 logits (n = 7, 8 mHC
+// layers) on warpgroup mmas. The TF32 warpgroup tiles
+// (projection_forward_wgmma.cu) convert x to tf32 in shared memory first and
+// ran n = 8 at 34-52 % of copy bandwidth (bench/RESULTS.md); here, as for
+// one logit group (projection_forward_bf16.cu), x lands by cp.async straight
+// in wgmma's A layout and phi' goes to the tensor cores in bf16 terms.
+//
+// Unit: 128 tokens (one proj_mma.cuh tile, two warpgroups) x one K chunk
+// (PlanChunks), partials in proj_mma.cuh's layout. At 80 logits a stage's B
+// tiles outweigh its x tile (20 KB against 8 KB per warpgroup), so both
+// warpgroups share them, at one CTA per SM. phi' is split here, one stage
+// ahead of the wgmmas, from raw phi rows and gamma that cp.async stages with
+// x: loads from L2 outside the copy pipeline wait behind its copies (a split
+// from registers ran at 25 % of copy), and a split made once per launch
+// would exceed the 5 % workspace budget below M = 16384 at n = 8. Per stage
+// of 64 k, each warpgroup issues one wgmma.m64n80k16 per term and 16 k for
+// its 64 tokens; the sum of squares comes from the staged x tile on
+// mma.sync while they run (bf16_unit.cuh, which also states the numerics).
+//
+// Determinism / batch invariance: a token's h and sum of squares depend on
+// its x row, phi', K and N only (rows of both products are independent dot
+// products in a fixed k order, flushed every four stages of its chunk);
+// chunks are added in order by the chunk sum. No floating-point atomics.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "bf16_unit.cuh"
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "proj_mma.cuh"
+#include "projection_forward_bf16.h"
+#include "wgmma.cuh"
+
+namespace mhc::cuda {
+namespace {
+
+using bf16_unit::kRowBytes;
+using bf16_unit::kRowChunks;
+using bf16_unit::kStageK;
+
+constexpr int kTileLogits = 80;  // B rows; zero past N
+constexpr int kUnitTokens = kMmaTokens;
+constexpr int kUnitThreads = 256;  // two warpgroups
+
+// Shared memory: a ring of kStages copy stages (the x tile in the A layout,
+// then raw phi rows: 64 fp32 of each of the 80 logits), the B tiles of two
+// stages (the one the wgmmas read, the one being split), then gamma for
+// each copy stage. Every operand tile starts on an atom.
+template <int kTerms>
+struct WidePlan {
+  static constexpr int kXTileBytes = kUnitTokens * kRowBytes;
+  static constexpr int kRawBytes = kTileLogits * kStageK * 4;
+  static constexpr int kTermTileBytes = kTileLogits * kRowBytes;
+  static constexpr int kSplitBytes = kTerms * kTermTileBytes;
+  static constexpr int kCopyBytes = kXTileBytes + kRawBytes;
+  // As deep as fits one CTA per SM (227 KB).
+  static constexpr int kStages = kTerms == 2 ? 5 : 4;
+  static constexpr int kSplitAt = kStages * kCopyBytes;
+  static constexpr int kGammaAt = kSplitAt + 2 * kSplitBytes;
+  static constexpr int kSmem =
+      kGammaAt + kStages * kStageK * 4 + kSwizzleAtomBytes;
+  // Raw phi copies: 16 pieces of 16 bytes per logit row and stage.
+  static constexpr int kRawPasses = kRawBytes / 16 / kUnitThreads;
+  // The split: 8 k (one 16-byte chunk of each term) per thread and pass.
+  static constexpr int kChunks = kTileLogits * kRowChunks;
+  static constexpr int kChunkPasses =
+      (kChunks + kUnitThreads - 1) / kUnitThreads;
+  static_assert(kXTileBytes % kSwizzleAtomBytes == 0 &&
+                    kCopyBytes % kSwizzleAtomBytes == 0 &&
+                    kTermTileBytes % kSwizzleAtomBytes == 0,
+                "operand tiles start on atoms");
+  static_assert(kRawBytes % (16 * kUnitThreads) == 0, "whole copy passes");
+  static_assert(kSmem <= 227 * 1024, "one CTA per SM");
+};
+
+template <int kTerms, int kCopyBytes>
+__global__ void __launch_bounds__(kUnitThreads, 1)
+    bf16_wgmma_wide_projection_kernel(DevSpec s, int64_t tokens,
+                                      const __nv_bfloat16* __restrict__ x,
+                                      const float* __restrict__ phi,
+                                      const float* __restrict__ gamma,
+                                      float* partial,
+                                      unsigned long long* next_unit) {
+  using Plan = WidePlan<kTerms>;
+  constexpr int kStages = Plan::kStages;
+  extern __shared__ __align__(16) char bf16_wide_smem[];
+  char* smem = AtomAligned(bf16_wide_smem);
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int slab = 16 * warp;  // this warp's first token row
+  // Its warpgroup's 64 rows of the x tile, the A operand.
+  const int a_rows_at = (warp >> 2) * 64 * kRowBytes;
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const int64_t units = MmaTiles(tokens) * plan.chunks;
+  const int width = s.N + 1;
+  bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
+  const uint64_t a_desc0 = SwizzledDescriptor(smem);
+  const uint64_t b_desc0 = SwizzledDescriptor(smem + Plan::kSplitAt);
+  auto copies = [&](int st) { return smem + st % kStages * Plan::kCopyBytes; };
+  auto staged_gamma = [&](int st) {
+    return reinterpret_cast<float*>(smem + Plan::kGammaAt +
+                                    st % kStages * kStageK * 4);
+  };
+  auto split_tiles = [&](int st) {
+    return smem + Plan::kSplitAt + (st & 1) * Plan::kSplitBytes;
+  };
+  // This thread's raw phi pieces: piece q = tid + i kUnitThreads is 4 k of
+  // logit row q / 16 at k 4 (q % 16) of the stage, staged at 16 q bytes;
+  // its offset in phi, and whether its row holds a logit.
+  int64_t phi_src[Plan::kRawPasses];
+  unsigned phi_rows = 0;
+#pragma unroll
+  for (int i = 0; i < Plan::kRawPasses; ++i) {
+    const int q = tid + i * kUnitThreads;
+    phi_src[i] = (q >> 4) * s.K + 4 * (q & 15);
+    if ((q >> 4) < s.N) phi_rows |= 1u << i;
+  }
+  const int phi_k = 4 * (tid & 15);  // the same k offset in every pass
+
+  ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
+    const int64_t m0 = unit.tile * kUnitTokens;
+    const int64_t kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
+    const int64_t kend = min(s.K, kbeg + plan.chunk);
+    const int rows =
+        static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
+    const int span = static_cast<int>(kend - kbeg);
+    const int stages = (span + kStageK - 1) / kStageK;
+    x_copies.Begin(x, s.K, m0, kbeg, rows, span);
+
+    // Zeros past N and past the chunk (K % 4 == 0: a piece is all in or
+    // all out).
+    auto load = [&](int st) {
+      if (st >= stages) return;
+      char* stage = copies(st);
+      const int kst = st * kStageK;
+      x_copies.Load(stage, s.K, kst, x);
+      const float* src = phi + kbeg + kst;
+      const bool k_ok = kst + phi_k < span;
+#pragma unroll
+      for (int i = 0; i < Plan::kRawPasses; ++i) {
+        const bool ok = k_ok && ((phi_rows >> i) & 1u);
+        CpAsync<16>(stage + Plan::kXTileBytes + 16 * (tid + i * kUnitThreads),
+                    ok ? src + phi_src[i] : phi, ok);
+      }
+      if (gamma != nullptr && tid < kStageK / 4) {
+        const bool ok = kst + 4 * tid < span;
+        CpAsync<16>(staged_gamma(st) + 4 * tid,
+                    ok ? gamma + kbeg + kst + 4 * tid : gamma, ok);
+      }
+    };
+    // phi' = phi * gamma of stage st into its bf16 term tiles.
+    auto split = [&](int st) {
+      if (st >= stages) return;
+      const float4* raw =
+          reinterpret_cast<const float4*>(copies(st) + Plan::kXTileBytes);
+      const float4* gam = reinterpret_cast<const float4*>(staged_gamma(st));
+      char* tiles = split_tiles(st);
+#pragma unroll
+      for (int i = 0; i < Plan::kChunkPasses; ++i) {
+        const int q = tid + i * kUnitThreads;
+        if (q >= Plan::kChunks) break;
+        const int c = q % kRowChunks;  // of logit row q / kRowChunks
+        const float4 lo = raw[2 * q], hi = raw[2 * q + 1];
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        if (gamma != nullptr) {
+          const float4 a = gam[2 * c], b = gam[2 * c + 1];
+          const float g8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], g8[e]);
+        }
+        bf16_unit::StorePhiChunk<Plan::kTermTileBytes, kTerms>(
+            v, tiles, q / kRowChunks, c);
+      }
+    };
+
+    bf16_unit::WarpSums<kTileLogits> sums;
+    sums.Zero();
+    auto compute = [&](int st) {
+      const int at = st % kStages * Plan::kCopyBytes;
+      const uint64_t a_desc = DescriptorPlus(a_desc0, at + a_rows_at);
+      const uint64_t b_desc =
+          DescriptorPlus(b_desc0, (st & 1) * Plan::kSplitBytes);
+      sums.IssueStage<kTerms, Plan::kTermTileBytes>(a_desc, b_desc);
+      // Rows past the tokens hold zeros.
+      if (slab < rows) sums.AddSquares(smem + at, slab, lane);
+    };
+
+    // Stage st + 1 is split while st's wgmmas run. The barrier at the top
+    // of each step publishes the copies of st and st + 1 and the split of
+    // st, and orders every thread's wait for st - 1's wgmmas before the
+    // copy stage and B tiles they read are refilled.
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      load(st);
+      CpAsyncCommit();
+    }
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    split(0);
+    for (int st = 0; st < stages; ++st) {
+      CpAsyncWait<kStages - 3>();
+      // The copies of st and the split of st, for the wgmmas' proxy.
+      FenceProxyAsyncShared();
+      __syncthreads();
+      load(st + kStages - 1);
+      CpAsyncCommit();
+      compute(st);
+      split(st + 1);
+      WgmmaWait<0>();
+      if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
+    }
+    CpAsyncWait<0>();
+
+    sums.Store(partial + PartialOffset(tokens, plan.chunks, width, unit.tile,
+                                       unit.chunk),
+               width, s.N, slab, rows, grp, quad);
+    // The next unit's first copies and split reuse what this one read.
+    __syncthreads();
+  });
+}
+
+template <int kTerms, int kCopyBytes>
+cudaError_t LaunchWide(const DevSpec& s, int64_t tokens, const void* x,
+                       const float* phi, const float* gamma, float* partial,
+                       unsigned long long* next_unit, cudaStream_t stream) {
+  const int64_t units = MmaTiles(tokens) * PlanChunks(s.K, s.N).chunks;
+  return LaunchPersistentBlocks(
+      bf16_wgmma_wide_projection_kernel<kTerms, kCopyBytes>, kUnitThreads,
+      /*equal_shares=*/true, units, WidePlan<kTerms>::kSmem, next_unit, stream,
+      s, tokens, static_cast<const __nv_bfloat16*>(x), phi, gamma, partial);
+}
+
+}  // namespace
+
+bool UseBf16WideProjection(const LayerSpec& spec, DType dtype, const void* x,
+                           const float* phi, const float* gamma) {
+  const int N = spec.NumLogits();
+  return spec.dynamic && dtype == DType::kBF16 && N > 2 * kLogitGroup &&
+         N <= kTileLogits && MmaCopyBytes<__nv_bfloat16>(spec.K(), x) != 0 &&
+         PhiVectorLoads(spec.K(), phi, gamma);
+}
+
+absl::Status LaunchBf16WideProjectionPartials(
+    const LayerSpec& spec, int64_t tokens, const void* x, const float* phi,
+    const float* gamma, float* partial, unsigned long long* next_unit,
+    cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  const cudaError_t err =
+      bf16_unit::ForTermsAndCopies(spec, x, [&](auto terms, auto copy_bytes) {
+        return LaunchWide<decltype(terms)::value, decltype(copy_bytes)::value>(
+            s, tokens, x, phi, gamma, partial, next_unit, stream);
+      });
+  const std::string shape = ShapeString(spec, tokens, DType::kBF16);
+  MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma, 80 logits)",
+                           shape);
+  MHC_CUDA_CHECK_LAUNCH("projection forward (bf16 wgmma, 80 logits)", shape);
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda
