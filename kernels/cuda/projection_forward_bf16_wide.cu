@@ -1,7 +1,7 @@
 // The projection forward of bf16 layers with 49-80 logits (n = 7, 8 mHC
 // layers) on warpgroup mmas. The TF32 warpgroup tiles
 // (projection_forward_wgmma.cu) convert x to tf32 in shared memory first and
-// ran n = 8 at 34-52 % of copy bandwidth (bench/RESULTS.md); here, as for
+// ran n = 8 at 35-51 % of copy bandwidth (bench/RESULTS.md); here, as for
 // one logit group (projection_forward_bf16.cu), x lands by cp.async straight
 // in wgmma's A layout and phi' goes to the tensor cores in bf16 terms.
 //
@@ -12,10 +12,11 @@
 // ahead of the wgmmas, from raw phi rows and gamma that cp.async stages with
 // x: loads from L2 outside the copy pipeline wait behind its copies (a split
 // from registers ran at 25 % of copy), and a split made once per launch
-// would exceed the 5 % workspace budget below M = 16384 at n = 8. Per stage
-// of 64 k, each warpgroup issues one wgmma.m64n80k16 per term and 16 k for
-// its 64 tokens; the sum of squares comes from the staged x tile on
-// mma.sync while they run (bf16_unit.cuh, which also states the numerics).
+// (320 B per k) with the K-chunk partials would exceed the 5 % workspace
+// budget below M ~ 9000 at n = 8, C = 4096. Per stage of 64 k, each
+// warpgroup issues one wgmma.m64n80k16 per term and 16 k for its 64 tokens;
+// the sum of squares comes from the staged x tile on mma.sync while they run
+// (bf16_unit.cuh, which also states the numerics).
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (rows of both products are independent dot
