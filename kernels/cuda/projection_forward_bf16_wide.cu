@@ -5,18 +5,20 @@
 // one logit group (projection_forward_bf16.cu), x lands by cp.async straight
 // in wgmma's A layout and phi' goes to the tensor cores in bf16 terms.
 //
-// Unit: 128 tokens (one proj_mma.cuh tile, two warpgroups) x one K chunk
-// (PlanChunks), partials in proj_mma.cuh's layout. At 80 logits a stage's B
-// tiles outweigh its x tile (20 KB against 8 KB per warpgroup), so both
-// warpgroups share them, at one CTA per SM. phi' is split here, one stage
-// ahead of the wgmmas, from raw phi rows and gamma that cp.async stages with
-// x: loads from L2 outside the copy pipeline wait behind its copies (a split
-// from registers ran at 25 % of copy), and a split made once per launch
-// (320 B per k) with the K-chunk partials would exceed the 5 % workspace
-// budget below M ~ 9000 at n = 8, C = 4096. Per stage of 64 k, each
-// warpgroup issues one wgmma.m64n80k16 per term and 16 k for its 64 tokens;
-// the sum of squares comes from the staged x tile on mma.sync while they run
-// (bf16_unit.cuh, which also states the numerics).
+// Unit: 128 tokens (one proj_mma.cuh tile) x one K chunk (PlanChunks),
+// partials in proj_mma.cuh's layout, one CTA of three warpgroups per SM. At
+// 80 logits a stage's B tiles outweigh its x tile (20 KB against 8 KB per 64
+// tokens), so two warpgroups, 64 tokens each, share them: they copy x and
+// issue per stage of 64 k one wgmma.m64n80k16 per term and 16 k, and take
+// the sum of squares from the staged x tile on mma.sync while the wgmmas run
+// (bf16_unit.cuh, which also states the numerics). The third warpgroup
+// copies raw phi rows and gamma with cp.async into the same stages and
+// splits phi' into bf16 term tiles one stage ahead of the wgmmas, beside
+// the other two's path (in their own warps the split left the kernel
+// issue-bound at 40-55 % of copy). Loads from L2 outside the copy pipeline
+// wait behind its copies (a split from registers ran at 25 %), and a split
+// made once per launch (320 B per k) with the K-chunk partials would exceed
+// the 5 % workspace budget below M ~ 9000 at n = 8, C = 4096.
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (rows of both products are independent dot
@@ -42,7 +44,12 @@ using bf16_unit::kStageK;
 
 constexpr int kTileLogits = 80;  // B rows; zero past N
 constexpr int kUnitTokens = kMmaTokens;
-constexpr int kUnitThreads = 256;  // two warpgroups
+// Two warpgroups issue the wgmmas and copy x; a third copies phi and gamma
+// and splits phi', so that the split runs beside the wgmma warps' path
+// instead of in it.
+constexpr int kMmaThreads = 256;
+constexpr int kSplitThreads = 128;
+constexpr int kUnitThreads = kMmaThreads + kSplitThreads;
 
 // Shared memory: a ring of kStages copy stages (the x tile in the A layout,
 // then raw phi rows: 64 fp32 of each of the 80 logits), the B tiles of two
@@ -62,16 +69,17 @@ struct WidePlan {
   static constexpr int kSmem =
       kGammaAt + kStages * kStageK * 4 + kSwizzleAtomBytes;
   // Raw phi copies: 16 pieces of 16 bytes per logit row and stage.
-  static constexpr int kRawPasses = kRawBytes / 16 / kUnitThreads;
+  static constexpr int kRawPasses = kRawBytes / 16 / kSplitThreads;
   // The split: 8 k (one 16-byte chunk of each term) per thread and pass.
   static constexpr int kChunks = kTileLogits * kRowChunks;
-  static constexpr int kChunkPasses =
-      (kChunks + kUnitThreads - 1) / kUnitThreads;
+  static constexpr int kChunkPasses = kChunks / kSplitThreads;
   static_assert(kXTileBytes % kSwizzleAtomBytes == 0 &&
                     kCopyBytes % kSwizzleAtomBytes == 0 &&
                     kTermTileBytes % kSwizzleAtomBytes == 0,
                 "operand tiles start on atoms");
-  static_assert(kRawBytes % (16 * kUnitThreads) == 0, "whole copy passes");
+  static_assert(kRawBytes % (16 * kSplitThreads) == 0 &&
+                    kChunks % kSplitThreads == 0,
+                "whole copy and split passes");
   static_assert(kSmem <= 227 * 1024, "one CTA per SM");
 };
 
@@ -95,10 +103,12 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
   const int slab = 16 * warp;  // this warp's first token row
   // Its warpgroup's 64 rows of the x tile, the A operand.
   const int a_rows_at = (warp >> 2) * 64 * kRowBytes;
+  const bool splitter = tid >= kMmaThreads;  // warpgroup 2
+  const int sid = tid - kMmaThreads;         // its thread
   const ChunkPlan plan = PlanChunks(s.K, s.N);
   const int64_t units = MmaTiles(tokens) * plan.chunks;
   const int width = s.N + 1;
-  bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
+  bf16_unit::XCopies<kMmaThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + Plan::kSplitAt);
   auto copies = [&](int st) { return smem + st % kStages * Plan::kCopyBytes; };
@@ -109,18 +119,12 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
   auto split_tiles = [&](int st) {
     return smem + Plan::kSplitAt + (st & 1) * Plan::kSplitBytes;
   };
-  // This thread's raw phi pieces: piece q = tid + i kUnitThreads is 4 k of
-  // logit row q / 16 at k 4 (q % 16) of the stage, staged at 16 q bytes;
-  // its offset in phi, and whether its row holds a logit.
-  int64_t phi_src[Plan::kRawPasses];
-  unsigned phi_rows = 0;
-#pragma unroll
-  for (int i = 0; i < Plan::kRawPasses; ++i) {
-    const int q = tid + i * kUnitThreads;
-    phi_src[i] = (q >> 4) * s.K + 4 * (q & 15);
-    if ((q >> 4) < s.N) phi_rows |= 1u << i;
-  }
-  const int phi_k = 4 * (tid & 15);  // the same k offset in every pass
+  // A splitter's raw phi pieces: piece q = sid + i kSplitThreads is 4 k of
+  // logit row q / 16 (sid / 16 + 8 i) at k 4 (q % 16) of the stage (the
+  // same in every pass), staged at 16 q bytes.
+  constexpr int kRowsPerPass = kSplitThreads / 16;
+  const int phi_row = sid >> 4, phi_k = 4 * (sid & 15);
+  const int64_t phi_step = kRowsPerPass * s.K;
 
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
     const int64_t m0 = unit.tile * kUnitTokens;
@@ -138,32 +142,35 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
       if (st >= stages) return;
       char* stage = copies(st);
       const int kst = st * kStageK;
-      x_copies.Load(stage, s.K, kst, x);
-      const float* src = phi + kbeg + kst;
+      if (!splitter) {
+        x_copies.Load(stage, s.K, kst, x);
+        return;
+      }
+      const float* src = phi + phi_row * s.K + kbeg + kst + phi_k;
       const bool k_ok = kst + phi_k < span;
+      char* dst = stage + Plan::kXTileBytes + 16 * sid;
 #pragma unroll
       for (int i = 0; i < Plan::kRawPasses; ++i) {
-        const bool ok = k_ok && ((phi_rows >> i) & 1u);
-        CpAsync<16>(stage + Plan::kXTileBytes + 16 * (tid + i * kUnitThreads),
-                    ok ? src + phi_src[i] : phi, ok);
+        const bool ok = k_ok && phi_row + i * kRowsPerPass < s.N;
+        CpAsync<16>(dst + 16 * i * kSplitThreads, ok ? src : phi, ok);
+        src += phi_step;
       }
-      if (gamma != nullptr && tid < kStageK / 4) {
-        const bool ok = kst + 4 * tid < span;
-        CpAsync<16>(staged_gamma(st) + 4 * tid,
-                    ok ? gamma + kbeg + kst + 4 * tid : gamma, ok);
+      if (gamma != nullptr && sid < kStageK / 4) {
+        const bool ok = kst + 4 * sid < span;
+        CpAsync<16>(staged_gamma(st) + 4 * sid,
+                    ok ? gamma + kbeg + kst + 4 * sid : gamma, ok);
       }
     };
     // phi' = phi * gamma of stage st into its bf16 term tiles.
     auto split = [&](int st) {
-      if (st >= stages) return;
+      if (!splitter || st >= stages) return;
       const float4* raw =
           reinterpret_cast<const float4*>(copies(st) + Plan::kXTileBytes);
       const float4* gam = reinterpret_cast<const float4*>(staged_gamma(st));
       char* tiles = split_tiles(st);
 #pragma unroll
       for (int i = 0; i < Plan::kChunkPasses; ++i) {
-        const int q = tid + i * kUnitThreads;
-        if (q >= Plan::kChunks) break;
+        const int q = sid + i * kSplitThreads;
         const int c = q % kRowChunks;  // of logit row q / kRowChunks
         const float4 lo = raw[2 * q], hi = raw[2 * q + 1];
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -181,6 +188,7 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
     bf16_unit::WarpSums<kTileLogits> sums;
     sums.Zero();
     auto compute = [&](int st) {
+      if (splitter) return;
       const int at = st % kStages * Plan::kCopyBytes;
       const uint64_t a_desc = DescriptorPlus(a_desc0, at + a_rows_at);
       const uint64_t b_desc =
@@ -211,14 +219,18 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
       CpAsyncCommit();
       compute(st);
       split(st + 1);
-      WgmmaWait<0>();
-      if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
+      if (!splitter) {
+        WgmmaWait<0>();
+        if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
+      }
     }
     CpAsyncWait<0>();
 
-    sums.Store(partial + PartialOffset(tokens, plan.chunks, width, unit.tile,
-                                       unit.chunk),
-               width, s.N, slab, rows, grp, quad);
+    if (!splitter) {
+      sums.Store(partial + PartialOffset(tokens, plan.chunks, width, unit.tile,
+                                         unit.chunk),
+                 width, s.N, slab, rows, grp, quad);
+    }
     // The next unit's first copies and split reuse what this one read.
     __syncthreads();
   });
