@@ -48,6 +48,26 @@ __device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
   }
 }
 
+// A unit of kTokens tokens: tokens m0 .. m0 + rows - 1 over its K chunk
+// [kbeg, kend) (span k, in `stages` stages of kStageK).
+struct UnitSpan {
+  int64_t m0, kbeg, kend;
+  int rows, span, stages;
+};
+template <int kTokens>
+__device__ __forceinline__ UnitSpan UnitSpanOf(const DevSpec& s, int64_t tokens,
+                                               const ChunkPlan& plan,
+                                               const MmaUnit& unit) {
+  UnitSpan u;
+  u.m0 = unit.tile * kTokens;
+  u.kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
+  u.kend = min(s.K, u.kbeg + plan.chunk);
+  u.rows = static_cast<int>(min(static_cast<int64_t>(kTokens), tokens - u.m0));
+  u.span = static_cast<int>(u.kend - u.kbeg);
+  u.stages = (u.span + kStageK - 1) / kStageK;
+  return u;
+}
+
 // One thread's share of a unit's x tile (kTokens rows by kThreads threads):
 // piece xc of rows xr + i kRowsPerPass. Rows go in copies of kCopyBytes
 // (MmaCopyBytes: 16, or 8 / 4 where an odd C leaves rows of 4 C / 2 C
@@ -61,18 +81,17 @@ class XCopies {
   __device__ explicit XCopies(int tid)
       : xc_(tid % kRowPieces), xr_(tid / kRowPieces) {}
 
-  // The unit of `rows` tokens from m0 over k in [kbeg, kbeg + span).
-  __device__ void Begin(const __nv_bfloat16* x, int64_t K, int64_t m0,
-                        int64_t kbeg, int rows, int span) {
-    src_ = x + (m0 + xr_) * K + kbeg + xc_ * kPieceElems;
+  // The copies of unit u (kTokens tokens).
+  __device__ void Begin(const __nv_bfloat16* x, int64_t K, const UnitSpan& u) {
+    src_ = x + (u.m0 + xr_) * K + u.kbeg + xc_ * kPieceElems;
     rows_ = 0;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      if (xr_ + i * kRowsPerPass < rows) rows_ |= 1u << i;
+      if (xr_ + i * kRowsPerPass < u.rows) rows_ |= 1u << i;
     }
     // A piece holds k below the chunk's end (K is a multiple of the piece)
     // when its stage offset is below:
-    klimit_ = span - xc_ * kPieceElems;
+    klimit_ = u.span - xc_ * kPieceElems;
   }
 
   // The copies of the stage at k offset kst into `tile`; `any` is a valid

@@ -118,21 +118,16 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
 
   // A unit's tile index counts halves of proj_mma.cuh's tiles.
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
-    const int64_t m0 = unit.tile * kUnitTokens;
-    const int64_t kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
-    const int64_t kend = min(s.K, kbeg + plan.chunk);
-    const int rows =
-        static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
-    const int span = static_cast<int>(kend - kbeg);
-    const int stages = (span + kStageK - 1) / kStageK;
-    x_copies.Begin(x, s.K, m0, kbeg, rows, span);
-    const char* split_src = planes != nullptr
-                                ? planes + kbeg / kStageK * int64_t{kSplitBytes}
-                                : nullptr;
+    const bf16_unit::UnitSpan u =
+        bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
+    x_copies.Begin(x, s.K, u);
+    const char* split_src =
+        planes != nullptr ? planes + u.kbeg / kStageK * int64_t{kSplitBytes}
+                          : nullptr;
     const bool split_here = split_src == nullptr;
 
     auto load = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       char* stage = smem + st % kStages * kStageBytes;
       x_copies.Load(stage, s.K, st * kStageK, x);
       if (split_src != nullptr) {
@@ -149,7 +144,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         (kSplitChunks + kUnitThreads - 1) / kUnitThreads;
     float pv[kSplitPasses][8];
     auto for_split_chunks = [&](int st, auto&& f) {
-      if (!split_here || st >= stages) return;
+      if (!split_here || st >= u.stages) return;
 #pragma unroll
       for (int i = 0; i < kSplitPasses; ++i) {
         const int q = tid + i * kUnitThreads;
@@ -158,7 +153,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     };
     auto fetch_phi = [&](int st) {
       for_split_chunks(st, [&](float(&v)[8], int g, int c) {
-        FetchPhiChunk(s, phi, gamma, g, kbeg + st * kStageK + c * 8, kend,
+        FetchPhiChunk(s, phi, gamma, g, u.kbeg + st * kStageK + c * 8, u.kend,
                       vec_phi, v);
       });
     };
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       const uint64_t b_desc = DescriptorPlus(b_desc0, at);
       sums.IssueStage<kTerms, kTermTileBytes>(a_desc, b_desc);
       // Rows past the tokens hold zeros.
-      if (slab < rows) sums.AddSquares(smem + at, slab, lane);
+      if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
     };
 
     fetch_phi(0);
@@ -187,7 +182,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       load(st);
       CpAsyncCommit();
     }
-    for (int st = 0; st < stages; ++st) {
+    for (int st = 0; st < u.stages; ++st) {
       fetch_phi(st + 1);
       CpAsyncWait<kStages - 2>();
       // The copies and split stores of stage st, for the wgmmas' proxy.
@@ -199,7 +194,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       store_phi(st + 1);
       // Stage st's buffers are refilled after the next barrier.
       WgmmaWait<0>();
-      if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
+      if ((st & 3) == 3 || st == u.stages - 1) sums.Flush(grp);
     }
     CpAsyncWait<0>();
 
@@ -207,7 +202,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         partial +
         PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
         unit.tile % 2 * kUnitTokens * width;
-    sums.Store(out, width, s.N, slab, rows, grp, quad);
+    sums.Store(out, width, s.N, slab, u.rows, grp, quad);
     // The next unit's first copies reuse the stages this one read.
     __syncthreads();
   });

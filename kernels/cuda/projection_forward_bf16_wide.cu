@@ -127,27 +127,22 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
   const int64_t phi_step = kRowsPerPass * s.K;
 
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
-    const int64_t m0 = unit.tile * kUnitTokens;
-    const int64_t kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
-    const int64_t kend = min(s.K, kbeg + plan.chunk);
-    const int rows =
-        static_cast<int>(min(static_cast<int64_t>(kUnitTokens), tokens - m0));
-    const int span = static_cast<int>(kend - kbeg);
-    const int stages = (span + kStageK - 1) / kStageK;
-    x_copies.Begin(x, s.K, m0, kbeg, rows, span);
+    const bf16_unit::UnitSpan u =
+        bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
+    x_copies.Begin(x, s.K, u);
 
     // Zeros past N and past the chunk (K % 4 == 0: a piece is all in or
     // all out).
     auto load = [&](int st) {
-      if (st >= stages) return;
+      if (st >= u.stages) return;
       char* stage = copies(st);
       const int kst = st * kStageK;
       if (!splitter) {
         x_copies.Load(stage, s.K, kst, x);
         return;
       }
-      const float* src = phi + phi_row * s.K + kbeg + kst + phi_k;
-      const bool k_ok = kst + phi_k < span;
+      const float* src = phi + phi_row * s.K + u.kbeg + kst + phi_k;
+      const bool k_ok = kst + phi_k < u.span;
       char* dst = stage + Plan::kXTileBytes + 16 * sid;
 #pragma unroll
       for (int i = 0; i < Plan::kRawPasses; ++i) {
@@ -156,14 +151,14 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
         src += phi_step;
       }
       if (gamma != nullptr && sid < kStageK / 4) {
-        const bool ok = kst + 4 * sid < span;
+        const bool ok = kst + 4 * sid < u.span;
         CpAsync<16>(staged_gamma(st) + 4 * sid,
-                    ok ? gamma + kbeg + kst + 4 * sid : gamma, ok);
+                    ok ? gamma + u.kbeg + kst + 4 * sid : gamma, ok);
       }
     };
     // phi' = phi * gamma of stage st into its bf16 term tiles.
     auto split = [&](int st) {
-      if (!splitter || st >= stages) return;
+      if (!splitter || st >= u.stages) return;
       const float4* raw =
           reinterpret_cast<const float4*>(copies(st) + Plan::kXTileBytes);
       const float4* gam = reinterpret_cast<const float4*>(staged_gamma(st));
@@ -195,7 +190,7 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
           DescriptorPlus(b_desc0, (st & 1) * Plan::kSplitBytes);
       sums.IssueStage<kTerms, Plan::kTermTileBytes>(a_desc, b_desc);
       // Rows past the tokens hold zeros.
-      if (slab < rows) sums.AddSquares(smem + at, slab, lane);
+      if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
     };
 
     // Stage st + 1 is split while st's wgmmas run. The barrier at the top
@@ -210,7 +205,7 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
     CpAsyncWait<kStages - 2>();
     __syncthreads();
     split(0);
-    for (int st = 0; st < stages; ++st) {
+    for (int st = 0; st < u.stages; ++st) {
       CpAsyncWait<kStages - 3>();
       // The copies of st and the split of st, for the wgmmas' proxy.
       FenceProxyAsyncShared();
@@ -221,7 +216,7 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
       split(st + 1);
       if (!splitter) {
         WgmmaWait<0>();
-        if ((st & 3) == 3 || st == stages - 1) sums.Flush(grp);
+        if ((st & 3) == 3 || st == u.stages - 1) sums.Flush(grp);
       }
     }
     CpAsyncWait<0>();
@@ -229,7 +224,7 @@ __global__ void __launch_bounds__(kUnitThreads, 1)
     if (!splitter) {
       sums.Store(partial + PartialOffset(tokens, plan.chunks, width, unit.tile,
                                          unit.chunk),
-                 width, s.N, slab, rows, grp, quad);
+                 width, s.N, slab, u.rows, grp, quad);
     }
     // The next unit's first copies and split reuse what this one read.
     __syncthreads();
