@@ -11,6 +11,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "proj_mma.cuh"
+#include "projection_backward_wgmma.h"
 #include "projection_backward_wide.h"
 #include "projection_forward_bf16.h"
 #include "projection_forward_wide.h"
@@ -448,6 +449,9 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  if (UseWgmmaDx(a)) {
+    return LaunchWgmmaDxAndPhiPartials(a, stream);
+  }
   if (UseMmaDx(a)) {
     return LaunchMmaDxAndPhiPartials(a, stream);
   }

@@ -86,6 +86,7 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
       "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MHC_WGMMA_D12 \
   MHC_WGMMA_D8(0), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+#define MHC_WGMMA_D16 MHC_WGMMA_D8(0), MHC_WGMMA_D8(8)
 #define MHC_WGMMA_D40                                                   \
   MHC_WGMMA_D8(0), MHC_WGMMA_D8(8), MHC_WGMMA_D8(16), MHC_WGMMA_D8(24), \
       MHC_WGMMA_D8(32)
@@ -93,6 +94,7 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 #define MHC_WGMMA_D64 MHC_WGMMA_D48, MHC_WGMMA_D8(48), MHC_WGMMA_D8(56)
 #define MHC_WGMMA_D72 MHC_WGMMA_D64, MHC_WGMMA_D8(64)
 #define MHC_WGMMA_R12 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11"
+#define MHC_WGMMA_R16 MHC_WGMMA_R12 ",%12,%13,%14,%15"
 #define MHC_WGMMA_R40                                \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"           \
   "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
@@ -153,6 +155,8 @@ __device__ __forceinline__ void WgmmaTf32RegA(float (&d)[kN / 2],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),         \
                    "r"(1));                                                    \
   }
+MHC_WGMMA_TF32_REG_A(32, MHC_WGMMA_R16, MHC_WGMMA_D16, "{%16,%17,%18,%19}",
+                     "%20", "%21")
 MHC_WGMMA_TF32_REG_A(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "{%40,%41,%42,%43}",
                      "%44", "%45")
 MHC_WGMMA_TF32_REG_A(96, MHC_WGMMA_R48, MHC_WGMMA_D48, "{%48,%49,%50,%51}",
@@ -185,11 +189,13 @@ MHC_WGMMA_BF16(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "%40", "%41", "%42")
 
 #undef MHC_WGMMA_D8
 #undef MHC_WGMMA_D12
+#undef MHC_WGMMA_D16
 #undef MHC_WGMMA_D40
 #undef MHC_WGMMA_D48
 #undef MHC_WGMMA_D64
 #undef MHC_WGMMA_D72
 #undef MHC_WGMMA_R12
+#undef MHC_WGMMA_R16
 #undef MHC_WGMMA_R40
 #undef MHC_WGMMA_R48
 #undef MHC_WGMMA_R64

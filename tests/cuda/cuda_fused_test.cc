@@ -80,6 +80,84 @@ void ExpectGrads(Harness& h, Grads& gr, const LayerSpec& spec, double tol) {
   }
 }
 
+// The pre forward and backward of an mHC layer (with and without dx_next)
+// against the reference.
+void CheckPreLayer(const LayerSpec& spec, int64_t M, DType dt) {
+  const auto dtype = [dt] { return dt; };  // what MHC_RUN_BOTH sizes for
+  // The mixing values come from the projection: under TF32 its operands are
+  // rounded to 11 bits (the projection tests' 2e-3).
+  const double mix_tol =
+      spec.matmul_precision == MatmulPrecision::kIeee ? kMixTol : 2e-3;
+  const size_t es = DTypeSize(dt);
+  const int64_t C = spec.hidden, K = spec.K(), n = spec.n;
+  Harness h;
+  Layer l = MakeLayer(h, spec);
+  Pair x = h.Act(dt, M * K, FreshSeed());
+  Pair dy = h.Act(dt, M * C, FreshSeed());
+  Pair y = h.Output(M * C * es);
+  Pair hp = h.Output(M * n * 4);
+  Pair hq = h.Output(M * n * 4);
+  Pair hr = h.Output(M * n * n * 4);
+  // Dynamic layers keep their projection for the backward with dx_next.
+  const int64_t N = spec.NumLogits();
+  Pair kept_h = h.Output(M * N * 4), kept_ms = h.Output(M * 4);
+  PreForwardParams p[2];
+  for (int b = 0; b < 2; ++b) {
+    p[b].spec = &spec;
+    p[b].tokens = M;
+    p[b].act_dtype = dt;
+    p[b].x = x.ptr(b);
+    p[b].weights = l.w[b];
+    p[b].y = y.ptr(b);
+    p[b].h_pre = hp.f(b);
+    p[b].h_post = hq.f(b);
+    p[b].h_res = hr.f(b);
+    if (spec.dynamic) p[b].h = kept_h.f(b), p[b].mean_square = kept_ms.f(b);
+  }
+  MHC_RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
+  // y = sum_i h_pre[i] x[i][c] can cancel far below its terms (one
+  // token, one channel): measured against the scale of x (h_pre <= 1),
+  // as the head's y above.
+  ExpectCloseWithFloor(h, y, dt, M * C, MaxAbs(x, dt, M * K), ForwardTol(dt),
+                       "pre y");
+  ExpectClose(h, hp, DType::kF32, M * n, mix_tol, false, "pre h_pre");
+  ExpectClose(h, hq, DType::kF32, M * n, mix_tol, false, "pre h_post");
+  ExpectClose(h, hr, DType::kF32, M * n * n, mix_tol, false, "pre h_res");
+  if (spec.dynamic) {
+    ExpectClose(h, kept_h, DType::kF32, M * N, mix_tol, false, "pre kept h");
+    ExpectClose(h, kept_ms, DType::kF32, M, mix_tol, false,
+                "pre kept mean square");
+  }
+  for (bool residual : {false, true}) {
+    Pair dhq = h.Floats(M * n, FreshSeed());
+    Pair dhr = h.Floats(M * n * n, FreshSeed());
+    Pair dxn = h.Act(dt, M * K, FreshSeed());
+    Pair dx = h.Output(M * K * es);
+    Grads gr = MakeGrads(h, spec);
+    PreBackwardParams q[2];
+    for (int b = 0; b < 2; ++b) {
+      q[b].spec = &spec;
+      q[b].tokens = M;
+      q[b].act_dtype = dt;
+      q[b].x = x.ptr(b);
+      q[b].weights = l.w[b];
+      q[b].dy = dy.ptr(b);
+      q[b].dh_post = dhq.f(b);
+      q[b].dh_res = dhr.f(b);
+      q[b].dx_next = residual ? dxn.ptr(b) : nullptr;
+      q[b].dx = dx.ptr(b);
+      q[b].grads = gr.g[b];
+      if (residual && spec.dynamic) {
+        q[b].h = kept_h.f(b), q[b].mean_square = kept_ms.f(b);
+      }
+    }
+    MHC_RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
+    ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false,
+                residual ? "pre dx (with dx_next, kept projection)" : "pre dx");
+    ExpectGrads(h, gr, spec, BackwardTol(dt));
+  }
+}
+
 using CudaFusedTest = CudaPresetDtypeTest;
 
 TEST_P(CudaFusedTest, PreAndHead) {
@@ -99,51 +177,17 @@ TEST_P(CudaFusedTest, PreAndHead) {
       const int64_t M = shapes[ci].tokens, C = spec.hidden, K = spec.K();
       const int64_t n = spec.n;
       SCOPED_TRACE(CaseName(spec, M, dt) + (variant == 2 ? " head" : ""));
+      if (variant != 2) {
+        CheckPreLayer(spec, M, dt);
+        continue;
+      }
       Harness h;
       Layer l = MakeLayer(h, spec);
       Pair x = h.Act(dt, M * K, FreshSeed());
       Pair dy = h.Act(dt, M * C, FreshSeed());
       Pair y = h.Output(M * C * es);
       Pair hp = h.Output(M * n * 4);
-      if (variant == 2) {
-        HeadForwardParams p[2];
-        for (int b = 0; b < 2; ++b) {
-          p[b].spec = &spec;
-          p[b].tokens = M;
-          p[b].act_dtype = dt;
-          p[b].x = x.ptr(b);
-          p[b].weights = l.w[b];
-          p[b].y = y.ptr(b);
-          p[b].mix = hp.f(b);
-        }
-        MHC_RUN_BOTH(HeadForward, p, OpKind::kHeadForward, spec, M);
-        ExpectCloseWithFloor(h, y, dt, M * C, MaxAbs(x, dt, M * K),
-                             ForwardTol(dt), "head y");
-        ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "head mix");
-        Grads gr = MakeGrads(h, spec);
-        Pair dx = h.Output(M * K * es);
-        HeadBackwardParams q[2];
-        for (int b = 0; b < 2; ++b) {
-          q[b].spec = &spec;
-          q[b].tokens = M;
-          q[b].act_dtype = dt;
-          q[b].x = x.ptr(b);
-          q[b].weights = l.w[b];
-          q[b].dy = dy.ptr(b);
-          q[b].dx = dx.ptr(b);
-          q[b].grads = gr.g[b];
-        }
-        MHC_RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
-        ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "head dx");
-        ExpectGrads(h, gr, spec, BackwardTol(dt));
-        continue;
-      }
-      Pair hq = h.Output(M * n * 4);
-      Pair hr = h.Output(M * n * n * 4);
-      // Dynamic layers keep their projection for the backward with dx_next.
-      const int64_t N = spec.NumLogits();
-      Pair kept_h = h.Output(M * N * 4), kept_ms = h.Output(M * 4);
-      PreForwardParams p[2];
+      HeadForwardParams p[2];
       for (int b = 0; b < 2; ++b) {
         p[b].spec = &spec;
         p[b].tokens = M;
@@ -151,55 +195,45 @@ TEST_P(CudaFusedTest, PreAndHead) {
         p[b].x = x.ptr(b);
         p[b].weights = l.w[b];
         p[b].y = y.ptr(b);
-        p[b].h_pre = hp.f(b);
-        p[b].h_post = hq.f(b);
-        p[b].h_res = hr.f(b);
-        if (spec.dynamic) p[b].h = kept_h.f(b), p[b].mean_square = kept_ms.f(b);
+        p[b].mix = hp.f(b);
       }
-      MHC_RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
-      // y = sum_i h_pre[i] x[i][c] can cancel far below its terms (one
-      // token, one channel): measured against the scale of x (h_pre <= 1),
-      // as the head's y above.
+      MHC_RUN_BOTH(HeadForward, p, OpKind::kHeadForward, spec, M);
       ExpectCloseWithFloor(h, y, dt, M * C, MaxAbs(x, dt, M * K),
-                           ForwardTol(dt), "pre y");
-      ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "pre h_pre");
-      ExpectClose(h, hq, DType::kF32, M * n, kMixTol, false, "pre h_post");
-      ExpectClose(h, hr, DType::kF32, M * n * n, kMixTol, false, "pre h_res");
-      if (spec.dynamic) {
-        ExpectClose(h, kept_h, DType::kF32, M * N, kMixTol, false,
-                    "pre kept h");
-        ExpectClose(h, kept_ms, DType::kF32, M, kMixTol, false,
-                    "pre kept mean square");
+                           ForwardTol(dt), "head y");
+      ExpectClose(h, hp, DType::kF32, M * n, kMixTol, false, "head mix");
+      Grads gr = MakeGrads(h, spec);
+      Pair dx = h.Output(M * K * es);
+      HeadBackwardParams q[2];
+      for (int b = 0; b < 2; ++b) {
+        q[b].spec = &spec;
+        q[b].tokens = M;
+        q[b].act_dtype = dt;
+        q[b].x = x.ptr(b);
+        q[b].weights = l.w[b];
+        q[b].dy = dy.ptr(b);
+        q[b].dx = dx.ptr(b);
+        q[b].grads = gr.g[b];
       }
-      for (bool residual : {false, true}) {
-        Pair dhq = h.Floats(M * n, FreshSeed());
-        Pair dhr = h.Floats(M * n * n, FreshSeed());
-        Pair dxn = h.Act(dt, M * K, FreshSeed());
-        Pair dx = h.Output(M * K * es);
-        Grads gr = MakeGrads(h, spec);
-        PreBackwardParams q[2];
-        for (int b = 0; b < 2; ++b) {
-          q[b].spec = &spec;
-          q[b].tokens = M;
-          q[b].act_dtype = dt;
-          q[b].x = x.ptr(b);
-          q[b].weights = l.w[b];
-          q[b].dy = dy.ptr(b);
-          q[b].dh_post = dhq.f(b);
-          q[b].dh_res = dhr.f(b);
-          q[b].dx_next = residual ? dxn.ptr(b) : nullptr;
-          q[b].dx = dx.ptr(b);
-          q[b].grads = gr.g[b];
-          if (residual && spec.dynamic) {
-            q[b].h = kept_h.f(b), q[b].mean_square = kept_ms.f(b);
-          }
-        }
-        MHC_RUN_BOTH(PreBackward, q, OpKind::kPreBackward, spec, M);
-        ExpectClose(
-            h, dx, dt, M * K, BackwardTol(dt), false,
-            residual ? "pre dx (with dx_next, kept projection)" : "pre dx");
-        ExpectGrads(h, gr, spec, BackwardTol(dt));
-      }
+      MHC_RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
+      ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "head dx");
+      ExpectGrads(h, gr, spec, BackwardTol(dt));
+    }
+  }
+}
+
+// The n = 8 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
+// on 16 bytes; projection_backward_wgmma.cu) with and without dx_next: a
+// partial channel tile (C = 1032), a partial last stage in the second token
+// chunk, gamma on and off.
+TEST(CudaFusedN8Test, PreOnWarpgroupMmas) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (bool gamma : {true, false}) {
+      LayerSpec spec = PresetSpec("deepseek_v4", 8, 1032).value();
+      spec.matmul_precision = MatmulPrecision::kTf32;
+      spec.has_gamma = gamma;
+      SCOPED_TRACE(CaseName(spec, 1100, dt));
+      CheckPreLayer(spec, 1100, dt);
     }
   }
 }
