@@ -117,7 +117,7 @@ void CheckPreLayer(const LayerSpec& spec, int64_t M, DType dt) {
   MHC_RUN_BOTH(PreForward, p, OpKind::kPreForward, spec, M);
   // y = sum_i h_pre[i] x[i][c] can cancel far below its terms (one
   // token, one channel): measured against the scale of x (h_pre <= 1),
-  // as the head's y above.
+  // as the head's y.
   ExpectCloseWithFloor(h, y, dt, M * C, MaxAbs(x, dt, M * K), ForwardTol(dt),
                        "pre y");
   ExpectClose(h, hp, DType::kF32, M * n, mix_tol, false, "pre h_pre");
