@@ -474,7 +474,9 @@ bool UseWgmmaDx(const DxArgs& a) {
       Aligned16(a.x) && Aligned16(a.dx) && Aligned16(a.dh) &&
       (a.h_pre == nullptr || (Aligned16(a.h_pre) && Aligned16(a.dy))) &&
       (a.r == nullptr || (Aligned16(a.r) && Aligned16(a.dx_next)));
-  // The residual term comes only with the aggregate one.
+  // The residual term comes only with the aggregate one. The bound on K is
+  // the mma.sync kernel's (this one needs none), so that kernel covers every
+  // request this one takes.
   return spec.dynamic && spec.n == kStreams && spec.NumLogits() == kLogits &&
          spec.layout == Layout::kStreamMajor &&
          spec.matmul_precision == MatmulPrecision::kTf32 &&
