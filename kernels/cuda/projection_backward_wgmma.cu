@@ -21,7 +21,8 @@
 // finishes 8 channels of two streams of one token: the dms term, the
 // aggregate and residual terms from the staged rows, one 16-byte store per
 // stream. That epilogue of stage st - 1 runs while the tensor cores multiply
-// stage st, so the ring holds four stages: those two and two in flight.
+// stage st, so the ring holds those two and the stages in flight: eight
+// stages in all (four with the residual term's rows, as many as fit).
 //
 // Numerics are the mma.sync kernel's under TF32: phi' and dh rounded to
 // tf32 to nearest, x exact, fp32 accumulation; dphi sums a chunk's tokens in
@@ -52,7 +53,6 @@ constexpr int kChans = 16;  // channels per CTA, of every stream
 constexpr int kCols = kChans * kStreams;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kStageTokens = 32;
-constexpr int kStages = 4;
 constexpr int kVec = 8;  // 16-bit elements per 16-byte copy
 // The first of the threads that copy dms, dy and H_pre (32 + 64 + 64 copies
 // per stage): 96 onwards, mostly past the 128 with a third dh copy.
@@ -72,9 +72,9 @@ constexpr int kDhBlocks = (kLogits + 31) / 32;
 constexpr int kDhBlockBytes = kStageTokens * 128;
 
 // kTerms: 0 the projection backward alone, 1 with the aggregate term, 2 with
-// the aggregate and residual terms. Byte offsets inside one stage of the
-// ring, and of the buffers used once per stage.
-template <int kTerms>
+// the aggregate and residual terms; kStages: the ring's length. Byte offsets
+// inside one stage of the ring, and of the buffers used once per stage.
+template <int kTerms, int kStages>
 struct Plan {
   static constexpr int kX = 0;
   static constexpr int kDh = kX + kStageTokens * kXStride * 2;
@@ -116,11 +116,11 @@ __device__ __forceinline__ uint4 Pack8(const float (&v)[8]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <typename T, int kTerms>
+template <typename T, int kTerms, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     dx_dphi_wgmma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                          WgmmaDxDev a) {
-  using P = Plan<kTerms>;
+  using P = Plan<kTerms, kStages>;
   extern __shared__ __align__(16) char dx_wgmma_smem[];
   char* smem = AtomAligned(dx_wgmma_smem);
   float* dhx = reinterpret_cast<float*>(smem + P::kDhx);
@@ -452,14 +452,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The deepest ring of at most 8 stages that fits the CTA in an SM's 228 KB
+// of shared memory (less the 1 KB a CTA reserves): more stages in flight
+// where the stages are small, since one CTA per SM leaves few warps to hide
+// DRAM latency with.
+template <int kTerms>
+constexpr int DeepestRing() {
+  using P1 = Plan<kTerms, 1>;
+  constexpr int fit =
+      (227 * 1024 - (P1::kSmem - P1::kStageBytes)) / P1::kStageBytes;
+  return fit < 8 ? fit : 8;
+}
+
 template <typename T, int kTerms>
 cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
                         const WgmmaDxDev& d, cudaStream_t stream) {
+  constexpr int kStages = DeepestRing<kTerms>();
+  static_assert(kStages >= 3, "a stage multiplied, one finished, one ahead");
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
                   GridSize(NumChunks(tokens)));
-  return LaunchLargeSmem(dx_dphi_wgmma_kernel<T, kTerms>, grid, kThreads,
-                         Plan<kTerms>::kSmem, stream, s, tokens,
-                         static_cast<const T*>(x), d);
+  return LaunchLargeSmem(dx_dphi_wgmma_kernel<T, kTerms, kStages>, grid,
+                         kThreads, Plan<kTerms, kStages>::kSmem, stream, s,
+                         tokens, static_cast<const T*>(x), d);
 }
 
 }  // namespace
