@@ -11,6 +11,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "proj_mma.cuh"
+#include "projection_backward_rows.h"
 #include "projection_backward_wgmma.h"
 #include "projection_backward_wide.h"
 #include "projection_forward_bf16.h"
@@ -449,6 +450,9 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
+  if (UseRowsWgmmaDx(a)) {
+    return LaunchRowsWgmmaDxAndPhiPartials(a, stream);
+  }
   if (UseWgmmaDx(a)) {
     return LaunchWgmmaDxAndPhiPartials(a, stream);
   }

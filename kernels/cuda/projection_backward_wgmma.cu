@@ -35,6 +35,7 @@
 
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "dx_wgmma_tile.cuh"
 #include "kernel_fit.h"
 #include "proj_mma.cuh"
 #include "projection_backward_tiles.cuh"
@@ -135,12 +136,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChans;
-  const int chans =
-      static_cast<int>(min(static_cast<int64_t>(kChans), s.C - c0));
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
-  const int chunk_tokens =
-      static_cast<int>(min(tokens - begin, static_cast<int64_t>(kTokenChunk)));
+  const DxTile tile = ThisDxTile<kChans>(s, tokens);
+  const int64_t c0 = tile.c0;
+  const int chans = tile.chans;
+  const int64_t begin = tile.begin;
+  const int chunk_tokens = tile.chunk_tokens;
   const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
   const bool want_dphi = a.dphi_partial != nullptr;
   const T* dy = static_cast<const T*>(a.dy);
@@ -439,17 +439,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   epilogue(stages - 1);
   CpAsyncWait<0>();
   if (!want_dphi) return;
-  // dphi[i]: column col0 + grp + 8 ((i / 2) % 2), logit 8 (i / 4) + 2 quad
-  // + i % 2.
-  float* partial = a.dphi_partial + blockIdx.y * s.N * s.K;
-#pragma unroll
-  for (int i = 0; i < kLogits / 2; ++i) {
-    const int j = col0 + grp + 8 * ((i >> 1) & 1);
-    const int g = 8 * (i >> 2) + 2 * quad + (i & 1);
-    if ((j & (kChans - 1)) < chans) {
-      partial[g * s.K + (j >> 4) * s.C + c0 + (j & (kChans - 1))] = dphi[i];
-    }
-  }
+  StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
+                                    a.dphi_partial + blockIdx.y * s.N * s.K);
 }
 
 // The deepest ring of at most 8 stages that fits the CTA in an SM's 228 KB

@@ -87,6 +87,7 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 #define MHC_WGMMA_D12 \
   MHC_WGMMA_D8(0), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
 #define MHC_WGMMA_D16 MHC_WGMMA_D8(0), MHC_WGMMA_D8(8)
+#define MHC_WGMMA_D32 MHC_WGMMA_D16, MHC_WGMMA_D8(16), MHC_WGMMA_D8(24)
 #define MHC_WGMMA_D40                                                   \
   MHC_WGMMA_D8(0), MHC_WGMMA_D8(8), MHC_WGMMA_D8(16), MHC_WGMMA_D8(24), \
       MHC_WGMMA_D8(32)
@@ -95,6 +96,9 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 #define MHC_WGMMA_D72 MHC_WGMMA_D64, MHC_WGMMA_D8(64)
 #define MHC_WGMMA_R12 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11"
 #define MHC_WGMMA_R16 MHC_WGMMA_R12 ",%12,%13,%14,%15"
+#define MHC_WGMMA_R32 \
+  MHC_WGMMA_R16       \
+  ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define MHC_WGMMA_R40                                \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"           \
   "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
@@ -129,6 +133,7 @@ __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], uint64_t a,
                  : kOperands                                                   \
                  : "l"(a), "l"(b), "r"(1));                                    \
   }
+MHC_WGMMA_TF32(64, MHC_WGMMA_R32, MHC_WGMMA_D32, "%32", "%33", "%34")
 MHC_WGMMA_TF32(96, MHC_WGMMA_R48, MHC_WGMMA_D48, "%48", "%49", "%50")
 MHC_WGMMA_TF32(128, MHC_WGMMA_R64, MHC_WGMMA_D64, "%64", "%65", "%66")
 MHC_WGMMA_TF32(144, MHC_WGMMA_R72, MHC_WGMMA_D72, "%72", "%73", "%74")
@@ -155,6 +160,8 @@ __device__ __forceinline__ void WgmmaTf32RegA(float (&d)[kN / 2],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),         \
                    "r"(1));                                                    \
   }
+MHC_WGMMA_TF32_REG_A(24, MHC_WGMMA_R12, MHC_WGMMA_D12, "{%12,%13,%14,%15}",
+                     "%16", "%17")
 MHC_WGMMA_TF32_REG_A(32, MHC_WGMMA_R16, MHC_WGMMA_D16, "{%16,%17,%18,%19}",
                      "%20", "%21")
 MHC_WGMMA_TF32_REG_A(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "{%40,%41,%42,%43}",
@@ -190,12 +197,14 @@ MHC_WGMMA_BF16(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "%40", "%41", "%42")
 #undef MHC_WGMMA_D8
 #undef MHC_WGMMA_D12
 #undef MHC_WGMMA_D16
+#undef MHC_WGMMA_D32
 #undef MHC_WGMMA_D40
 #undef MHC_WGMMA_D48
 #undef MHC_WGMMA_D64
 #undef MHC_WGMMA_D72
 #undef MHC_WGMMA_R12
 #undef MHC_WGMMA_R16
+#undef MHC_WGMMA_R32
 #undef MHC_WGMMA_R40
 #undef MHC_WGMMA_R48
 #undef MHC_WGMMA_R64

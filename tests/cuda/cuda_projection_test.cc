@@ -259,9 +259,11 @@ void CheckBackward(const BackwardCase& c) {
 // The register-resident tensor-core dx / dphi kernel: token chunks with a
 // partial last stage, CTA column tiles past the last channel, odd C
 // (unaligned slots), both layouts, n = 1 / 2 / 4 / 8 layers and n = 8 / 16
-// heads, tf32 and ieee, every dtype; and the warpgroup-mma one of n = 8
-// layers (TF32, stream-major, 16-bit rows on 16 bytes: C = 1000 with gamma,
-// C = 1024 without, fp16, three token chunks).
+// heads, tf32 and ieee, every dtype; and the warpgroup-mma ones (TF32,
+// stream-major, 16-bit rows on 16 bytes) of n = 8 layers (C = 1000 with
+// gamma, C = 1024 without, fp16, three token chunks) and of n = 4 layers
+// (C = 4096 with gamma, a partial last stage; C = 1000 without, fp16, a
+// partial channel tile, two stages in the last chunk).
 TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
   const BackwardCase cases[] = {
@@ -282,6 +284,7 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {8, 520, 300, DType::kF16, MatmulPrecision::kIeee, false, false, true},
       {8, 333, 137, DType::kF32, MatmulPrecision::kIeee, true, false, false},
       {8, 1024, 2100, DType::kF16, MatmulPrecision::kTf32, false, false, false},
+      {4, 1000, 1100, DType::kF16, MatmulPrecision::kTf32, false, false, false},
   };
   for (const BackwardCase& c : cases) CheckBackward(c);
 }

@@ -201,10 +201,10 @@ const std::set<std::string> kChannelSums = {"aggregate dh_pre", "post dh_post",
                                             "post dh_res"};
 // The post's elementwise outputs, rounded from other sums on the tensor cores.
 const std::set<std::string> kPostRows = {"post x_next", "post df", "post dx"};
-// The phi gradients of n = 8 16-bit stream-major layers: aligned rows sum a
-// token chunk in the warpgroup mmas' accumulators
-// (projection_backward_wgmma.cu), shifted ones per stage in fp32
-// (projection_backward_mma.cuh).
+// The phi gradients of n = 4 and 8 16-bit stream-major layers: aligned rows
+// sum a token chunk in the warpgroup mmas' accumulators
+// (projection_backward_rows.cu, projection_backward_wgmma.cu), shifted ones
+// per stage in fp32 (projection_backward_mma.cuh).
 const std::set<std::string> kPhiSums = {"projection dphi", "projection dgamma"};
 
 TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
@@ -252,8 +252,9 @@ TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
           const bool tensor_cores = dt == DType::kBF16 &&
                                     layout == Layout::kStreamMajor && n != 2 &&
                                     n != 4;
-          const bool wgmma_dphi =
-              dt != DType::kF32 && layout == Layout::kStreamMajor && n == 8;
+          const bool wgmma_dphi = dt != DType::kF32 &&
+                                  layout == Layout::kStreamMajor &&
+                                  (n == 4 || n == 8);
           for (const auto& [name, bytes] : want) {
             if (tensor_cores && kPostRows.count(name) > 0) {
               const int64_t count = static_cast<int64_t>(bytes.size() / 2);

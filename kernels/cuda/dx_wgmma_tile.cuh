@@ -1,0 +1,56 @@
+// What the warpgroup-mma dx / dphi kernels (projection_backward_wgmma.cu,
+// projection_backward_rows.cu) share: a CTA's tile (kChans channels of every
+// stream, one token chunk) and the store of its dphi^T accumulators into the
+// chunk's partial rows.
+#ifndef MHC_KERNELS_CUDA_DX_WGMMA_TILE_CUH_
+#define MHC_KERNELS_CUDA_DX_WGMMA_TILE_CUH_
+
+#include <cstdint>
+
+#include "dispatch.cuh"
+#include "proj_mma.cuh"
+
+namespace mhc::cuda {
+
+// Channels [c0, c0 + chans) of every stream (chans < kChans past the last
+// full tile) and tokens [begin, begin + chunk_tokens).
+struct DxTile {
+  int64_t c0;
+  int chans;
+  int64_t begin;
+  int chunk_tokens;
+};
+
+template <int kChans>
+__device__ __forceinline__ DxTile ThisDxTile(const DevSpec& s, int64_t tokens) {
+  DxTile t;
+  t.c0 = static_cast<int64_t>(blockIdx.x) * kChans;
+  t.chans = static_cast<int>(min(static_cast<int64_t>(kChans), s.C - t.c0));
+  t.begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
+  t.chunk_tokens = static_cast<int>(
+      min(tokens - t.begin, static_cast<int64_t>(kTokenChunk)));
+  return t;
+}
+
+// A warp's dphi^T accumulators of m64nNk8 wgmmas over its 16 columns of the
+// tile from col0 (column j: stream j / kChans, channel j % kChans): dphi[i]
+// is column col0 + grp + 8 ((i / 2) % 2), logit 8 (i / 4) + 2 quad + i % 2.
+// partial: the chunk's [N][K] rows.
+template <int kLogits, int kChans>
+__device__ __forceinline__ void StoreDphiPartial(
+    const float (&dphi)[kLogits / 2], const DevSpec& s, const DxTile& tile,
+    int col0, int lane, float* partial) {
+  const int grp = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kLogits / 2; ++i) {
+    const int j = col0 + grp + 8 * ((i >> 1) & 1);
+    const int g = 8 * (i >> 2) + 2 * quad + (i & 1);
+    if (j % kChans < tile.chans) {
+      partial[g * s.K + (j / kChans) * s.C + tile.c0 + j % kChans] = dphi[i];
+    }
+  }
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_DX_WGMMA_TILE_CUH_
