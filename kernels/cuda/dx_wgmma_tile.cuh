@@ -1,7 +1,8 @@
 // What the warpgroup-mma dx / dphi kernels (projection_backward_wgmma.cu,
 // projection_backward_rows.cu) share: a CTA's tile (kChans channels of every
-// stream, one token chunk) and the store of its dphi^T accumulators into the
-// chunk's partial rows.
+// stream, one token chunk), the per-stage rounding of dh into both operand
+// layouts, and the store of the dphi^T accumulators into the chunk's
+// partial rows.
 #ifndef MHC_KERNELS_CUDA_DX_WGMMA_TILE_CUH_
 #define MHC_KERNELS_CUDA_DX_WGMMA_TILE_CUH_
 
@@ -9,6 +10,7 @@
 
 #include "dispatch.cuh"
 #include "proj_mma.cuh"
+#include "wgmma.cuh"
 
 namespace mhc::cuda {
 
@@ -30,6 +32,22 @@ __device__ __forceinline__ DxTile ThisDxTile(const DevSpec& s, int64_t tokens) {
   t.chunk_tokens = static_cast<int>(
       min(tokens - t.begin, static_cast<int64_t>(kTokenChunk)));
   return t;
+}
+
+// Logits 4 c .. 4 c + 3 (of a 32-logit block) of token t's dh, q, rounded to
+// tf32 into both operand layouts: chunk c of the token's 128-byte swizzled
+// row t at token_rows (dx's operand), and element pos (the token's
+// WgmmaTokenPosition in its 32-token block) of logit rows 4 c .. 4 c + 3 at
+// logit_rows (dphi's B).
+__device__ __forceinline__ void StoreRoundedDh(float4 q, int t, int c, int pos,
+                                               char* token_rows,
+                                               float* logit_rows) {
+  const float r[4] = {RoundTf32(q.x), RoundTf32(q.y), RoundTf32(q.z),
+                      RoundTf32(q.w)};
+  *reinterpret_cast<float4*>(token_rows + SwizzledChunkAt(t, c)) =
+      make_float4(r[0], r[1], r[2], r[3]);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) logit_rows[SwizzledRow(4 * c + e, pos)] = r[e];
 }
 
 // A warp's dphi^T accumulators of m64nNk8 wgmmas over its 16 columns of the

@@ -29,7 +29,6 @@
 // dphi partials are per (chunk, logit, column), reduced over chunks in
 // order by LaunchPhiGradReduce. No atomics.
 #include <cstdint>
-#include <type_traits>
 
 #include "common.cuh"
 #include "dispatch.cuh"
@@ -39,13 +38,13 @@
 #include "projection_backward_rows.h"
 #include "projection_backward_tiles.cuh"
 #include "projection_dphi_wgmma.h"
+#include "stage_pipeline.cuh"
 #include "wgmma.cuh"
 
 namespace mhc::cuda {
 namespace {
 
 using dx_mma::LoadXTransposed;
-using dx_mma::Unpack;
 
 constexpr int kStreams = 4;
 constexpr int kLogits = 2 * kStreams + kStreams * kStreams;
@@ -56,7 +55,6 @@ constexpr int kStageTokens = 64;
 // One stage copied while the other is multiplied and stored: three stages
 // (two in flight) measured 0.8-5 % slower at 11 of the 13 benchmark configs.
 constexpr int kStages = 2;
-constexpr int kAhead = kStages - 1;
 constexpr int kVec = 8;  // 16-bit elements per 16-byte copy
 constexpr int kChanVecs = kChans / kVec;
 static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
@@ -88,17 +86,6 @@ struct Plan {
   static constexpr int kSmem =
       kRing + kStages * kStageBytes + kSwizzleAtomBytes;
 };
-
-template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-  } else {
-    const __half2 p = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-  }
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -202,18 +189,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   ZeroFill(dphi);
   float acc[32];
 
-#pragma unroll
-  for (int st = 0; st < kAhead; ++st) {
-    load(st);
-    CpAsyncCommit();
-  }
-  for (int st = 0; st < stages; ++st) {
-    CpAsyncWait<kAhead - 1>();
-    // Stage st has landed for everyone; everyone is done with stage st - 1
-    // (its slot is refilled here) and its dh operands.
-    __syncthreads();
-    load(st + kAhead);
-    CpAsyncCommit();
+  // Each stage runs after a barrier by which it has landed for everyone and
+  // everyone is done with stage st - 1 (its slot is being refilled) and its
+  // dh operands.
+  Pipeline<kStages>(stages, load, [&](int st) {
     const int buf = st % kStages;
     const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
     const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
@@ -228,16 +207,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int t = lane + 32 * u;
         const float4 q =
             *reinterpret_cast<const float4*>(dhs + t * kDhStride + 4 * warp);
-        const float r[4] = {RoundTf32(q.x), RoundTf32(q.y), RoundTf32(q.z),
-                            RoundTf32(q.w)};
-        *reinterpret_cast<float4*>(reinterpret_cast<char*>(dhx) +
-                                   SwizzledChunkAt(t, warp)) =
-            make_float4(r[0], r[1], r[2], r[3]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dht[u * (kDhtBlockBytes / 4) + SwizzledRow(4 * warp + e, dh_pos)] =
-              r[e];
-        }
+        StoreRoundedDh(q, t, warp, dh_pos, reinterpret_cast<char*>(dhx),
+                       dht + u * (kDhtBlockBytes / 4));
       }
     }
     // The phi'^T tile (first stage) and the dh operands, to the wgmmas.
@@ -286,10 +257,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int j = 0; j < 8; ++j) {
         const int col = 64 * wg + 8 * j + 2 * quad;
         if (col % kChans >= chans) continue;
-        uint32_t* pair = reinterpret_cast<uint32_t*>(xs + t * kXStride + col);
-        const float2 v = Unpack(*pair, T{});
-        *pair = PackPair<T>(fmaf(dm, v.x, acc[4 * j + 2 * h]),
-                            fmaf(dm, v.y, acc[4 * j + 2 * h + 1]));
+        T* pair = xs + t * kXStride + col;
+        float v[2];
+        LoadVec<T, 2>(pair, v);
+        const float out[2] = {fmaf(dm, v[0], acc[4 * j + 2 * h]),
+                              fmaf(dm, v[1], acc[4 * j + 2 * h + 1])};
+        StoreVec<T, 2>(pair, out);
       }
     }
     // The rows out in the slots x came in by, 16 bytes a thread.
@@ -306,8 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                      : "memory");
       }
     }
-  }
-  CpAsyncWait<0>();
+  });
   if (!want_dphi) return;
   StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
                                     dphi_partial + blockIdx.y * s.N * s.K);

@@ -255,14 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t dhx_desc = SwizzledDescriptor(dhx);
   const uint64_t dht_desc = SwizzledDescriptor(dht);
   const float ms_scale = 2.0f / static_cast<float>(s.K);
-  // Where this thread's dh rounding writes (the loop below).
-  const int dhx_slot = SwizzledChunkAt(lane, warp);
-  int dht_slot[4];
-  {
-    const int p = static_cast<int>(WgmmaTokenPosition(lane));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dht_slot[e] = SwizzledRow(4 * warp + e, p);
-  }
+  const int dh_pos = static_cast<int>(WgmmaTokenPosition(lane));
   float dphi[kLogits / 2];
   ZeroFill(dphi);
   // The epilogue's token, channels and streams (see the header).
@@ -393,13 +386,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (warp + 8 * i >= kLogits / 4) break;
       const float4 q = *reinterpret_cast<const float4*>(dhs + lane * kDhStride +
                                                         4 * (warp + 8 * i));
-      const float r[4] = {RoundTf32(q.x), RoundTf32(q.y), RoundTf32(q.z),
-                          RoundTf32(q.w)};
-      *reinterpret_cast<float4*>(reinterpret_cast<char*>(dhx) +
-                                 i * kDhBlockBytes + dhx_slot) =
-          make_float4(r[0], r[1], r[2], r[3]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dht[dht_slot[e] + i * 32 * 32] = r[e];
+      StoreRoundedDh(q, lane, warp, dh_pos,
+                     reinterpret_cast<char*>(dhx) + i * kDhBlockBytes,
+                     dht + i * 32 * 32);
     }
     FenceProxyAsyncShared();
     __syncthreads();

@@ -1,6 +1,7 @@
-// The cp.async stage loop the wide projection backward kernels
-// (projection_backward_wide.cu's dx, projection_dphi_mma.cu) run their
-// shared-memory stages through.
+// The cp.async stage loop the projection backward kernels of wide layers
+// (projection_backward_wide.cu's dx, projection_dphi_mma.cu) and of n = 4
+// layers (projection_backward_rows.cu) run their shared-memory stages
+// through.
 #ifndef MHC_KERNELS_CUDA_STAGE_PIPELINE_CUH_
 #define MHC_KERNELS_CUDA_STAGE_PIPELINE_CUH_
 
