@@ -21,6 +21,7 @@ __device__ __forceinline__ void FetchHPre(CtaValues<NT>& hp, int n,
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
+  WaitForPrerequisiteGrid();  // h_pre (the fused pre forward's mixing)
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   __shared__ float hp[NT];
@@ -103,18 +104,21 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.y);
+  cudaError_t err = cudaSuccess;
   DispatchStreams<StreamState::kLinearWide>(
       p.act_dtype, s.n, access,
       [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
-        aggregate_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                 decltype(rt)::value>
-            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-                s, static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
+        err = LaunchAfterPrevious(
+            aggregate_forward_kernel<T, decltype(nt)::value,
+                                     decltype(vt)::value, decltype(rt)::value>,
+            dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
+            static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
       },
       WideStreams(s.C, p.act_dtype));
-  MHC_CUDA_CHECK_LAUNCH("aggregate forward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  MHC_CUDA_RETURN_IF_ERROR(err, "aggregate forward", shape);
+  MHC_CUDA_CHECK_LAUNCH("aggregate forward", shape);
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -82,6 +83,46 @@ inline DevSpec MakeDevSpec(const LayerSpec& spec) {
 
 inline int64_t NumChunks(int64_t tokens) {
   return (tokens + kTokenChunk - 1) / kTokenChunk;
+}
+
+// Programmatic dependent launch. A kernel launched by LaunchAfterPrevious
+// may start while the stream's previous kernel still runs (once that
+// kernel's CTAs have all called AllowDependentLaunch or exited), which
+// hides the launch and the previous kernel's last wave. Such a kernel calls
+// WaitForPrerequisiteGrid() before it touches memory: it returns once the
+// previous kernel has finished and its writes are visible (at once for an
+// ordinary launch), so every kernel before it has finished too.
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// A cudaLaunchKernelEx launch, programmatic when after_previous is set.
+template <typename... Exp, typename... Act>
+cudaError_t LaunchKernelEx(void (*kernel)(Exp...), dim3 grid, dim3 block,
+                           size_t smem, cudaStream_t stream,
+                           bool after_previous, Act&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute programmatic;
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  if (after_previous) {
+    cfg.attrs = &programmatic;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+}
+template <typename... Exp, typename... Act>
+cudaError_t LaunchAfterPrevious(void (*kernel)(Exp...), dim3 grid, dim3 block,
+                                size_t smem, cudaStream_t stream,
+                                Act&&... args) {
+  return LaunchKernelEx(kernel, grid, block, smem, stream,
+                        /*after_previous=*/true, std::forward<Act>(args)...);
 }
 
 inline bool Aligned16(const void* p) {

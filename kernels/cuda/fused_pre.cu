@@ -151,6 +151,8 @@ template <int NT>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
                            ForwardDev a, float* h_pre, KeptOut kept) {
+  WaitForPrerequisiteGrid();  // the units' partials
+  AllowDependentLaunch();     // the aggregate waits for this kernel's end
   constexpr int kTokens = PreMixThreads<NT>();
   static_assert(kMmaTokens % kTokens == 0, "a block's tokens share a tile");
   __shared__ float h_s[kTokens][NT * NT + 2 * NT + 1];
@@ -523,21 +525,18 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       auto mix = [&](auto nt) {
         constexpr int kNT = decltype(nt)::value;
         constexpr int kTokens = PreMixThreads<kNT>();
-        pre_mix_forward_kernel<kNT>
-            <<<GridSize((a.tokens + kTokens - 1) / kTokens), PreMixBlock<kNT>(),
-               0, stream>>>(s, a.tokens, partial, d, h_pre,
-                            KeptOut{a.h, a.mean_square});
+        return LaunchAfterPrevious(
+            pre_mix_forward_kernel<kNT>,
+            dim3(GridSize((a.tokens + kTokens - 1) / kTokens)),
+            dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d, h_pre,
+            KeptOut{a.h, a.mean_square});
       };
       // Per-thread arrays sized to n (mixing state lives in registers).
-      if (s.n == 4) {
-        mix(IntTag<4>{});
-      } else if (s.n <= 2) {
-        mix(IntTag<2>{});
-      } else if (s.n <= 8) {
-        mix(IntTag<8>{});
-      } else {
-        mix(IntTag<kMaxStreams>{});
-      }
+      const cudaError_t err = s.n == 4   ? mix(IntTag<4>{})
+                              : s.n <= 2 ? mix(IntTag<2>{})
+                              : s.n <= 8 ? mix(IntTag<8>{})
+                                         : mix(IntTag<kMaxStreams>{});
+      MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
       MHC_CUDA_CHECK_LAUNCH(op, shape);
     }
     AggregateForwardParams agg;

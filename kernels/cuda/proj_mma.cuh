@@ -532,6 +532,11 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
   return AddGroup<kMaxChunks>(rows.first + e, rows.step, chunks, 0.0f);
 }
 
+// LaunchPersistentBlocksAfter's `first` when nothing precedes the launch.
+struct NoFirstKernel {
+  cudaError_t operator()() const { return cudaSuccess; }
+};
+
 // Launches CTAs of `threads` that take the units in turn: the co-resident
 // count, or with `equal_shares` as many as divide the units into equal
 // shares within it, so that no slot idles while others run a last unit (832
@@ -542,11 +547,16 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
 // 264 slots (bench/RESULTS.md). The kernel's last parameter receives
 // next_unit when there is more than one wave (zeroed here first; the CTAs
 // take units from it) and null otherwise (each CTA strides by gridDim.x).
-template <typename... Exp, typename... Act>
-cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
-                                   bool equal_shares, int64_t units,
-                                   size_t smem, unsigned long long* next_unit,
-                                   cudaStream_t stream, Act&&... args) {
+//
+// With `first` (a callable that enqueues the kernel this one reads from) the
+// counter is zeroed before it and this launch is programmatic
+// (LaunchAfterPrevious, common.cuh).
+template <typename First, typename... Exp, typename... Act>
+cudaError_t LaunchPersistentBlocksAfter(First&& first, void (*kernel)(Exp...),
+                                        int threads, bool equal_shares,
+                                        int64_t units, size_t smem,
+                                        unsigned long long* next_unit,
+                                        cudaStream_t stream, Act&&... args) {
   int64_t resident = 0;
   cudaError_t e = FitLargeSmemKernel(reinterpret_cast<const void*>(kernel),
                                      threads, smem, &resident);
@@ -560,13 +570,22 @@ cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
     e = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...,
-                            take_in_turn ? next_unit : nullptr);
+  e = first();
+  if (e != cudaSuccess) return e;
+  return LaunchKernelEx(
+      kernel, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, stream,
+      /*after_previous=*/
+      !std::is_same<std::decay_t<First>, NoFirstKernel>::value,
+      std::forward<Act>(args)..., take_in_turn ? next_unit : nullptr);
+}
+template <typename... Exp, typename... Act>
+cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,
+                                   bool equal_shares, int64_t units,
+                                   size_t smem, unsigned long long* next_unit,
+                                   cudaStream_t stream, Act&&... args) {
+  return LaunchPersistentBlocksAfter(NoFirstKernel{}, kernel, threads,
+                                     equal_shares, units, smem, next_unit,
+                                     stream, std::forward<Act>(args)...);
 }
 // The co-resident count of CTAs of kMmaThreads.
 template <typename... Exp, typename... Act>

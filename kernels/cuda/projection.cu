@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
                                          const float* partial, float* h,
                                          float* mean_square) {
+  WaitForPrerequisiteGrid();  // the units' partials
   const int chunks = PlanChunks(s.K, s.N).chunks;
   const int width = s.N + 1;
   const int64_t idx =
@@ -429,8 +430,12 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
   const float* partial = static_cast<const float*>(workspace);
   const DevSpec s = MakeDevSpec(spec);
   const int64_t elements = tokens * (s.N + 1);
-  projection_finish_kernel<<<GridSize((elements + 255) / 256), 256, 0,
-                             stream>>>(s, tokens, partial, h, mean_square);
+  // Its CTAs start as the units' CTAs finish.
+  MHC_CUDA_RETURN_IF_ERROR(
+      LaunchAfterPrevious(projection_finish_kernel,
+                          dim3(GridSize((elements + 255) / 256)), dim3(256), 0,
+                          stream, s, tokens, partial, h, mean_square),
+      "projection forward (chunk sum)", ShapeString(spec, tokens, dtype));
   MHC_CUDA_CHECK_LAUNCH("projection forward (chunk sum)",
                         ShapeString(spec, tokens, dtype));
   return absl::OkStatus();

@@ -81,6 +81,7 @@ template <int kTerms>
 __global__ void __launch_bounds__(kSplitChunks)
     phi_planes_kernel(DevSpec s, const float* phi, const float* gamma, bool vec,
                       char* planes) {
+  AllowDependentLaunch();  // the units may take their slots beside it
   const int g = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
   float v[8];
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
+  WaitForPrerequisiteGrid();  // the phi' planes
 
   // A unit's tile index counts halves of proj_mma.cuh's tiles.
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
@@ -206,6 +208,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     // The next unit's first copies reuse the stages this one read.
     __syncthreads();
   });
+  AllowDependentLaunch();  // the chunk sum may take this CTA's slot
 }
 
 template <int kTerms, int kCopyBytes>
@@ -214,19 +217,24 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
                         float* partial, unsigned long long* next_unit,
                         cudaStream_t stream) {
   const bool vec_phi = PhiVectorLoads(s.K, phi, gamma);
-  if (planes != nullptr) {
+  const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
+  auto kernel = bf16_wgmma_projection_kernel<kTerms, kCopyBytes>;
+  auto launch = [&](auto first) {
+    return LaunchPersistentBlocksAfter(
+        first, kernel, kUnitThreads, /*equal_shares=*/true, units,
+        SmemBytes<kTerms>(), next_unit, stream, s, tokens,
+        static_cast<const __nv_bfloat16*>(x), phi, gamma,
+        static_cast<const char*>(planes), vec_phi, partial);
+  };
+  if (planes == nullptr) return launch(NoFirstKernel{});
+  // The split runs first; the units' CTAs take their slots beside it and
+  // wait for it before their first copy.
+  return launch([&] {
     phi_planes_kernel<kTerms>
         <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
             s, phi, gamma, vec_phi, planes);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
-  return LaunchPersistentBlocks(
-      bf16_wgmma_projection_kernel<kTerms, kCopyBytes>, kUnitThreads,
-      /*equal_shares=*/true, units, SmemBytes<kTerms>(), next_unit, stream, s,
-      tokens, static_cast<const __nv_bfloat16*>(x), phi, gamma,
-      static_cast<const char*>(planes), vec_phi, partial);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace
