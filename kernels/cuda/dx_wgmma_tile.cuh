@@ -15,22 +15,34 @@
 namespace mhc::cuda {
 
 // Channels [c0, c0 + chans) of every stream (chans < kChans past the last
-// full tile) and tokens [begin, begin + chunk_tokens).
+// full tile) and tokens [begin, begin + chunk_tokens), in stages of
+// kStageTokens tokens.
+template <int kStageTokens>
 struct DxTile {
   int64_t c0;
   int chans;
   int64_t begin;
   int chunk_tokens;
+  int stages;
+
+  __device__ __forceinline__ int64_t StageToken(int st) const {
+    return begin + static_cast<int64_t>(st) * kStageTokens;
+  }
+  __device__ __forceinline__ int StageRows(int st) const {
+    return min(kStageTokens, chunk_tokens - st * kStageTokens);
+  }
 };
 
-template <int kChans>
-__device__ __forceinline__ DxTile ThisDxTile(const DevSpec& s, int64_t tokens) {
-  DxTile t;
+template <int kChans, int kStageTokens>
+__device__ __forceinline__ DxTile<kStageTokens> ThisDxTile(const DevSpec& s,
+                                                           int64_t tokens) {
+  DxTile<kStageTokens> t;
   t.c0 = static_cast<int64_t>(blockIdx.x) * kChans;
   t.chans = static_cast<int>(min(static_cast<int64_t>(kChans), s.C - t.c0));
   t.begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
   t.chunk_tokens = static_cast<int>(
       min(tokens - t.begin, static_cast<int64_t>(kTokenChunk)));
+  t.stages = (t.chunk_tokens + kStageTokens - 1) / kStageTokens;
   return t;
 }
 
@@ -54,10 +66,10 @@ __device__ __forceinline__ void StoreRoundedDh(float4 q, int t, int c, int pos,
 // tile from col0 (column j: stream j / kChans, channel j % kChans): dphi[i]
 // is column col0 + grp + 8 ((i / 2) % 2), logit 8 (i / 4) + 2 quad + i % 2.
 // partial: the chunk's [N][K] rows.
-template <int kLogits, int kChans>
+template <int kLogits, int kChans, int kStageTokens>
 __device__ __forceinline__ void StoreDphiPartial(
-    const float (&dphi)[kLogits / 2], const DevSpec& s, const DxTile& tile,
-    int col0, int lane, float* partial) {
+    const float (&dphi)[kLogits / 2], const DevSpec& s,
+    const DxTile<kStageTokens>& tile, int col0, int lane, float* partial) {
   const int grp = lane >> 2, quad = lane & 3;
 #pragma unroll
   for (int i = 0; i < kLogits / 2; ++i) {

@@ -110,12 +110,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const DxTile tile = ThisDxTile<kChans>(s, tokens);
-  const int64_t c0 = tile.c0;
-  const int chans = tile.chans;
-  const int64_t begin = tile.begin;
-  const int chunk_tokens = tile.chunk_tokens;
-  const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
   const bool want_dphi = dphi_partial != nullptr;
 
   // This thread's copies, the same slots at every stage. x: tokens xt + 16 i
@@ -124,17 +119,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   // rows (token v / 6, chunk v % 6) where v < 384. dms: the last 64 threads.
   const int xt = tid >> 4;
   const int xv = tid & 15;
-  const bool x_in = (xv % kChanVecs) * kVec < chans;
-  const int64_t x_col = (xv / kChanVecs) * s.C + c0 + (xv % kChanVecs) * kVec;
+  const bool x_in = (xv % kChanVecs) * kVec < tile.chans;
+  const int64_t x_col =
+      (xv / kChanVecs) * s.C + tile.c0 + (xv % kChanVecs) * kVec;
   const int x_slot = xt * kXStride + xv * kVec;
   constexpr int kDhChunks = kStageTokens * kLogits / 4;
   constexpr int kDhCopies = (kDhChunks + kThreads - 1) / kThreads;
   const int dms_t = tid - (kThreads - kStageTokens);
   auto load = [&](int st) {
-    if (st >= stages) return;
+    if (st >= tile.stages) return;
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
+    const int64_t m0 = tile.StageToken(st);
+    const int rows = tile.StageRows(st);
     T* xs = reinterpret_cast<T*>(stage_at(buf, P::kX));
     const int64_t x_at = (m0 + xt) * s.K + x_col;
 #pragma unroll
@@ -167,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   {
     const int j = tid & (kCols - 1);
     const int half = tid / kCols;
-    const bool ok = j % kChans < chans;
-    const int64_t k = (j / kChans) * s.C + c0 + j % kChans;
+    const bool ok = j % kChans < tile.chans;
+    const int64_t k = (j / kChans) * s.C + tile.c0 + j % kChans;
     const float gm = ok && gamma != nullptr ? gamma[k] : 1.0f;
 #pragma unroll
     for (int i = 0; i < kLogits / 2; ++i) {
@@ -192,10 +188,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Each stage runs after a barrier by which it has landed for everyone and
   // everyone is done with stage st - 1 (its slot is being refilled) and its
   // dh operands.
-  Pipeline<kStages>(stages, load, [&](int st) {
+  Pipeline<kStages>(tile.stages, load, [&](int st) {
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
+    const int64_t m0 = tile.StageToken(st);
+    const int rows = tile.StageRows(st);
     T* xs = reinterpret_cast<T*>(stage_at(buf, P::kX));
 
     // dh rounded to tf32 into dx's A (token rows) and dphi's B (logit rows
@@ -256,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = 64 * wg + 8 * j + 2 * quad;
-        if (col % kChans >= chans) continue;
+        if (col % kChans >= tile.chans) continue;
         T* pair = xs + t * kXStride + col;
         float v[2];
         LoadVec<T, 2>(pair, v);

@@ -136,12 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const DxTile tile = ThisDxTile<kChans>(s, tokens);
-  const int64_t c0 = tile.c0;
-  const int chans = tile.chans;
-  const int64_t begin = tile.begin;
-  const int chunk_tokens = tile.chunk_tokens;
-  const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
   const bool want_dphi = a.dphi_partial != nullptr;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
@@ -153,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 8 (xv % 2) on); R the same tokens' vector xv.
   const int xt = tid >> 4;
   const int xv = tid & 15;
-  const bool x_in = (xv & 1) * kVec < chans;
-  const int64_t x_col = (xv >> 1) * s.C + c0 + (xv & 1) * kVec;
+  const bool x_in = (xv & 1) * kVec < tile.chans;
+  const int64_t x_col = (xv >> 1) * s.C + tile.c0 + (xv & 1) * kVec;
   const int x_slot = xt * kXStride + xv * kVec;
   // dh: 16-byte chunk v = tid + kThreads i of the stage's rows (token v / 20,
   // chunk v % 20), for i < 2 and, where v < 640, i = 2.
@@ -169,10 +164,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     dh_at[i] = dh_token[i] * kLogits + 4 * (v % (kLogits / 4));
   }
   auto load = [&](int st) {
-    if (st >= stages) return;
+    if (st >= tile.stages) return;
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
+    const int64_t m0 = tile.StageToken(st);
+    const int rows = tile.StageRows(st);
     T* xs = reinterpret_cast<T*>(stage_at(buf, P::kX));
     const int64_t x_at = (m0 + xt) * s.K + x_col;
 #pragma unroll
@@ -207,10 +202,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (dy_v >= 0 && dy_v < 2 * kStageTokens) {
         const int t = dy_v >> 1;
         const int ch = (dy_v & 1) * kVec;
-        const bool ok = t < rows && ch < chans;
+        const bool ok = t < rows && ch < tile.chans;
         CpAsync<16>(
             reinterpret_cast<T*>(stage_at(buf, P::kDy)) + t * kDyStride + ch,
-            ok ? dy + (m0 + t) * s.C + c0 + ch : dy, ok);
+            ok ? dy + (m0 + t) * s.C + tile.c0 + ch : dy, ok);
       }
       const int hp_v = dy_v - 2 * kStageTokens;
       if (hp_v >= 0 && hp_v < kStageTokens * kStreams / 4) {
@@ -238,8 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int j = col0 + grp + 8 * h;
-    const bool ok = (j & (kChans - 1)) < chans;
-    const int64_t k = (j >> 4) * s.C + c0 + (j & (kChans - 1));
+    const bool ok = (j & (kChans - 1)) < tile.chans;
+    const int64_t k = (j >> 4) * s.C + tile.c0 + (j & (kChans - 1));
     const float gm = ok && a.gamma != nullptr ? a.gamma[k] : 1.0f;
 #pragma unroll
     for (int kt = 0; kt < kLogits / 8; ++kt) {
@@ -266,10 +261,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dx of stage st from the dbuf rows, finished and stored.
   auto epilogue = [&](int st) {
     const int buf = st % kStages;
-    const int64_t m0 = begin + static_cast<int64_t>(st) * kStageTokens;
-    const int rows = min(kStageTokens, chunk_tokens - st * kStageTokens);
+    const int64_t m0 = tile.StageToken(st);
+    const int rows = tile.StageRows(st);
     const T* xs = reinterpret_cast<const T*>(stage_at(buf, P::kX));
-    if (et < rows && ec < chans) {
+    if (et < rows && ec < tile.chans) {
       const float dm =
           reinterpret_cast<const float*>(stage_at(buf, P::kDms))[et] * ms_scale;
       float terms[2][kVec];
@@ -334,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint4 w = Pack8<T>(out);
         // One 16-byte store: the compiler splits a uint4 assignment here.
         asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(
-                         dx + (m0 + et) * s.K + (es + u) * s.C + c0 + ec),
+                         dx + (m0 + et) * s.K + (es + u) * s.C + tile.c0 + ec),
                      "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
                      : "memory");
       }
@@ -364,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     load(st);
     CpAsyncCommit();
   }
-  for (int st = 0; st < stages; ++st) {
+  for (int st = 0; st < tile.stages; ++st) {
     CpAsyncWait<kAhead - 1>();
     // Stage st has landed for everyone, and everyone is done with the
     // epilogue of stage st - 2 (its ring slot is refilled here) and with
@@ -425,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   store_dxt();
   __syncthreads();
-  epilogue(stages - 1);
+  epilogue(tile.stages - 1);
   CpAsyncWait<0>();
   if (!want_dphi) return;
   StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,

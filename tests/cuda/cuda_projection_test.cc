@@ -86,6 +86,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // More units (313) than an H100 / H200 holds CTAs (264): CTAs take
       // units from the counter, in an order that differs run to run.
       {4, 512, 40000, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      // The same with four K chunks (564 bf16 units) and three phi' terms.
+      {4, 2048, 9000, DType::kBF16, MatmulPrecision::kIeee, true, false},
       // The GEMM tiles of wide layers (projection_forward_wide.cu and, for
       // TF32 with aligned rows, projection_forward_wgmma.cu): 3 and 2
       // mma tiles per warp, three K chunks (n = 16, C = 4096), several logit
