@@ -10,12 +10,17 @@
 // layout, so the chunk sum and the fused pre forward's mixing read them
 // unchanged. Units half the mma.sync units' size leave less of the last
 // wave idle. Per stage of 64 k (one 128-byte swizzled row per token
-// and per logit): x lands by cp.async straight in wgmma's A layout (bf16,
-// no conversion); phi' = phi * gamma (one rounded multiply, as the SPEC
-// defines it) split into bf16 terms hi + mid (TF32 precision: 16
-// significant bits) or hi + mid + lo (IEEE) lands in B tiles of 24 rows,
-// copied from a split made once per launch or split per stage by the unit
-// (small batches): the same function makes both, so both give the same bits.
+// and per logit): x lands straight in wgmma's A layout (bf16, no
+// conversion), as one tensor copy that one thread asks for where rows sit on
+// 16 bytes (the copy engine swizzles and zero-fills rows past M and k past
+// K; the threads' own cp.async pieces cost ~54 of a warp's ~270
+// instructions per stage, bench/RESULTS.md), else as cp.async pieces; phi'
+// = phi * gamma (one rounded multiply, as the SPEC defines it) split into
+// bf16 terms hi + mid (TF32 precision: 16 significant bits) or hi + mid + lo
+// (IEEE) lands in B tiles of 24 rows, copied (one bulk copy beside x's) from
+// a split made once per launch or split per stage by the unit (small
+// batches): the same function makes both, so both give the same bits, as do
+// both ways x arrives.
 // The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for its 64
 // tokens; the products of bf16 x and a bf16 term are exact in fp32. The sum
 // of squares comes from the same staged tile on mma.sync (ldmatrix, then
@@ -28,6 +33,8 @@
 // its x row, phi', K and N only (rows of both products are independent dot
 // products in a fixed k order); chunks are added in order by the chunk sum.
 // No floating-point atomics.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -37,6 +44,7 @@
 #include "dispatch.cuh"
 #include "proj_mma.cuh"
 #include "projection_forward_bf16.h"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace mhc::cuda {
@@ -91,15 +99,14 @@ __global__ void __launch_bounds__(kSplitChunks)
       c);
 }
 
-template <int kTerms, int kCopyBytes>
-__global__ void __launch_bounds__(kUnitThreads, 4)
-    bf16_wgmma_projection_kernel(DevSpec s, int64_t tokens,
-                                 const __nv_bfloat16* __restrict__ x,
-                                 const float* __restrict__ phi,
-                                 const float* __restrict__ gamma,
-                                 const char* __restrict__ planes, bool vec_phi,
-                                 float* partial,
-                                 unsigned long long* next_unit) {
+// kTma: x (rows on 16 bytes) by tensor copies and the split by bulk copies,
+// issued by one thread; else cp.async pieces of kCopyBytes by every thread.
+template <int kTerms, int kCopyBytes, bool kTma>
+__global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
+    const __grid_constant__ CUtensorMap x_map, DevSpec s, int64_t tokens,
+    const __nv_bfloat16* __restrict__ x, const float* __restrict__ phi,
+    const float* __restrict__ gamma, const char* __restrict__ planes,
+    bool vec_phi, float* partial, unsigned long long* next_unit) {
   constexpr int kStageBytes = StageBytes(kTerms);
   constexpr int kSplitBytes = kTerms * kTermTileBytes;
   extern __shared__ __align__(16) char bf16_proj_smem[];
@@ -116,13 +123,24 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
+  // With kTma, stage slot i's copies complete on landed[i]; bit i of
+  // `parity` is the phase of it the next wait expects.
+  __shared__ __align__(8) uint64_t landed[kStages];
+  uint32_t parity = 0;
+  if (kTma) {
+    if (tid == 0) {
+      for (int i = 0; i < kStages; ++i) MbarrierInit(&landed[i], 1);
+      FenceMbarrierInit();
+    }
+    __syncthreads();
+  }
   WaitForPrerequisiteGrid();  // the phi' planes
 
   // A unit's tile index counts halves of proj_mma.cuh's tiles.
   ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
     const bf16_unit::UnitSpan u =
         bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
-    x_copies.Begin(x, s.K, u);
+    if (!kTma) x_copies.Begin(x, s.K, u);
     const char* split_src =
         planes != nullptr ? planes + u.kbeg / kStageK * int64_t{kSplitBytes}
                           : nullptr;
@@ -131,6 +149,21 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     auto load = [&](int st) {
       if (st >= u.stages) return;
       char* stage = smem + st % kStages * kStageBytes;
+      if (kTma) {
+        // One thread asks for the x tile (rows past the tokens and k past K
+        // land as zeros) and the stage's split.
+        if (tid != 0) return;
+        uint64_t* bar = &landed[st % kStages];
+        MbarrierArriveExpectBytes(
+            bar, kXTileBytes + (split_src != nullptr ? kSplitBytes : 0));
+        TmaLoadTile2d(stage, &x_map, static_cast<int>(u.kbeg + st * kStageK),
+                      static_cast<int>(u.m0), bar);
+        if (split_src != nullptr) {
+          BulkLoad(stage + kXTileBytes, split_src + st * kSplitBytes,
+                   kSplitBytes, bar);
+        }
+        return;
+      }
       x_copies.Load(stage, s.K, st * kStageK, x);
       if (split_src != nullptr) {
         const char* src = split_src + st * kSplitBytes;
@@ -186,7 +219,13 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     }
     for (int st = 0; st < u.stages; ++st) {
       fetch_phi(st + 1);
-      CpAsyncWait<kStages - 2>();
+      if (kTma) {
+        const int slot = st % kStages;
+        MbarrierWait(&landed[slot], (parity >> slot) & 1u);
+        parity ^= 1u << slot;
+      } else {
+        CpAsyncWait<kStages - 2>();
+      }
       // The copies and split stores of stage st, for the wgmmas' proxy.
       FenceProxyAsyncShared();
       __syncthreads();
@@ -211,18 +250,18 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   AllowDependentLaunch();  // the chunk sum may take this CTA's slot
 }
 
-template <int kTerms, int kCopyBytes>
-cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
-                        const float* phi, const float* gamma, char* planes,
-                        float* partial, unsigned long long* next_unit,
-                        cudaStream_t stream) {
+template <int kTerms, int kCopyBytes, bool kTma>
+cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
+                        int64_t tokens, const void* x, const float* phi,
+                        const float* gamma, char* planes, float* partial,
+                        unsigned long long* next_unit, cudaStream_t stream) {
   const bool vec_phi = PhiVectorLoads(s.K, phi, gamma);
   const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
-  auto kernel = bf16_wgmma_projection_kernel<kTerms, kCopyBytes>;
+  auto kernel = bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma>;
   auto launch = [&](auto first) {
     return LaunchPersistentBlocksAfter(
         first, kernel, kUnitThreads, /*equal_shares=*/true, units,
-        SmemBytes<kTerms>(), next_unit, stream, s, tokens,
+        SmemBytes<kTerms>(), next_unit, stream, x_map, s, tokens,
         static_cast<const __nv_bfloat16*>(x), phi, gamma,
         static_cast<const char*>(planes), vec_phi, partial);
   };
@@ -235,6 +274,37 @@ cudaError_t LaunchTerms(const DevSpec& s, int64_t tokens, const void* x,
             s, phi, gamma, vec_phi, planes);
     return cudaGetLastError();
   });
+}
+
+// x [tokens, K] bf16 as a tensor map of kUnitTokens x kStageK boxes in
+// wgmma's 128-byte swizzle; false where the driver has no encoder or x does
+// not fit one (rows not on 16 bytes, coordinates past 32 bits).
+bool EncodeXTileMap(const void* x, int64_t K, int64_t tokens,
+                    CUtensorMap* map) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                         cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr || K % 8 != 0 || !Aligned16(x) || K >= INT32_MAX ||
+      tokens >= INT32_MAX) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K),
+                              static_cast<cuuint64_t>(tokens)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t box[2] = {kStageK, kUnitTokens};
+  const cuuint32_t steps[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x),
+                dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -253,8 +323,15 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
   char* split = static_cast<char*>(planes);
   const cudaError_t err =
       bf16_unit::ForTermsAndCopies(spec, x, [&](auto terms, auto copy_bytes) {
-        return LaunchTerms<decltype(terms)::value, decltype(copy_bytes)::value>(
-            s, tokens, x, phi, gamma, split, partial, next_unit, stream);
+        constexpr int kT = decltype(terms)::value;
+        constexpr int kC = decltype(copy_bytes)::value;
+        CUtensorMap x_map{};
+        if (kC == 16 && EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+          return LaunchTerms<kT, kC, true>(x_map, s, tokens, x, phi, gamma,
+                                           split, partial, next_unit, stream);
+        }
+        return LaunchTerms<kT, kC, false>(x_map, s, tokens, x, phi, gamma,
+                                          split, partial, next_unit, stream);
       });
   const std::string shape = ShapeString(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma)", shape);

@@ -174,6 +174,56 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// The bf16 warpgroup-mma units take x rows on 16 bytes by tensor copies
+// (one thread, the copy engine swizzling and zero-filling) and rows 8 bytes
+// off by every thread's cp.async pieces: the same bits either way. Cases: a
+// batch large enough to split phi' once per launch (IEEE, three terms), a
+// K past the last 64-k block (C = 1000: zeros past K), a small batch whose
+// units split phi' per stage, and more units than CTAs.
+TEST(CudaProjectionTilesTest, TensorCopiesMatchThreadCopies) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t C, M;
+    MatmulPrecision prec;
+    bool gamma;
+  };
+  const Case cases[] = {
+      {1024, 3000, MatmulPrecision::kIeee, true},
+      {1000, 2100, MatmulPrecision::kTf32, true},
+      {12288, 77, MatmulPrecision::kTf32, false},
+      {512, 40000, MatmulPrecision::kTf32, true},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = CaseLayer(4, c.C, c.prec, c.gamma, false);
+    const int64_t M = c.M, K = spec.K(), N = spec.NumLogits();
+    SCOPED_TRACE(CaseName(spec, M, DType::kBF16));
+    Harness h;
+    ProjectionInputs in = MakeInputs(h, spec, DType::kBF16, M);
+    Pair shifted = h.Output(M * K * 2 + 8);
+    char* x_off = static_cast<char*>(shifted.dev) + 8;
+    ASSERT_TRUE(
+        h.cuda().CopyToDevice(x_off, in.x.host.data(), in.x.bytes).ok());
+    std::vector<uint8_t> h_rows[2], ms_rows[2];
+    for (int run = 0; run < 2; ++run) {
+      Pair hh = h.Output(M * N * 4), ms = h.Output(M * 4);
+      ProjectionForwardParams p;
+      SetInputs(p, spec, M, DType::kBF16, in, 1);
+      if (run == 1) p.x = x_off;
+      p.h = hh.f(1);
+      p.mean_square = ms.f(1);
+      Workspace ws =
+          h.Scratch(1, OpKind::kProjectionForward, spec, M, DType::kBF16);
+      ASSERT_TRUE(h.cuda().ProjectionForward(p, ws).ok());
+      ASSERT_TRUE(h.cuda().Synchronize().ok());
+      h_rows[run] = h.Fetch(hh);
+      ms_rows[run] = h.Fetch(ms);
+    }
+    EXPECT_EQ(h_rows[0], h_rows[1]) << "h differs between the copy forms";
+    EXPECT_EQ(ms_rows[0], ms_rows[1])
+        << "mean square differs between the copy forms";
+  }
+}
+
 struct BackwardCase {
   int n;
   int64_t C, M;
