@@ -100,13 +100,15 @@ __global__ void __launch_bounds__(kSplitChunks)
 }
 
 // kTma: x (rows on 16 bytes) by tensor copies and the split by bulk copies,
-// issued by one thread; else cp.async pieces of kCopyBytes by every thread.
+// issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
+// thread.
 template <int kTerms, int kCopyBytes, bool kTma>
 __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
     const __grid_constant__ CUtensorMap x_map, DevSpec s, int64_t tokens,
     const __nv_bfloat16* __restrict__ x, const float* __restrict__ phi,
     const float* __restrict__ gamma, const char* __restrict__ planes,
     bool vec_phi, float* partial, unsigned long long* next_unit) {
+  static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
   constexpr int kStageBytes = StageBytes(kTerms);
   constexpr int kSplitBytes = kTerms * kTermTileBytes;
   extern __shared__ __align__(16) char bf16_proj_smem[];
@@ -326,12 +328,20 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
         constexpr int kT = decltype(terms)::value;
         constexpr int kC = decltype(copy_bytes)::value;
         CUtensorMap x_map{};
-        if (kC == 16 && EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
-          return LaunchTerms<kT, kC, true>(x_map, s, tokens, x, phi, gamma,
+        if constexpr (kC == 16) {
+          // Rows on 16 bytes are also on 8: where no tensor map can be made
+          // (no encoder in the driver, coordinates past 32 bits), the 8-byte
+          // pieces take them, with the same bits.
+          if (EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+            return LaunchTerms<kT, 16, true>(x_map, s, tokens, x, phi, gamma,
+                                             split, partial, next_unit, stream);
+          }
+          return LaunchTerms<kT, 8, false>(x_map, s, tokens, x, phi, gamma,
                                            split, partial, next_unit, stream);
+        } else {
+          return LaunchTerms<kT, kC, false>(x_map, s, tokens, x, phi, gamma,
+                                            split, partial, next_unit, stream);
         }
-        return LaunchTerms<kT, kC, false>(x_map, s, tokens, x, phi, gamma,
-                                          split, partial, next_unit, stream);
       });
   const std::string shape = ShapeString(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward (bf16 wgmma)", shape);
