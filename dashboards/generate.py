@@ -242,6 +242,12 @@ def resources():
     b.panel("Shared-memory bytes by kind", "bytes",
             [(f"sum by (kind) (mhcd_shm_region_bytes{{{POD}}})", "{{kind}}"),
              (f"sum(mhcd_shm_pinned_bytes{{{POD}}})", "page-locked")])
+    b.panel("Client GPU memory mapped (CUDA IPC)", "bytes",
+            [(f"sum(mhcd_cuda_ipc_mapped_bytes{{{POD}}})", "mapped"),
+             (f"sum(mhcd_cuda_ipc_mappings{{{POD}}})", "allocations")])
+    b.panel("Host waits for the device", "ops",
+            [(f"sum by (device, reason) (rate(mhcd_host_synchronizations_total{{{DEV}}}[{RI}]))",
+              "{{device}} {{reason}}")])
     b.panel("Resident memory", "bytes",
             [(f"process_resident_memory_bytes{{{POD}}}", "{{pod}}")], width=8)
     b.panel("CPU (cores)", "short",

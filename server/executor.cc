@@ -4,9 +4,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <iostream>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "mhc/status.h"
 
 namespace mhc::server {
@@ -19,13 +24,25 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Host backends finish each op before returning: the clock around it is
+// the device time, known at Stop.
 class HostTimer : public DeviceTimer {
  public:
   void Start() override { start_ = Clock::now(); }
-  absl::StatusOr<double> StopSeconds() override { return SecondsSince(start_); }
+  absl::Status Stop() override {
+    done_.push_back(SecondsSince(start_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<double>> Poll() override {
+    if (done_.empty()) return std::optional<double>();
+    const double seconds = done_.front();
+    done_.pop_front();
+    return std::optional<double>(seconds);
+  }
 
  private:
   Clock::time_point start_;
+  std::deque<double> done_;
 };
 
 }  // namespace
@@ -59,8 +76,13 @@ Executor::Executor(std::unique_ptr<Backend> backend, std::string device)
       description_(backend->DeviceDescription()),
       host_accessible_(backend->HostAccessible()),
       backend_(std::move(backend)) {
+  absl::string_view device_name = device_;
   // Backends whose ops return before the device is done (CUDA) bring their
   // own timer; for the rest the host clock around the call is exact.
+  if (absl::ConsumePrefix(&device_name, "cuda:") &&
+      !absl::SimpleAtoi(device_name, &cuda_ordinal_)) {
+    cuda_ordinal_ = -1;
+  }
   timer_ = backend_->MakeDeviceTimer();
   if (timer_ == nullptr) timer_ = std::make_unique<HostTimer>();
 }
@@ -71,6 +93,7 @@ void Executor::SetMetrics(Metrics* metrics) {
   if (metrics_ == nullptr) return;
   // Present from the start so that dashboards show 0, not "no data".
   metrics_->AddQueueDepth(device_, 0);
+  metrics_->RecordHostSync(device_, "request", 0);
   metrics_->SetWorkspaceBytes(device_, static_cast<double>(workspace_bytes_));
   metrics_->SetStagingBytes(device_, static_cast<double>(staging_bytes_));
 }
@@ -87,12 +110,51 @@ absl::Status Executor::Launch(KernelSample sample,
   if (metrics_ == nullptr) return fn();
   timer_->Start();
   absl::Status status = fn();
-  absl::StatusOr<double> seconds = timer_->StopSeconds();
+  absl::Status stopped = timer_->Stop();
   if (!status.ok()) return status;
-  if (!seconds.ok()) return seconds.status();
-  sample.seconds = *seconds;
-  metrics_->RecordKernel(device_, sample, copy_bandwidth_);
+  if (!stopped.ok()) return stopped;
+  timed_.push_back(sample);
+  // Launch runs inside Run's fn, which holds mu_.
+  mu_.AssertHeld();
+  return CollectTimings();
+}
+
+absl::Status Executor::CollectTimings() {
+  while (!timed_.empty()) {
+    MHC_ASSIGN_OR_RETURN(std::optional<double> seconds, timer_->Poll());
+    if (!seconds.has_value()) break;
+    KernelSample sample = timed_.front();
+    timed_.pop_front();
+    sample.seconds = *seconds;
+    metrics_->RecordKernel(device_, sample, copy_bandwidth_);
+  }
   return absl::OkStatus();
+}
+
+void Executor::PollTimings() {
+  if (metrics_ == nullptr || !mu_.TryLock()) return;
+  // A failure here reaches the next request through CheckDevice.
+  CollectTimings().IgnoreError();
+  mu_.Unlock();
+}
+
+absl::Status Executor::CheckDevice() {
+  if (!failed_.ok()) return failed_;
+  absl::Status status = backend_->CheckDevice();
+  if (status.ok()) return status;
+  failed_ = absl::InternalError(
+      absl::StrCat(device_,
+                   " failed and serves no more requests (restart "
+                   "mhcd): ",
+                   status.message()));
+  std::cerr << "mhcd: " << failed_.message() << std::endl;
+  if (on_failure_) on_failure_(failed_);
+  return failed_;
+}
+
+absl::Status Executor::Synchronize(Backend& backend, absl::string_view reason) {
+  if (metrics_ != nullptr) metrics_->RecordHostSync(device_, reason);
+  return backend.Synchronize();
 }
 
 Executor::~Executor() {
@@ -149,6 +211,9 @@ absl::Status Executor::Run(
     metrics_->AddQueueDepth(device_, -1);
     metrics_->RecordQueueWait(device_, SecondsSince(arrived));
   }
+  // Work of an earlier request that failed after it was answered is
+  // reported here, to the next request of the device.
+  MHC_RETURN_IF_ERROR(CheckDevice());
   const size_t workspace_bytes = workspace_fn(*backend_);
   const size_t had_workspace = workspace_bytes_, had_staging = staging_bytes_;
   absl::Status grown = EnsureBuffer("a workspace", workspace_bytes, &workspace_,
@@ -169,13 +234,28 @@ absl::Status Executor::Run(
   // Only the bytes asked for, so that a request sized wrong fails here
   // instead of taking what a larger, earlier request left.
   StagingArena staging(staging_, staging_bytes);
-  return fn(*backend_, workspace, staging);
+  absl::Status status = fn(*backend_, workspace, staging);
+  return Finish(std::move(status));
 }
 
 absl::Status Executor::WithDevice(
     absl::FunctionRef<absl::Status(Backend&)> fn) {
   absl::MutexLock lock(&mu_);
-  return fn(*backend_);
+  MHC_RETURN_IF_ERROR(CheckDevice());
+  return Finish(fn(*backend_));
+}
+
+absl::Status Executor::Finish(absl::Status status) {
+  // A failure of the device itself outranks the request's own message; a
+  // request that failed for its own reasons leaves a healthy device.
+  if (!status.ok() && status.code() == absl::StatusCode::kInternal) {
+    MHC_RETURN_IF_ERROR(CheckDevice());
+  }
+  if (metrics_ != nullptr) {
+    absl::Status collected = CollectTimings();
+    if (status.ok()) status = collected;
+  }
+  return status;
 }
 
 absl::StatusOr<Admission::Ticket> Admission::TryEnter() {

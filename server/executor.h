@@ -9,7 +9,12 @@
 //
 // It is also where kernels are measured: every launch, from a single-op RPC
 // or an Execute batch, passes through Launch() exactly once, which times it
-// on the device and records time, bytes and roofline fraction.
+// on the device and records time, bytes and roofline fraction once the
+// device has run it (read without waiting, at later launches and requests).
+//
+// A device whose earlier work failed (a sticky CUDA error: the context is
+// lost) fails every later request with INTERNAL, and the executor reports
+// it once through the failure callback, which marks the daemon NOT_SERVING.
 //
 // Admission bounds the work the daemon accepts: beyond --max_inflight a
 // request is refused at once with RESOURCE_EXHAUSTED instead of waiting in a
@@ -20,12 +25,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mhc/backend.h"
 #include "server/metrics.h"
@@ -83,6 +91,8 @@ class Executor {
   std::string BackendName() const { return backend_name_; }
   std::string Description() const { return description_; }
   bool HostAccessible() const { return host_accessible_; }
+  // N of a "cuda:N" device, -1 for host devices.
+  int cuda_ordinal() const { return cuda_ordinal_; }
 
   // Runs `fn` with exclusive use of the backend, a workspace of at least
   // `workspace_bytes(backend)` (asked under the same exclusive use) and a
@@ -95,6 +105,21 @@ class Executor {
 
   // Exclusive use of the backend without a workspace (parameter access).
   absl::Status WithDevice(absl::FunctionRef<absl::Status(Backend&)> fn);
+
+  // Records the kernel times the device has finished since the last
+  // request, unless a request holds the device (it records them itself).
+  void PollTimings();
+
+  // Waits for every piece of work issued so far (only from inside Run's or
+  // WithDevice's `fn`), and counts the wait under `reason` (see
+  // mhcd_host_synchronizations_total).
+  absl::Status Synchronize(Backend& backend, absl::string_view reason);
+
+  // Called once, with the error, when the device fails for good.
+  void SetFailureCallback(std::function<void(const absl::Status&)> callback) {
+    absl::MutexLock lock(&mu_);
+    on_failure_ = std::move(callback);
+  }
 
   // Observability, set before the first request. `metrics` may be null (no
   // measurement at all); `audit` may be null (no determinism audit).
@@ -111,6 +136,15 @@ class Executor {
                       absl::FunctionRef<absl::Status()> fn);
 
  private:
+  // What a request returns after `status`: the device's failure when it
+  // failed for good, and the kernel times read so far.
+  absl::Status Finish(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the launches the device has finished since the last call.
+  absl::Status CollectTimings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED once the device's work failed; checks the device without
+  // waiting for it.
+  absl::Status CheckDevice() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Grows `buffer` (of `*capacity` bytes) to hold at least `bytes`.
   absl::Status EnsureBuffer(const char* what, size_t bytes, void** buffer,
                             size_t* capacity)
@@ -120,6 +154,7 @@ class Executor {
   std::string backend_name_;
   std::string description_;
   bool host_accessible_;
+  int cuda_ordinal_ = -1;
   absl::Mutex mu_;
   std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   void* workspace_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -128,6 +163,10 @@ class Executor {
   size_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Used by Launch, which runs under mu_ without the analysis seeing it.
   std::unique_ptr<DeviceTimer> timer_;
+  // Launches timed and not yet read, oldest first (the timer's order).
+  std::deque<KernelSample> timed_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> on_failure_ ABSL_GUARDED_BY(mu_);
   Metrics* metrics_ = nullptr;
   DeterminismAudit* audit_ = nullptr;
   double copy_bandwidth_ = 0;

@@ -94,8 +94,8 @@ Layer::~Layer() {
   if (values_ == nullptr && grads_ == nullptr) return;
   executor_
       ->WithDevice([&](Backend& backend) {
+        // One allocation holds both blocks (see Allocate).
         if (values_ != nullptr) backend.Free(values_);
-        if (grads_ != nullptr) backend.Free(grads_);
         return absl::OkStatus();
       })
       .IgnoreError();
@@ -114,12 +114,25 @@ std::string Layer::Describe() const {
                       LayoutLabel(spec_.layout), ")");
 }
 
+uint64_t Layer::gradients_offset() const {
+  // Where the gradient block starts: aligned as an allocation would be, so
+  // kernels use their widest accesses on both blocks.
+  constexpr uint64_t kAlignment = 256;
+  const uint64_t bytes = static_cast<uint64_t>(total_elements_) * sizeof(float);
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
 absl::Status Layer::Allocate(Backend& backend) {
+  // One allocation for parameters and gradients, so that a local client
+  // maps the whole layer with one handle (MapLayerMemory).
+  static std::atomic<uint64_t> generations{0};
   const size_t bytes = static_cast<size_t>(total_elements_) * sizeof(float);
-  MHC_ASSIGN_OR_RETURN(void* values, backend.Allocate(bytes));
-  values_ = static_cast<float*>(values);
-  MHC_ASSIGN_OR_RETURN(void* grads, backend.Allocate(bytes));
-  grads_ = static_cast<float*>(grads);
+  MHC_ASSIGN_OR_RETURN(void* block,
+                       backend.Allocate(gradients_offset() + bytes));
+  values_ = static_cast<float*>(block);
+  grads_ =
+      reinterpret_cast<float*>(static_cast<char*>(block) + gradients_offset());
+  generation_ = ++generations;
   return backend.Memset(grads_, 0, bytes);
 }
 
@@ -382,6 +395,36 @@ absl::Status LayerStore::Write(Layer& layer,
     layer.set_version(layer.version() + 1);
     return absl::OkStatus();
   });
+}
+
+absl::Status LayerStore::Export(const Layer& layer,
+                                v1::LayerMemory* out) const {
+  Executor* executor = layer.executor();
+  if (executor->cuda_ordinal() < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MapLayerMemory: ", layer.Describe(), " is on ", executor->device(),
+        ", which has no memory to share; use Get/SetParameters"));
+  }
+  absl::StatusOr<std::string> handle;
+  MHC_RETURN_IF_ERROR(executor->WithDevice([&](Backend& backend) {
+    handle = backend.ExportMemory(layer.values());
+    return handle.status();
+  }));
+  out->set_raw_handle(*std::move(handle));
+  out->set_device_id(executor->cuda_ordinal());
+  out->set_byte_size(layer.allocation_bytes());
+  out->set_generation(layer.generation());
+  for (const Layer::Param& param : layer.params()) {
+    const uint64_t offset = static_cast<uint64_t>(param.offset) * sizeof(float);
+    for (auto [map, base] :
+         {std::pair{out->mutable_parameters(), uint64_t{0}},
+          std::pair{out->mutable_gradients(), layer.gradients_offset()}}) {
+      v1::TensorSlice& slice = (*map)[param.name];
+      slice.set_offset(base + offset);
+      for (int64_t d : param.shape) slice.add_shape(d);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LayerStore::ZeroGradients(Layer& layer) const {

@@ -57,6 +57,15 @@ class Layer {
   LayerGrads Grads() const;
   float* values() const { return values_; }
   float* grads() const { return grads_; }
+  // The layer's one allocation starts at values(); the gradients start this
+  // many bytes into it.
+  uint64_t gradients_offset() const;
+  uint64_t allocation_bytes() const {
+    return gradients_offset() +
+           static_cast<uint64_t>(total_elements_) * sizeof(float);
+  }
+  // Differs for every allocation of a layer in this process.
+  uint64_t generation() const { return generation_; }
 
   uint64_t version() const { return version_.load(); }
   void set_version(uint64_t version) { version_.store(version); }
@@ -82,6 +91,7 @@ class Layer {
   const int64_t total_elements_;
   float* values_ = nullptr;
   float* grads_ = nullptr;
+  uint64_t generation_ = 0;
   std::atomic<uint64_t> version_{1};
   std::atomic<int64_t> gradient_tokens_{0};
   std::atomic<bool> retired_{false};
@@ -116,6 +126,9 @@ class LayerStore {
   // All tensors are validated before any is written.
   absl::Status Write(Layer& layer, const v1::Parameters& parameters) const;
   absl::Status ZeroGradients(Layer& layer) const;
+  // The layer's allocation as its device exports it (MapLayerMemory);
+  // FAILED_PRECONDITION for host devices.
+  absl::Status Export(const Layer& layer, v1::LayerMemory* out) const;
   absl::StatusOr<std::shared_ptr<Layer>> ConvertLayout(absl::string_view name,
                                                        int layout);
 

@@ -1,9 +1,12 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <functional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/process_metrics.h"
@@ -62,11 +65,33 @@ prometheus::Labels OpLabels(OpKind kind, absl::string_view device) {
           {"device", std::string(device)}};
 }
 
+class ScrapeHook final : public prometheus::Collectable {
+ public:
+  void Set(std::function<void()> hook) {
+    absl::MutexLock lock(&mu_);
+    hook_ = std::move(hook);
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    if (hook_) hook_();
+    return {};
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::function<void()> hook_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+void Metrics::SetScrapeHook(std::function<void()> hook) {
+  static_cast<ScrapeHook&>(*scrape_hook_).Set(std::move(hook));
+}
 
 Metrics::Metrics(const BuildInfo& build)
     : registry_(std::make_shared<prometheus::Registry>()),
-      process_(MakeProcessCollector()) {
+      process_(MakeProcessCollector()),
+      scrape_hook_(std::make_shared<ScrapeHook>()) {
   requests_ = &prometheus::BuildCounter()
                    .Name("mhcd_requests_total")
                    .Help("RPCs handled, by method and gRPC status code.")
@@ -202,6 +227,32 @@ Metrics::Metrics(const BuildInfo& build)
                            "limit); those regions use slower pageable copies.")
                        .Register(*registry_)
                        .Add({});
+  ipc_mappings_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_cuda_ipc_mappings")
+           .Help(
+               "Client device allocations the daemon has mapped through CUDA "
+               "IPC (all regions over one allocation share its mapping).")
+           .Register(*registry_)
+           .Add({});
+  ipc_mapped_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_cuda_ipc_mapped_bytes")
+           .Help(
+               "Bytes of the client device allocations mapped through CUDA "
+               "IPC; a mapping keeps its allocation alive, so this bounds the "
+               "client memory the daemon holds.")
+           .Register(*registry_)
+           .Add({});
+  host_syncs_ =
+      &prometheus::BuildCounter()
+           .Name("mhcd_host_synchronizations_total")
+           .Help(
+               "Times a request's thread waited for its device to finish, by "
+               "device and reason (request: requests without a signal event, "
+               "or with host copies, are answered once their work is done). "
+               "Stream-ordered requests on device memory add none.")
+           .Register(*registry_);
   determinism_checks_ =
       &prometheus::BuildCounter()
            .Name("mhcd_determinism_checks_total")
@@ -251,6 +302,7 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
     return absl::UnavailableError(absl::StrCat(
         "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
   }
+  exposer_->RegisterCollectable(scrape_hook_);
   exposer_->RegisterCollectable(registry_);
   exposer_->RegisterCollectable(process_);
   std::vector<int> ports = exposer_->GetListeningPorts();
@@ -328,6 +380,18 @@ void Metrics::SetStagingBytes(absl::string_view device, double bytes) {
 void Metrics::SetPinnedSharedMemory(double regions, double bytes) {
   shm_pinned_regions_->Set(regions);
   shm_pinned_bytes_->Set(bytes);
+}
+
+void Metrics::SetCudaIpcMappings(double mappings, double bytes) {
+  ipc_mappings_->Set(mappings);
+  ipc_mapped_bytes_->Set(bytes);
+}
+
+void Metrics::RecordHostSync(absl::string_view device, absl::string_view reason,
+                             double count) {
+  host_syncs_
+      ->Add({{"device", std::string(device)}, {"reason", std::string(reason)}})
+      .Increment(count);
 }
 
 void Metrics::SetSharedMemory(absl::string_view kind, double regions,

@@ -8,6 +8,7 @@
 #define MHC_SERVER_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -79,15 +80,28 @@ class Metrics {
   // bytes locked; a registration whose page lock failed.
   void SetPinnedSharedMemory(double regions, double bytes);
   void RecordPinFailure() { pin_failures_->Increment(); }
+  // Client device memory mapped by CUDA IPC: distinct allocations (regions
+  // over one allocation share its mapping) and their bytes.
+  void SetCudaIpcMappings(double mappings, double bytes);
+  // A request's thread waited for the device (`reason`: "request" for a
+  // request answered after its work finished).
+  void RecordHostSync(absl::string_view device, absl::string_view reason,
+                      double count = 1);
   // One determinism check (`check`: "replay" or "batch_invariance").
   void RecordDeterminismCheck(OpKind kind, absl::string_view check, bool match,
                               uint64_t ulp_difference);
 
   prometheus::Registry& registry() { return *registry_; }
 
+  // Runs before every scrape, so that values recorded lazily (kernel times
+  // read once the device finished) are current when they are read.
+  void SetScrapeHook(std::function<void()> hook);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;
+  // Collected first on a scrape; calls the hook and adds no families.
+  std::shared_ptr<prometheus::Collectable> scrape_hook_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Histogram>* durations_;
   prometheus::Gauge* inflight_;
@@ -109,6 +123,9 @@ class Metrics {
   prometheus::Gauge* shm_pinned_regions_;
   prometheus::Gauge* shm_pinned_bytes_;
   prometheus::Counter* pin_failures_;
+  prometheus::Gauge* ipc_mappings_;
+  prometheus::Gauge* ipc_mapped_bytes_;
+  prometheus::Family<prometheus::Counter>* host_syncs_;
   prometheus::Family<prometheus::Counter>* determinism_checks_;
   prometheus::Family<prometheus::Gauge>* determinism_max_ulp_;
   // A maximum is a read-modify-write; checks of several devices may race.

@@ -279,7 +279,6 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
         input.info, SlotShape{TrailingDims(slot.dims, spec), slot.activation},
         slot.name));
     if (input.source < 0) {
-      MHC_RETURN_IF_ERROR(budget->Charge(input.info.bytes, slot.name));
       if (ref.data_case() == v1::TensorRef::kShm) {
         MHC_ASSIGN_OR_RETURN(
             RegionSpan span,
@@ -294,6 +293,9 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
                                           span.bytes);
         }
       } else {
+        // Only bytes that travel in the message count against the limits;
+        // a region bounds its own tensors.
+        MHC_RETURN_IF_ERROR(budget->Charge(input.info.bytes, slot.name));
         MHC_ASSIGN_OR_RETURN(input.bytes,
                              InlineBytes(ref, input.info, slot.name));
       }
@@ -348,10 +350,13 @@ absl::Status PlanOp(const OpDef& def, const Message& request,
     }
     out->info.elements = *elements;
     out->info.bytes = static_cast<uint64_t>(*elements) * size;
-    MHC_RETURN_IF_ERROR(
-        budget->Charge(out->info.bytes, absl::StrCat("output ", slot.name)));
     auto it = output_regions.find(slot.name);
-    if (it != output_regions.end()) {
+    if (it == output_regions.end()) {
+      // Returned inline (or, in a batch, possibly not at all: counted all
+      // the same, since fetch is resolved after planning).
+      MHC_RETURN_IF_ERROR(
+          budget->Charge(out->info.bytes, absl::StrCat("output ", slot.name)));
+    } else {
       const std::string field =
           absl::StrCat("output_regions[\"", slot.name, "\"]");
       out->region = it->second;
@@ -562,11 +567,13 @@ void* HostDestination(PlannedOutput& out) {
 // the last op, since such a copy holds the host until it is done and would
 // delay issuing the rest.
 absl::Status IssueOnDevice(Batch& batch, Executor& executor, Backend& backend,
-                           Workspace ws, StagingArena& staging) {
+                           Workspace ws, StagingArena& staging,
+                           bool* host_copies) {
   for (PlannedOp& op : batch.ops) {
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       PlannedInput& in = op.inputs[i];
       if (!Staged(in)) continue;
+      *host_copies = true;
       MHC_ASSIGN_OR_RETURN(void* device, staging.Take(in.info.bytes));
       in.data = device;
       absl::StatusOr<CopyTicket> ticket =
@@ -589,6 +596,7 @@ absl::Status IssueOnDevice(Batch& batch, Executor& executor, Backend& backend,
   }
   std::vector<std::pair<const PlannedOp*, PlannedOutput*>> deferred;
   auto download = [&](const PlannedOp& op, PlannedOutput& out) {
+    *host_copies = true;
     return Annotate(
         backend.CopyToHostAsync(HostDestination(out), out.data, out.info.bytes),
         absl::StrCat(op.context, out.name, ": copy to the host: "));
@@ -612,8 +620,10 @@ absl::Status IssueOnDevice(Batch& batch, Executor& executor, Backend& backend,
   return absl::OkStatus();
 }
 
-absl::Status RunBatch(Batch& batch, Executor& executor) {
+absl::Status RunBatch(Batch& batch, Executor& executor, RegionScope& regions) {
   const bool host = executor.HostAccessible();
+  MHC_ASSIGN_OR_RETURN(StreamOrder order,
+                       regions.Events(executor.cuda_ordinal()));
   if (host) {
     for (PlannedOp& op : batch.ops) {
       for (PlannedInput& in : op.inputs) {
@@ -643,12 +653,26 @@ absl::Status RunBatch(Batch& batch, Executor& executor) {
       workspace_bytes, host ? 0 : StagingBytes(batch),
       [&](Backend& backend, Workspace ws, StagingArena& staging) {
         if (host) return RunOnHost(batch, executor, backend, ws);
-        absl::Status issued =
-            IssueOnDevice(batch, executor, backend, ws, staging);
-        // On every path, failures included: until the device is done its
-        // copies may read the request's memory and write the client's, and
-        // the next request reuses the staging memory.
-        absl::Status synced = backend.Synchronize();
+        absl::Status issued = absl::OkStatus();
+        if (order.wait != nullptr) issued = backend.WaitForEvent(order.wait);
+        bool host_copies = false;
+        if (issued.ok()) {
+          issued = IssueOnDevice(batch, executor, backend, ws, staging,
+                                 &host_copies);
+        }
+        if (issued.ok() && order.signal != nullptr) {
+          issued = backend.RecordEvent(order.signal);
+        }
+        // Answered once queued only when the client orders its stream after
+        // the signal event and nothing touches host memory: host copies
+        // read the request's memory and write the client's, and the next
+        // request reuses the staging memory the uploads write. Work on
+        // device memory alone is ordered by the stream. A failure waits
+        // too, so that nothing still runs on the request's memory.
+        if (issued.ok() && order.signal != nullptr && !host_copies) {
+          return absl::OkStatus();
+        }
+        absl::Status synced = executor.Synchronize(backend, "request");
         if (!issued.ok()) return issued;
         if (!synced.ok()) {
           return absl::InternalError(absl::StrCat(
@@ -690,7 +714,7 @@ absl::Status OpRunner::RunSingle(OpKind kind, const Message& request,
     batch.outputs[op.outputs[j]]->dest = static_cast<v1::TensorRef*>(
         refl->MutableMessage(response, def.outputs[j].field));
   }
-  MHC_RETURN_IF_ERROR(RunBatch(batch, *op.layer->executor()));
+  MHC_RETURN_IF_ERROR(RunBatch(batch, *op.layer->executor(), *regions));
   return regions->CheckIntact();
 }
 
@@ -764,7 +788,7 @@ absl::Status OpRunner::Execute(const v1::ExecuteRequest& request,
   for (int k : returned) {
     batch.outputs[k]->dest = &outputs[batch.outputs[k]->name];
   }
-  MHC_RETURN_IF_ERROR(RunBatch(batch, *executor));
+  MHC_RETURN_IF_ERROR(RunBatch(batch, *executor, *regions));
   return regions->CheckIntact();
 }
 

@@ -18,6 +18,14 @@
 // ops compute, and one synchronization at the end of the request precedes
 // any output becoming visible to the client.
 //
+// Stream order: a request whose metadata names session events (see
+// shm.proto) first makes the device's stream wait for the client's event,
+// and records the daemon's event after its work. When every tensor is
+// device memory (CUDA regions, the layer's own memory, the batch's staged
+// intermediates) it is then answered without waiting for the device: the
+// client's stream waits for the event instead, and the next request of the
+// device runs after it on the same stream.
+//
 // Shared memory: tensors in a session's regions (TensorRef.shm, and outputs
 // named in output_regions) are held for the whole request by its
 // RegionScope. Host backends read and write the mapped bytes in place (a

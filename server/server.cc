@@ -177,6 +177,11 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   for (Executor* executor : executors) {
     server->metrics_->SetLayerMemory(executor->device(), 0, 0, 0);
   }
+  // Stream-ordered requests are answered before their kernels finish; their
+  // times are read at the next request or, here, at the next scrape.
+  server->metrics_->SetScrapeHook([executors] {
+    for (Executor* executor : executors) executor->PollTimings();
+  });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -218,11 +223,20 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   if (health != nullptr) {
     health->SetServingStatus("", true);
     health->SetServingStatus(kServiceName, true);
+    // A device that failed for good (its CUDA context is lost) fails every
+    // request it gets: take the daemon out of service so that the
+    // orchestrator restarts it.
+    for (const auto& executor : server->executors_) {
+      executor->SetFailureCallback(
+          [health](const absl::Status&) { health->SetServingStatus(false); });
+    }
   }
   return server;
 }
 
 MhcServer::~MhcServer() {
+  // The executors go before the metrics endpoint does.
+  if (metrics_ != nullptr) metrics_->SetScrapeHook(nullptr);
   if (server_ != nullptr) {
     // Open sessions are streams that never end on their own.
     shm_->CancelAllSessions();

@@ -48,6 +48,7 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(GetGradients, GetGradientsRequest, GetGradientsResponse);
   MHC_UNARY(ZeroGradients, ZeroGradientsRequest, ZeroGradientsResponse);
   MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
+  MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
 
   MHC_UNARY(Projection, ProjectionRequest, ProjectionResponse);
   MHC_UNARY(ProjectionBackward, ProjectionBackwardRequest,
@@ -90,6 +91,8 @@ class MhcService final : public v1::Mhc::Service {
             UnregisterSharedMemoryResponse);
   MHC_UNARY(SharedMemoryStatus, SharedMemoryStatusRequest,
             SharedMemoryStatusResponse);
+  MHC_UNARY(RegisterCudaEvents, RegisterCudaEventsRequest,
+            RegisterCudaEventsResponse);
 
  private:
   // Admission (unless `admit` is false), the call, status mapping, metrics.

@@ -1,4 +1,5 @@
-// The shared-memory RPCs: sessions and the regions they own.
+// The shared-memory RPCs: sessions, the regions and events they own, and
+// the layer memory local clients map.
 #include <string>
 
 #include "absl/strings/match.h"
@@ -16,17 +17,24 @@ bool IsLocal(const grpc::ServerContext& context) {
          absl::StartsWith(peer, "unix-abstract:");
 }
 
-std::string SessionId(const grpc::ServerContext& context) {
+std::string Metadata(const grpc::ServerContext& context,
+                     absl::string_view key) {
   const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kSessionMetadataKey);
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
   if (it == metadata.end()) return "";
   return std::string(it->second.data(), it->second.size());
+}
+
+std::string SessionId(const grpc::ServerContext& context) {
+  return Metadata(context, kSessionMetadataKey);
 }
 
 }  // namespace
 
 RegionScope MhcService::Regions(const grpc::ServerContext& context) {
-  return RegionScope(shm_, SessionId(context), IsLocal(context));
+  return RegionScope(shm_, SessionId(context), IsLocal(context),
+                     Metadata(context, kWaitEventMetadataKey),
+                     Metadata(context, kSignalEventMetadataKey));
 }
 
 void MhcService::PublishSharedMemory() {
@@ -37,6 +45,8 @@ void MhcService::PublishSharedMemory() {
   }
   const auto [pinned, pinned_bytes] = shm_->PinnedTotals();
   metrics_->SetPinnedSharedMemory(pinned, static_cast<double>(pinned_bytes));
+  const auto [mappings, mapped_bytes] = shm_->MappedTotals();
+  metrics_->SetCudaIpcMappings(mappings, static_cast<double>(mapped_bytes));
 }
 
 grpc::Status MhcService::OpenSession(
@@ -121,6 +131,28 @@ grpc::Status MhcService::SharedMemoryStatus(
   return Handle("SharedMemoryStatus", true, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
     return shm_->Status(SessionId(*context), request->name(), response);
+  });
+}
+
+grpc::Status MhcService::RegisterCudaEvents(
+    grpc::ServerContext* context, const v1::RegisterCudaEventsRequest* request,
+    v1::RegisterCudaEventsResponse* response) {
+  return Handle("RegisterCudaEvents", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    return shm_->RegisterEvents(SessionId(*context), *request, response);
+  });
+}
+
+grpc::Status MhcService::MapLayerMemory(
+    grpc::ServerContext* context, const v1::MapLayerMemoryRequest* request,
+    v1::LayerMemory* response) {
+  return Handle("MapLayerMemory", true, [&]() -> absl::Status {
+    // The handle lets its holder write the layer: the same trust as a
+    // region, so the same gate.
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(request->layer(), "layer"));
+    return store_->Export(*layer, response);
   });
 }
 

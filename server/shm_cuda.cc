@@ -87,6 +87,65 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     return Opened{mapping.ptr, byte_size == 0 ? mapping.available : byte_size};
   }
 
+  std::pair<int, uint64_t> MappedTotals() const override {
+    absl::MutexLock lock(&mu_);
+    std::pair<int, uint64_t> totals{0, 0};
+    for (const auto& [key, mapping] : open_) {
+      ++totals.first;
+      totals.second += mapping.available;
+    }
+    return totals;
+  }
+
+  absl::StatusOr<DeviceEvent> OpenEvent(absl::string_view handle,
+                                        int device) override {
+    cudaIpcEventHandle_t ipc;
+    static_assert(sizeof(ipc) == 64, "cudaIpcEventHandle_t is 64 bytes");
+    if (handle.size() != sizeof(ipc)) {
+      return absl::InvalidArgumentError("expected 64 bytes");
+    }
+    std::memcpy(&ipc, handle.data(), sizeof(ipc));
+    absl::MutexLock lock(&mu_);
+    MHC_RETURN_IF_ERROR(UseDeviceOrFail(device));
+    cudaEvent_t event = nullptr;
+    if (cudaError_t e = cudaIpcOpenEventHandle(&event, ipc); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(
+          absl::StrCat("cudaIpcOpenEventHandle on device ", device,
+                       " failed: ", cudaGetErrorString(e)));
+    }
+    return DeviceEvent{event};
+  }
+
+  absl::StatusOr<ExportedEvent> CreateEvent(int device) override {
+    absl::MutexLock lock(&mu_);
+    MHC_RETURN_IF_ERROR(UseDeviceOrFail(device));
+    cudaEvent_t event = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(
+        &event, cudaEventInterprocess | cudaEventDisableTiming);
+    cudaIpcEventHandle_t ipc;
+    if (e == cudaSuccess) {
+      e = cudaIpcGetEventHandle(&ipc, event);
+      if (e != cudaSuccess) cudaEventDestroy(event);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot make an interprocess event on device ", device,
+                       ": ", cudaGetErrorString(e)));
+    }
+    return ExportedEvent{
+        event, std::string(reinterpret_cast<const char*>(&ipc), sizeof(ipc))};
+  }
+
+  void DestroyEvent(int device, DeviceEvent event) override {
+    absl::MutexLock lock(&mu_);
+    // Work still queued to wait for or record it keeps it until done.
+    if (UseDevice(device) == cudaSuccess) {
+      cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    }
+  }
+
   void Close(int device, void* ptr) override {
     absl::MutexLock lock(&mu_);
     for (auto it = open_.begin(); it != open_.end(); ++it) {
@@ -137,12 +196,25 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
     return mapping;
   }
 
+  absl::Status UseDeviceOrFail(int device) {
+    if (cudaError_t e = UseDevice(device); e != cudaSuccess) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_id: cannot use CUDA device ", device, ": ",
+                       cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+
   void CloseLocked(int device, void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    UseDevice(device);  // on failure the close below fails too
+    UseDevice(device);  // on failure the calls below fail too
+    // Requests are answered once their work is queued, so work that reads
+    // this memory may still be running. Closing is rare (a client drops an
+    // allocation or its session ends), so waiting here is cheap.
+    cudaDeviceSynchronize();
     cudaIpcCloseMemHandle(ptr);
   }
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, Mapping> open_ ABSL_GUARDED_BY(mu_);
 };
 

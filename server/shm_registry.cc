@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mhc/status.h"
@@ -113,6 +114,11 @@ Region::~Region() {
   if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
   if (fd_ >= 0) close(fd_);
   if (opener_ != nullptr && data_ != nullptr) opener_->Close(device_id_, data_);
+}
+
+EventPool::~EventPool() {
+  for (DeviceEvent event : client_) opener_->DestroyEvent(device_, event);
+  for (DeviceEvent event : daemon_) opener_->DestroyEvent(device_, event);
 }
 
 bool Region::Broken() const {
@@ -481,6 +487,88 @@ absl::Status ShmRegistry::Status(const std::string& session_id,
   return absl::OkStatus();
 }
 
+absl::Status ShmRegistry::RegisterEvents(
+    const std::string& session_id, const v1::RegisterCudaEventsRequest& r,
+    v1::RegisterCudaEventsResponse* response) {
+  constexpr int kMaxEvents = 256;
+  constexpr size_t kEventHandleBytes = 64;
+  if (r.raw_handles_size() < 1 || r.raw_handles_size() > kMaxEvents) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("raw_handles: expected 1..", kMaxEvents,
+                     " event handles, got ", r.raw_handles_size()));
+  }
+  for (int i = 0; i < r.raw_handles_size(); ++i) {
+    if (r.raw_handles(i).size() != kEventHandleBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "raw_handles[", i, "]: expected ", kEventHandleBytes,
+          " bytes (a cudaIpcEventHandle_t), got ", r.raw_handles(i).size()));
+    }
+  }
+  if (cuda_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "RegisterCudaEvents: this daemon serves no CUDA device; its requests "
+        "finish before they are answered");
+  }
+  if (r.device_id() < 0 || r.device_id() >= cuda_->DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: expected 0..",
+                                                   cuda_->DeviceCount() - 1,
+                                                   ", got ", r.device_id()));
+  }
+  auto check_new = [&]() -> absl::Status {
+    MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+    if (session->events.count(r.device_id()) > 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("device_id: this session already registered its events "
+                       "on device ",
+                       r.device_id()));
+    }
+    return absl::OkStatus();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    MHC_RETURN_IF_ERROR(check_new());
+  }
+  // Outside the lock: opening talks to the driver. The pool destroys what
+  // was made if anything below fails.
+  auto pool = std::make_shared<EventPool>(cuda_.get(), r.device_id());
+  for (int i = 0; i < r.raw_handles_size(); ++i) {
+    absl::StatusOr<DeviceEvent> opened =
+        cuda_->OpenEvent(r.raw_handles(i), r.device_id());
+    if (!opened.ok()) {
+      return absl::Status(
+          opened.status().code(),
+          absl::StrCat("raw_handles[", i, "]: ", opened.status().message()));
+    }
+    pool->client_.push_back(*opened);
+    MHC_ASSIGN_OR_RETURN(DeviceMemoryOpener::ExportedEvent own,
+                         cuda_->CreateEvent(r.device_id()));
+    pool->daemon_.push_back(own.event);
+    response->add_raw_handles(own.handle);
+  }
+  absl::MutexLock lock(&mu_);
+  MHC_RETURN_IF_ERROR(check_new());
+  sessions_[session_id].events[r.device_id()] = std::move(pool);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<EventPool>> ShmRegistry::FindEvents(
+    const std::string& session_id, int device) {
+  absl::MutexLock lock(&mu_);
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  auto it = session->events.find(device);
+  if (it == session->events.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the session has no events on device ", device,
+        " (register them with RegisterCudaEvents before naming them)"));
+  }
+  return it->second;
+}
+
+std::pair<int, uint64_t> ShmRegistry::MappedTotals() const {
+  if (cuda_ == nullptr) return {0, 0};
+  return cuda_->MappedTotals();
+}
+
 absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
     const std::string& session_id, const std::string& name,
     absl::string_view field) {
@@ -504,8 +592,46 @@ absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
 }
 
 RegionScope::RegionScope(ShmRegistry* registry, std::string session_id,
-                         bool local)
-    : registry_(registry), session_id_(std::move(session_id)), local_(local) {}
+                         bool local, std::string wait_event,
+                         std::string signal_event)
+    : registry_(registry),
+      session_id_(std::move(session_id)),
+      local_(local),
+      wait_event_(std::move(wait_event)),
+      signal_event_(std::move(signal_event)) {}
+
+absl::StatusOr<StreamOrder> RegionScope::Events(int device) {
+  StreamOrder order;
+  if (wait_event_.empty() && signal_event_.empty()) return order;
+  if (device < 0) {
+    return absl::FailedPreconditionError(
+        "mhc-wait-event / mhc-signal-event: the request's layers are not on "
+        "a CUDA device, and its ops finish before it is answered");
+  }
+  if (registry_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "mhc-wait-event / mhc-signal-event: shared memory is not enabled");
+  }
+  MHC_RETURN_IF_ERROR(registry_->CheckAccess(local_));
+  MHC_ASSIGN_OR_RETURN(events_, registry_->FindEvents(session_id_, device));
+  auto pick = [](const std::string& text, const std::vector<DeviceEvent>& pool,
+                 absl::string_view key) -> absl::StatusOr<DeviceEvent> {
+    if (text.empty()) return DeviceEvent{nullptr};
+    int index = -1;
+    if (!absl::SimpleAtoi(text, &index) || index < 0 ||
+        index >= static_cast<int>(pool.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": expected an event index 0..", pool.size() - 1,
+                       ", got '", absl::CEscape(text.substr(0, 32)), "'"));
+    }
+    return pool[index];
+  };
+  MHC_ASSIGN_OR_RETURN(order.wait,
+                       pick(wait_event_, events_->client_, "mhc-wait-event"));
+  MHC_ASSIGN_OR_RETURN(
+      order.signal, pick(signal_event_, events_->daemon_, "mhc-signal-event"));
+  return order;
+}
 
 RegionScope::~RegionScope() {
   for (Use& use : uses_) use.region->uses_.fetch_sub(1);

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "mhc/backend.h"
 #include "mhc/v1/shm.pb.h"
 #include "mhc/v1/tensor.pb.h"
 
@@ -65,7 +66,48 @@ class DeviceMemoryOpener {
   // allocation holds at least `byte_size` bytes (0: all of it).
   virtual absl::StatusOr<Opened> Open(absl::string_view handle, int device,
                                       uint64_t byte_size) = 0;
+  // Closes once the device has finished the work queued so far, which may
+  // still read the memory (requests are answered before their work ends).
   virtual void Close(int device, void* ptr) = 0;
+  // Distinct allocations mapped now, and their bytes.
+  virtual std::pair<int, uint64_t> MappedTotals() const = 0;
+
+  // Interprocess events (stream order): opens a client's 64-byte
+  // cudaIpcEventHandle_t on `device`, or makes an event of the daemon's own
+  // and returns it with its handle.
+  virtual absl::StatusOr<DeviceEvent> OpenEvent(absl::string_view handle,
+                                                int device) = 0;
+  struct ExportedEvent {
+    DeviceEvent event = nullptr;
+    std::string handle;
+  };
+  virtual absl::StatusOr<ExportedEvent> CreateEvent(int device) = 0;
+  virtual void DestroyEvent(int device, DeviceEvent event) = 0;
+};
+
+// One session's events on one device (RegisterCudaEvents): the client's,
+// which requests wait for, and the daemon's, which requests record.
+class EventPool {
+ public:
+  EventPool(DeviceMemoryOpener* opener, int device)
+      : opener_(opener), device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+ private:
+  friend class ShmRegistry;
+  friend class RegionScope;
+  DeviceMemoryOpener* const opener_;
+  const int device_;
+  std::vector<DeviceEvent> client_;
+  std::vector<DeviceEvent> daemon_;
+};
+
+// The events one request waits for and records (null: none).
+struct StreamOrder {
+  DeviceEvent wait = nullptr;
+  DeviceEvent signal = nullptr;
 };
 
 // Page-locks host memory for every CUDA device of the process, so that a
@@ -156,8 +198,11 @@ class ShmRegistry;
 class RegionScope {
  public:
   // `session_id`: the request's "mhc-session-id" (empty when absent);
-  // `local`: the request came over a unix socket.
-  RegionScope(ShmRegistry* registry, std::string session_id, bool local);
+  // `local`: the request came over a unix socket; `wait_event` and
+  // `signal_event`: its "mhc-wait-event" and "mhc-signal-event" (empty when
+  // absent).
+  RegionScope(ShmRegistry* registry, std::string session_id, bool local,
+              std::string wait_event = "", std::string signal_event = "");
   ~RegionScope();
   RegionScope(const RegionScope&) = delete;
   RegionScope& operator=(const RegionScope&) = delete;
@@ -166,6 +211,10 @@ class RegionScope {
   absl::StatusOr<RegionSpan> Acquire(const v1::SharedMemoryRef& ref,
                                      uint64_t bytes, bool output,
                                      absl::string_view field);
+  // The events the request names, on CUDA device `device` (-1: the
+  // request's layers are not on a CUDA device). The pool stays alive while
+  // this scope does.
+  absl::StatusOr<StreamOrder> Events(int device);
   // After the request ran: FAILED_PRECONDITION when a region's object was
   // truncated while the request used it (its results are not valid), seen
   // by a fault or by the object's size.
@@ -181,7 +230,10 @@ class RegionScope {
   ShmRegistry* const registry_;
   const std::string session_id_;
   const bool local_;
+  const std::string wait_event_;
+  const std::string signal_event_;
   std::vector<Use> uses_;
+  std::shared_ptr<EventPool> events_;
 };
 
 class ShmRegistry {
@@ -220,6 +272,16 @@ class ShmRegistry {
       const std::string& session_id, const std::string& name);
   absl::Status Status(const std::string& session_id, const std::string& name,
                       v1::SharedMemoryStatusResponse* response);
+  // Opens the client's events and makes as many of the daemon's (see
+  // RegisterCudaEventsRequest).
+  absl::Status RegisterEvents(const std::string& session_id,
+                              const v1::RegisterCudaEventsRequest& request,
+                              v1::RegisterCudaEventsResponse* response);
+  // The session's event pool on `device`.
+  absl::StatusOr<std::shared_ptr<EventPool>> FindEvents(
+      const std::string& session_id, int device);
+  // Client allocations mapped through CUDA IPC, and their bytes.
+  std::pair<int, uint64_t> MappedTotals() const;
 
   // The caller's region `name`, held for the caller (see in_use).
   absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& session_id,
@@ -237,6 +299,7 @@ class ShmRegistry {
     std::function<void()> cancel;
     std::map<std::string, std::shared_ptr<Region>> regions;
     uint64_t bytes = 0;
+    std::map<int, std::shared_ptr<EventPool>> events;  // by device
   };
 
   absl::StatusOr<Session*> FindSession(const std::string& id)
@@ -262,6 +325,10 @@ class ShmRegistry {
 
 // The metadata key that carries the session id.
 inline constexpr char kSessionMetadataKey[] = "mhc-session-id";
+// The metadata keys of stream-ordered requests: indices into the session's
+// events on the request's device (see shm.proto).
+inline constexpr char kWaitEventMetadataKey[] = "mhc-wait-event";
+inline constexpr char kSignalEventMetadataKey[] = "mhc-signal-event";
 
 }  // namespace mhc::server
 

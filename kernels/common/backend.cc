@@ -32,6 +32,24 @@ absl::StatusOr<CopyTicket> Backend::CopyToDeviceAsync(void* dst,
 
 absl::Status Backend::OpsWaitForCopy(CopyTicket) { return absl::OkStatus(); }
 
+absl::Status Backend::WaitForEvent(DeviceEvent) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ", Name(),
+                   " backend runs each op to completion; it has no "
+                   "stream to order with other processes' events"));
+}
+
+absl::Status Backend::RecordEvent(DeviceEvent event) {
+  return WaitForEvent(event);
+}
+
+absl::StatusOr<std::string> Backend::ExportMemory(void*) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", Name(),
+                   " backend's memory cannot be shared with other "
+                   "processes"));
+}
+
 absl::Status Backend::CopyToHostAsync(void* host_dst, const void* src,
                                       size_t bytes) {
   if (bytes == 0) return absl::OkStatus();

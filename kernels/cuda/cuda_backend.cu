@@ -145,6 +145,49 @@ absl::Status CudaBackend::Synchronize() {
   return SynchronizeStreams("synchronize");
 }
 
+absl::Status CudaBackend::WaitForEvent(DeviceEvent event) {
+  MHC_RETURN_IF_ERROR(Activate("wait for event"));
+  // Uploads read host memory only; the ops and the downloads behind them
+  // are what must follow the other process's work.
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0),
+      "wait for event", absl::StrCat("device ", device_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RecordEvent(DeviceEvent event) {
+  MHC_RETURN_IF_ERROR(Activate("record event"));
+  const std::string what = absl::StrCat("device ", device_);
+  // Downloads run on their own stream: the event must follow them too.
+  MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(ops_done_, download_stream_),
+                           "record event", what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, ops_done_, 0),
+                           "record event", what);
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), stream_), "record event",
+      what);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CheckDevice() {
+  MHC_RETURN_IF_ERROR(Activate("check device"));
+  const cudaError_t error = cudaStreamQuery(stream_);
+  if (error == cudaSuccess || error == cudaErrorNotReady) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(
+      "device ", device_, ": earlier work failed: ", cudaGetErrorName(error),
+      " (", cudaGetErrorString(error), ")"));
+}
+
+absl::StatusOr<std::string> CudaBackend::ExportMemory(void* base) {
+  MHC_RETURN_IF_ERROR(Activate("export memory"));
+  cudaIpcMemHandle_t handle;
+  MHC_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, base), "export memory",
+                           absl::StrCat("device ", device_));
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+}
+
 absl::StatusOr<CopyTicket> CudaBackend::CopyToDeviceAsync(void* dst,
                                                           const void* host_src,
                                                           size_t bytes) {

@@ -50,6 +50,10 @@ class CudaBackend final : public Backend {
                                size_t bytes) override;
   // CUDA events on this backend's stream (event_timer.cu).
   std::unique_ptr<DeviceTimer> MakeDeviceTimer() override;
+  absl::Status WaitForEvent(DeviceEvent event) override;
+  absl::Status RecordEvent(DeviceEvent event) override;
+  absl::Status CheckDevice() override;
+  absl::StatusOr<std::string> ExportMemory(void* base) override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
                         DType act_dtype) const override;
 

@@ -1,7 +1,12 @@
-// Kernel time as the device saw it: two events on the backend's stream,
-// without draining the stream before the first one (the host clock would
-// count launch latency and queueing instead).
+// Kernel time as the device saw it: a pair of events on the backend's stream
+// around each measured launch, without draining the stream before the first
+// one (the host clock would count launch latency and queueing instead) and
+// without waiting for the second (Poll reads only finished pairs), so that
+// timing every launch never holds the host.
+#include <deque>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common.cuh"
@@ -16,39 +21,81 @@ class EventTimer final : public DeviceTimer {
       : device_(device), stream_(stream) {}
   ~EventTimer() override {
     if (cudaSetDevice(device_) != cudaSuccess) return;
-    if (start_ != nullptr) cudaEventDestroy(start_);
-    if (stop_ != nullptr) cudaEventDestroy(stop_);
+    for (const Pair& pair : pending_) free_.push_back(pair);
+    if (open_.has_value()) free_.push_back(*open_);
+    for (const Pair& pair : free_) {
+      cudaEventDestroy(pair.start);
+      cudaEventDestroy(pair.stop);
+    }
   }
 
   void Start() override {
-    // A failure resurfaces from StopSeconds, which reports it.
-    start_error_ = Record(start_);
+    // A failure resurfaces from Stop, which reports it.
+    open_.reset();
+    start_error_ = cudaSetDevice(device_);
+    if (start_error_ != cudaSuccess) return;
+    if (free_.empty()) {
+      Pair pair;
+      start_error_ = cudaEventCreate(&pair.start);
+      if (start_error_ != cudaSuccess) return;
+      start_error_ = cudaEventCreate(&pair.stop);
+      if (start_error_ != cudaSuccess) {
+        cudaEventDestroy(pair.start);
+        return;
+      }
+      free_.push_back(pair);
+    }
+    open_ = free_.back();
+    free_.pop_back();
+    start_error_ = cudaEventRecord(open_->start, stream_);
   }
 
-  absl::StatusOr<double> StopSeconds() override {
+  absl::Status Stop() override {
     const std::string what = absl::StrCat("device ", device_);
-    MHC_CUDA_RETURN_IF_ERROR(start_error_, "timer start", what);
-    MHC_CUDA_RETURN_IF_ERROR(Record(stop_), "timer stop", what);
-    MHC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop_), "timer", what);
+    if (!open_.has_value() || start_error_ != cudaSuccess) {
+      if (open_.has_value()) free_.push_back(*open_);
+      open_.reset();
+      MHC_CUDA_RETURN_IF_ERROR(start_error_, "timer start", what);
+      return absl::FailedPreconditionError("timer: Stop without Start");
+    }
+    const Pair pair = *open_;
+    open_.reset();
+    const cudaError_t error = cudaEventRecord(pair.stop, stream_);
+    if (error != cudaSuccess) free_.push_back(pair);
+    MHC_CUDA_RETURN_IF_ERROR(error, "timer stop", what);
+    pending_.push_back(pair);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::optional<double>> Poll() override {
+    if (pending_.empty()) return std::optional<double>();
+    const std::string what = absl::StrCat("device ", device_);
+    MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "timer", what);
+    const Pair pair = pending_.front();
+    const cudaError_t done = cudaEventQuery(pair.stop);
+    if (done == cudaErrorNotReady) return std::optional<double>();
+    pending_.pop_front();
+    free_.push_back(pair);
+    MHC_CUDA_RETURN_IF_ERROR(done, "timer", what);
     float ms = 0;
-    MHC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_), "timer",
-                             what);
-    return ms * 1e-3;
+    MHC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, pair.start, pair.stop),
+                             "timer", what);
+    return std::optional<double>(ms * 1e-3);
   }
 
  private:
-  cudaError_t Record(cudaEvent_t& event) {
-    cudaError_t error = cudaSetDevice(device_);
-    if (error == cudaSuccess && event == nullptr) {
-      error = cudaEventCreate(&event);
-    }
-    return error == cudaSuccess ? cudaEventRecord(event, stream_) : error;
-  }
+  struct Pair {
+    cudaEvent_t start = nullptr;
+    cudaEvent_t stop = nullptr;
+  };
 
   const int device_;
   const cudaStream_t stream_;
-  cudaEvent_t start_ = nullptr;
-  cudaEvent_t stop_ = nullptr;
+  // Pairs are reused once read, so the pool grows only to the launches the
+  // device runs behind the host.
+  std::vector<Pair> free_;
+  std::deque<Pair> pending_;
+  std::optional<Pair> open_;
   cudaError_t start_error_ = cudaSuccess;
 };
 

@@ -213,6 +213,81 @@ TEST_F(ShmTest, SecondSessionCanNeitherSeeUseNorUnregister) {
   MHC_ASSERT_OK(client_->Pre(pre).status());
 }
 
+// The byte limits bound what travels in messages; a region bounds its own
+// tensors: an x over --max_tensor_bytes and --max_request_bytes runs through
+// shared memory with every output written there too, while the same x
+// inline is refused. (The limits still admit the layer's inline phi.)
+TEST_F(ShmTest, ByteLimitsCountInlineBytesOnly) {
+  StartDaemon(
+      {"--allow_shm", "--max_tensor_bytes=32768", "--max_request_bytes=40000"});
+  MHC_ASSERT_OK_AND_ASSIGN(auto session, client::Session::Open(*client_));
+  constexpr int64_t kM = 64;
+  const std::vector<std::pair<std::string, uint64_t>> outputs = {
+      {"y", kM * kC * 4},
+      {"h_pre", kM * kN * 4},
+      {"h_post", kM * kN * 4},
+      {"h_res", kM * kN * kN * 4}};
+  uint64_t end = XBytes(kM);
+  v1::PreRequest pre;
+  pre.set_layer("l");
+  *pre.mutable_x() = XRef("big", 0, kM);
+  for (const auto& [name, bytes] : outputs) {
+    v1::SharedMemoryRef& ref = (*pre.mutable_output_regions())[name];
+    ref.set_region("big");
+    ref.set_offset(end);
+    ref.set_byte_size(bytes);
+    end += bytes;
+  }
+  auto object = Object(end);
+  ASSERT_NE(object, nullptr);
+  client::HostTensor x = RandomF32({kM, kN, kC});
+  std::memcpy(object->data(), x.data(), x.bytes.size());
+  MHC_ASSERT_OK(client_->RegisterSystemSharedMemory("big", object->key(), 0,
+                                                    object->size()));
+  MHC_ASSERT_OK(client_->Pre(pre).status());
+
+  v1::PreRequest inline_x = pre;
+  inline_x.clear_output_regions();
+  *inline_x.mutable_x() = client::ToTensorRef(x);
+  absl::StatusOr<v1::PreResponse> refused = client_->Pre(inline_x);
+  EXPECT_EQ(refused.status().code(), Code::kResourceExhausted);
+  EXPECT_TRUE(
+      absl::StrContains(refused.status().message(), "--max_tensor_bytes"))
+      << refused.status();
+}
+
+// Stream order and mapped layer memory exist only for CUDA devices: on a
+// host backend each is refused with a message that says why, and the
+// request changes nothing.
+TEST_F(ShmTest, StreamOrderAndLayerMemoryNeedACudaDevice) {
+  MHC_ASSERT_OK_AND_ASSIGN(auto session, client::Session::Open(*client_));
+  absl::StatusOr<std::vector<std::string>> events =
+      client_->RegisterCudaEvents(0, {std::string(64, '\0')});
+  EXPECT_EQ(events.status().code(), Code::kFailedPrecondition)
+      << events.status();
+  absl::StatusOr<v1::LayerMemory> memory = client_->MapLayerMemory("l");
+  EXPECT_EQ(memory.status().code(), Code::kFailedPrecondition)
+      << memory.status();
+  EXPECT_TRUE(absl::StrContains(memory.status().message(), "Get/SetParameters"))
+      << memory.status();
+
+  auto object = Object(XBytes(2));
+  ASSERT_NE(object, nullptr);
+  MHC_ASSERT_OK(client_->RegisterSystemSharedMemory("a", object->key(), 0,
+                                                    object->size()));
+  v1::PreRequest pre;
+  pre.set_layer("l");
+  *pre.mutable_x() = XRef("a", 0, 2);
+  client_->set_stream_order({/*wait_event=*/0, /*signal_event=*/0});
+  absl::StatusOr<v1::PreResponse> ordered = client_->Pre(pre);
+  EXPECT_EQ(ordered.status().code(), Code::kFailedPrecondition)
+      << ordered.status();
+  EXPECT_TRUE(absl::StrContains(ordered.status().message(), "mhc-wait-event"))
+      << ordered.status();
+  client_->set_stream_order({});
+  MHC_ASSERT_OK(client_->Pre(pre).status());
+}
+
 struct Hostile {
   std::string name;
   Code code;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -60,14 +61,25 @@ inline constexpr int kNumOpKinds = 16;
 absl::string_view OpFamilyName(OpKind op);
 absl::string_view OpDirectionName(OpKind op);
 
-// Device time of the work a backend issues between Start and StopSeconds
-// (CUDA events on a GPU stream). Used by one caller at a time.
+// Device time of the work a backend issues between Start and Stop (CUDA
+// events on a GPU stream). Measurements finish in the order they were
+// stopped, and reading them never waits for the device, so timing every
+// launch adds no host synchronization. Used by one caller at a time.
 class DeviceTimer {
  public:
   virtual ~DeviceTimer() = default;
   virtual void Start() = 0;
-  virtual absl::StatusOr<double> StopSeconds() = 0;
+  // Ends the measurement begun by Start; Poll returns its seconds once the
+  // device has done the work.
+  virtual absl::Status Stop() = 0;
+  // Seconds of the oldest stopped measurement not yet returned, or nullopt
+  // while the device still runs it (or none is pending).
+  virtual absl::StatusOr<std::optional<double>> Poll() = 0;
 };
+
+// An event of the device's own kind (cudaEvent_t on CUDA), created or opened
+// by the caller; backends only wait for and record it on their stream.
+using DeviceEvent = void*;
 
 // Names one CopyToDeviceAsync of a backend; tickets grow in queue order.
 using CopyTicket = int64_t;
@@ -124,6 +136,22 @@ class Backend {
   // A timer of this backend's device work, or null when the host clock
   // around a call is exact (backends whose ops return when they are done).
   virtual std::unique_ptr<DeviceTimer> MakeDeviceTimer() { return nullptr; }
+
+  // Stream order with other processes (CUDA IPC events). Work issued after
+  // WaitForEvent starts once `event`, as last recorded before the call, has
+  // completed; RecordEvent records `event` after all work issued so far,
+  // copies included. Backends whose ops finish before they return have
+  // nothing to order and refuse both (FAILED_PRECONDITION).
+  virtual absl::Status WaitForEvent(DeviceEvent event);
+  virtual absl::Status RecordEvent(DeviceEvent event);
+  // Whether work issued earlier failed on the device, without waiting for
+  // it: OK while it runs or succeeded. An error here is sticky on CUDA
+  // (the context is lost) and fails every later request of the device.
+  virtual absl::Status CheckDevice() { return absl::OkStatus(); }
+  // The handle another process on this node opens to use the allocation
+  // that starts at `base` (returned by Allocate): a 64-byte
+  // cudaIpcMemHandle_t on CUDA. Host backends have none (UNIMPLEMENTED).
+  virtual absl::StatusOr<std::string> ExportMemory(void* base);
 
   // Scratch bytes `op` needs for this spec, token count and dtype.
   virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,
