@@ -3,7 +3,8 @@
 # one relocatable folder: for running the daemon, mhcctl, the GPU tests and
 # benchmarks on a GPU machine that has the NVIDIA driver but none of the
 # build's libraries (gRPC, Abseil, protobuf, prometheus-cpp, GoogleTest).
-# Run the binaries there with LD_LIBRARY_PATH=OUT/lib.
+# Run the binaries there with LD_LIBRARY_PATH=OUT/lib; Python clients add
+# OUT/python to PYTHONPATH beside client/python.
 #
 #   scripts/bundle.sh BUILD_DIR OUT_DIR
 set -euo pipefail
@@ -23,6 +24,7 @@ binaries=(
   tests/server/server_cuda_shm_test
   bench/mhc_rpc_bench
   bench/mhc_gpu_bench
+  client/cpp/stream_ordered_step
 )
 for binary in "${binaries[@]}"; do
   if [[ -x "${build}/${binary}" ]]; then
@@ -38,6 +40,12 @@ for binary in "${out}"/bin/*; do
 done | sort -u | grep -Ev "${system}" | while read -r library; do
   cp -L "${library}" "${out}/lib/"
 done
+# The Python client's generated gRPC modules: with client/python and
+# OUT/python on PYTHONPATH, mhc_client imports without a build there.
+if [[ -d "${build}/client/python/mhc_client/_pb" ]]; then
+  mkdir -p "${out}/python/mhc_client"
+  cp -r "${build}/client/python/mhc_client/_pb" "${out}/python/mhc_client/"
+fi
 # Symbols only make the folder larger; backtraces keep function names.
 strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
 echo "bundle: $(ls "${out}/bin" | wc -l) binaries, $(ls "${out}/lib" | wc -l) libraries, $(du -sh "${out}" | cut -f1)"

@@ -4,9 +4,10 @@
 # racecheck on a subset, the CUDA IPC test across two processes, page-locked
 # host shared memory (in process, and through mhcd --backend=cuda against
 # inline and single ops), the daemon on the GPU driven by mhcctl (inline and
-# shared memory), and the inline/shared-memory RPC benchmark on the GPU with
-# and without page locks. Logs go to LOG_DIR (default: the current
-# directory); the exit code counts failures.
+# shared memory) and by the stream-ordered C++ example, and the
+# inline/shared-memory RPC benchmark on the GPU with and without page locks.
+# Logs go to LOG_DIR (default: the current directory); the exit code counts
+# failures.
 #
 #   scripts/gpu_check.sh BUNDLE_DIR [LOG_DIR]
 set -uo pipefail
@@ -18,18 +19,8 @@ export LD_LIBRARY_PATH="${bundle}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
 bin="${bundle}/bin"
 failures=0
 
-step() {  # step NAME COMMAND...: runs it, keeps its log, counts a failure
-  local name="$1"
-  shift
-  local start=${SECONDS}
-  if "$@" >"${logs}/${name}.log" 2>&1; then
-    echo "PASS ${name} ($((SECONDS - start)) s)"
-  else
-    echo "FAIL ${name} ($((SECONDS - start)) s): tail of ${name}.log"
-    tail -n 15 "${logs}/${name}.log"
-    failures=$((failures + 1))
-  fi
-}
+# shellcheck source=scripts/step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
@@ -72,6 +63,9 @@ step run_fp32_te "${ctl[@]}" run --tokens=1000 --hidden=1536 --dtype=fp32 \
 step run_megatron_odd "${ctl[@]}" run --tokens=137 --hidden=5129 \
   --preset=megatron --dtype=fp16
 step run_shm "${ctl[@]}" run --tokens=2048 --hidden=4096 --shm
+# Stream-ordered calls with the layer's memory mapped in place (C++ client).
+step stream_ordered_step "${bin}/stream_ordered_step" \
+  --address="unix:${work}/mhcd.sock" --tokens=4096 --hidden=4096 --steps=10
 metrics="$(sed -n 's|^mhcd: metrics on \(http://[^ ]*\)|\1|p' "${logs}/mhcd.log")"
 if [[ -n "${metrics}" ]] && command -v curl >/dev/null; then
   curl -s "${metrics}" >"${logs}/metrics.txt"

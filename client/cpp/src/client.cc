@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "mhc/status.h"
 
 namespace mhc::client {
 
@@ -76,6 +77,14 @@ void Client::Prepare(grpc::ClientContext& context) const {
                        absl::ToChronoMilliseconds(options_.timeout));
   if (!session_id_.empty()) {
     context.AddMetadata("mhc-session-id", session_id_);
+  }
+  if (stream_order_.wait_event >= 0) {
+    context.AddMetadata("mhc-wait-event",
+                        absl::StrCat(stream_order_.wait_event));
+  }
+  if (stream_order_.signal_event >= 0) {
+    context.AddMetadata("mhc-signal-event",
+                        absl::StrCat(stream_order_.signal_event));
   }
 }
 
@@ -275,6 +284,27 @@ Client::UnregisterSharedMemory(const std::string& name) {
   return Call<v1::UnregisterSharedMemoryRequest,
               v1::UnregisterSharedMemoryResponse>(
       &v1::Mhc::Stub::UnregisterSharedMemory, r);
+}
+
+absl::StatusOr<std::vector<std::string>> Client::RegisterCudaEvents(
+    int device_id, const std::vector<std::string>& raw_handles) {
+  v1::RegisterCudaEventsRequest r;
+  r.set_device_id(device_id);
+  for (const std::string& handle : raw_handles) r.add_raw_handles(handle);
+  MHC_ASSIGN_OR_RETURN(
+      v1::RegisterCudaEventsResponse response,
+      (Call<v1::RegisterCudaEventsRequest, v1::RegisterCudaEventsResponse>(
+          &v1::Mhc::Stub::RegisterCudaEvents, r)));
+  return std::vector<std::string>(response.raw_handles().begin(),
+                                  response.raw_handles().end());
+}
+
+absl::StatusOr<v1::LayerMemory> Client::MapLayerMemory(
+    const std::string& layer) {
+  v1::MapLayerMemoryRequest r;
+  r.set_layer(layer);
+  return Call<v1::MapLayerMemoryRequest, v1::LayerMemory>(
+      &v1::Mhc::Stub::MapLayerMemory, r);
 }
 
 absl::StatusOr<v1::SharedMemoryStatusResponse> Client::SharedMemoryStatus(

@@ -35,6 +35,16 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // such as "dns:///host:port"); returns the gRPC target string.
 absl::StatusOr<std::string> NormalizeAddress(absl::string_view address);
 
+// Stream order of compute calls (see shm.proto): indices into the session's
+// events on the layers' device, -1 for none. With a signal event the daemon
+// answers once the work is queued; the caller's stream must wait for the
+// daemon's event `signal_event` before it reads an output or reuses an
+// input.
+struct StreamOrder {
+  int wait_event = -1;
+  int signal_event = -1;
+};
+
 class Client {
  public:
   // Creates the channel; does not wait for the daemon (see WaitForReady).
@@ -55,6 +65,9 @@ class Client {
   const std::string& session_id() const { return session_id_; }
   void set_session_id(std::string id) { session_id_ = std::move(id); }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // Sent with every later call (compute calls use it) until set again;
+  // StreamOrder{} sends none.
+  void set_stream_order(StreamOrder order) { stream_order_ = order; }
 
   // grpc.health.v1 Check: "SERVING", "NOT_SERVING", "UNKNOWN", ...
   absl::StatusOr<std::string> Health(const std::string& service = "");
@@ -76,6 +89,8 @@ class Client {
       const std::string& layer);
   absl::StatusOr<v1::LayerInfo> ConvertLayout(const std::string& layer,
                                               v1::Layout layout);
+  // The layer's parameters and gradients as one CUDA IPC allocation.
+  absl::StatusOr<v1::LayerMemory> MapLayerMemory(const std::string& layer);
 
   absl::StatusOr<v1::ProjectionResponse> Projection(
       const v1::ProjectionRequest& r);
@@ -124,6 +139,10 @@ class Client {
       const std::string& name);
   absl::StatusOr<v1::SharedMemoryStatusResponse> SharedMemoryStatus(
       const std::string& name = "");
+  // Opens the session's events (cudaIpcEventHandle_t each) on `device_id`;
+  // returns the daemon's, as many.
+  absl::StatusOr<std::vector<std::string>> RegisterCudaEvents(
+      int device_id, const std::vector<std::string>& raw_handles);
 
  private:
   Client(std::string target, ClientOptions options,
@@ -138,6 +157,7 @@ class Client {
   std::string target_;
   ClientOptions options_;
   std::string session_id_;
+  StreamOrder stream_order_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Mhc::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
