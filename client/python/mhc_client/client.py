@@ -241,13 +241,18 @@ class Client:
                 f"could not connect to {self.target} within {timeout:g}s"
             ) from None
 
-    def _metadata(self) -> Optional[List[Tuple[str, str]]]:
+    def _metadata(self, extra: Sequence[Tuple[str, str]] = ()
+                  ) -> Optional[List[Tuple[str, str]]]:
+        metadata = list(extra)
         if self._session is not None and self._session.id:
-            return [(SESSION_METADATA_KEY, self._session.id)]
-        return None
+            metadata.append((SESSION_METADATA_KEY, self._session.id))
+        return metadata or None
 
     def _call(self, rpc: str, request: Any, *, timeout: Optional[float] = None,
-              retry: bool = False, stub: Any = None) -> Any:
+              retry: bool = False, stub: Any = None,
+              metadata: Sequence[Tuple[str, str]] = ()) -> Any:
+        """Calls `rpc`; `metadata` goes out next to the session id (e.g. the
+        stream-order events of :mod:`mhc_client.cuda_events`)."""
         method: Callable[..., Any] = getattr(stub or self._stub, rpc)
         attempts = self.retries if retry else 1
         delay = 0.05
@@ -255,7 +260,7 @@ class Client:
             try:
                 return method(request,
                               timeout=self.timeout if timeout is None else timeout,
-                              metadata=self._metadata())
+                              metadata=self._metadata(metadata))
             except grpc.RpcError as error:
                 code = error.code() if hasattr(error, "code") else None
                 if code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
@@ -378,6 +383,16 @@ class Client:
         request = layer_pb2.ConvertLayoutRequest(
             layer=layer, layout=enum_value("layout", layout))
         return LayerInfo.from_proto(self._call("ConvertLayout", request))
+
+    def map_layer_memory(self, layer: str) -> layer_pb2.LayerMemory:
+        """The layer's parameters and gradients as one CUDA IPC allocation
+        (the proto message: raw_handle, device_id, byte_size, parameters and
+        gradients by name as TensorSlice, generation). Only for CUDA layers
+        over a unix socket with --allow_shm; :class:`mhc_client.torch.MhcLayer`
+        uses it to keep its parameters in place."""
+        return self._call("MapLayerMemory",
+                          layer_pb2.MapLayerMemoryRequest(layer=layer),
+                          retry=True)
 
     # ------------------------------------------------------------ compute
 
@@ -660,6 +675,17 @@ class Client:
                                   name=name, raw_handle=raw_handle,
                                   device_id=device_id, byte_size=byte_size))
         return int(response.byte_size)
+
+    def register_cuda_events(self, device_id: int,
+                             raw_handles: Sequence[bytes]) -> List[bytes]:
+        """Registers this process's interprocess events on `device_id` with
+        the session; returns as many of the daemon's (see
+        :mod:`mhc_client.cuda_events`)."""
+        response = self._call("RegisterCudaEvents",
+                              shm_pb2.RegisterCudaEventsRequest(
+                                  device_id=device_id,
+                                  raw_handles=list(raw_handles)))
+        return [bytes(h) for h in response.raw_handles]
 
     def unregister_shared_memory(self, name: str = "") -> List[str]:
         """Unregisters one region, or all of the session's (name empty)."""

@@ -14,23 +14,33 @@ the POSIX object; the same happens when the Session or Region is garbage
 collected, and the daemon drops a session's regions by itself when the
 stream ends (e.g. this process dies).
 
-CUDA tensors (torch) are shared with :func:`cuda_ipc_handle` /
-:meth:`Session.register_cuda_tensor`: the handle names the allocation that
-holds the tensor's storage, so the region covers the allocation up to the
-end of the storage and the tensor's offset inside it is carried by the
-TensorRef.
+CUDA tensors (torch) are shared with :meth:`Session.register_cuda_tensor`:
+one region per CUDA allocation (a segment of torch's caching allocator),
+registered whole the first time a tensor inside it is used and reused for
+every tensor in it at any offset. Allocations are told apart by the
+driver's buffer id, so a segment freed and allocated again at the same
+address is registered anew (and the old region unregistered), never read
+through a stale mapping. The cache is bounded below the session's region
+quota: the least recently used allocation is unregistered to make room.
+
+Host tensors in transit (the torch layer's CPU path) go through the
+session's :class:`HostArena`, one region that grows geometrically and is
+registered again only when it grows.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import mmap
 import os
 import queue
 import threading
+import time
 import weakref
-from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+from typing import (Any, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import grpc
 import numpy as np
@@ -196,12 +206,13 @@ class Region:
 
 
 class CudaRegion(NamedTuple):
-    """A registered CUDA allocation (see :func:`cuda_ipc_handle`)."""
+    """A registered CUDA allocation (see :meth:`Session.register_cuda_tensor`)."""
 
     name: str
     device: int
     base: int        # device address of the allocation's start
     byte_size: int
+    buffer_id: int = 0  # the driver's id of the allocation
 
 
 class CudaIpcHandle(NamedTuple):
@@ -211,48 +222,63 @@ class CudaIpcHandle(NamedTuple):
     device: int          # CUDA ordinal
     base: int            # device address of the allocation's start
     offset: int          # byte offset of the tensor's first element in it
-    region_bytes: int    # allocation bytes up to the end of the storage
+    region_bytes: int    # bytes of the whole allocation
 
 
 def cuda_ipc_handle(tensor: Any) -> CudaIpcHandle:
     """The IPC handle of a torch CUDA tensor's allocation and its offset.
 
-    torch's caching allocator carves storages out of larger allocations;
-    the handle names the allocation, so the storage's own offset in it and
-    the tensor's storage offset are added up here.
+    torch's caching allocator carves tensors out of larger allocations; the
+    handle names the allocation, and the tensor's offset in it is its
+    address minus the allocation's start.
     """
     import torch
 
+    from . import cuda_ipc
+
     if not (isinstance(tensor, torch.Tensor) and tensor.is_cuda):
         raise errors.InvalidArgument("cuda_ipc_handle: expected a CUDA tensor")
-    storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
-               else tensor.storage()._untyped())
-    shared = storage._share_cuda_()
-    device, handle, storage_bytes, storage_offset = shared[:4]
-    handle = _raw_ipc_handle(bytes(handle))
-    offset = int(storage_offset) + tensor.storage_offset() * tensor.element_size()
-    base = storage.data_ptr() - int(storage_offset)
-    return CudaIpcHandle(handle=handle, device=int(device), base=base,
-                         offset=offset,
-                         region_bytes=int(storage_offset) + int(storage_bytes))
+    ptr = tensor.data_ptr()
+    allocation = cuda_ipc.allocation_of(ptr)
+    device = tensor.device.index
+    with torch.cuda.device(device):
+        handle = cuda_ipc.ipc_mem_handle(allocation.base)
+    return CudaIpcHandle(handle=handle, device=device, base=allocation.base,
+                         offset=ptr - allocation.base,
+                         region_bytes=allocation.size)
 
 
-def _raw_ipc_handle(handle: bytes) -> bytes:
-    """The 64-byte cudaIpcMemHandle_t inside torch's shareable handle.
+class HostArena:
+    """The session's region for host tensors in transit.
 
-    torch 1.x returns the raw handle; torch 2.x prefixes a format version
-    byte and a kind byte ("c" for a cudaMalloc block). Blocks of expandable
-    segments ("e") have no cudaIpcMemHandle_t.
+    One region, grown geometrically (registered anew only when it grows),
+    handed out whole to one request at a time: hold :attr:`lock` from
+    :meth:`reserve` until the request's outputs were read.
     """
-    if len(handle) == 64:
-        return handle
-    kind_at = len(handle) - 65
-    if kind_at >= 0 and handle[kind_at:kind_at + 1] == b"c":
-        return handle[kind_at + 1:]
-    raise errors.FailedPrecondition(
-        "CUDA IPC: this allocation has no cudaIpcMemHandle_t (expandable "
-        "segments?); run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
-        "or use transport='inline'")
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, session: "Session") -> None:
+        self.session = session
+        self.lock = threading.Lock()
+        self.region: Optional[Region] = None
+        self.growths = 0
+
+    def reserve(self, nbytes: int) -> Region:
+        """The arena's region, at least `nbytes` long."""
+        current = self.region
+        if current is not None and not current.closed and current.byte_size >= nbytes:
+            return current
+        grown = max(self.MIN_BYTES, 2 * (current.byte_size if current else 0))
+        if self.session.max_bytes:
+            grown = min(grown, self.session.max_bytes)
+        size = -(-max(nbytes, grown) // self.MIN_BYTES) * self.MIN_BYTES
+        self.region = None
+        if current is not None:
+            current.close()
+        self.region = self.session.create_region(f"arena{next(_counter)}", size)
+        self.growths += 1
+        return self.region
 
 
 class Session:
@@ -269,9 +295,20 @@ class Session:
         self.key_prefix = key_prefix
         self.closed = False
         self._regions: Dict[str, Region] = {}
-        self._cuda: Dict[Tuple[int, bytes], CudaRegion] = {}
-        # Superseded CUDA regions, still registered (see register_cuda_tensor).
-        self._cuda_retired: List[CudaRegion] = []
+        # CUDA allocations by buffer id, least recently used first.
+        self._cuda: "collections.OrderedDict[int, CudaRegion]" = \
+            collections.OrderedDict()
+        self._cuda_at: Dict[Tuple[int, int], int] = {}  # (device, base) -> id
+        # Evicted regions whose unregistration the daemon refused while a
+        # request used them; retried before each registration.
+        self._cuda_parked: List[str] = []
+        # Buffer ids named by requests being built (never evicted meanwhile).
+        self._cuda_pins: Dict[int, Set[int]] = {}
+        self._cuda_lock = threading.RLock()
+        self._event_pools: Dict[int, Any] = {}  # device -> EventPool or None
+        self._arena: Optional[HostArena] = None
+        self.cuda_registrations = 0
+        self.cuda_unregistrations = 0
         self._lock = threading.Lock()
         self._stop: "queue.Queue[None]" = queue.Queue()
         self._stream = client._stub.OpenSession(self._requests())
@@ -402,8 +439,8 @@ class Session:
         An output in a CUDA region has no host view: the daemon wrote into
         the caller's device tensor, and its TensorRef comes back as is.
         """
-        if any(ref.shm.region == r.name
-               for r in [*self._cuda.values(), *self._cuda_retired]):
+        if ref.shm.region not in self._regions and \
+                ref.shm.region in self.cuda_region_names():
             return ref
         region = self._regions.get(ref.shm.region)
         if region is None:
@@ -418,39 +455,129 @@ class Session:
 
     # --------------------------------------------------------------- CUDA
 
-    def register_cuda_tensor(self, tensor: Any) -> Tuple[CudaRegion, int]:
-        """Registers (once per allocation) the memory holding `tensor`.
+    @property
+    def cuda_capacity(self) -> int:
+        """How many CUDA allocations stay registered at most: the session's
+        region quota less a margin and the host regions."""
+        margin = max(1, min(8, self.max_regions // 8))
+        return max(1, self.max_regions - margin - len(self._regions))
 
-        Returns the region and the tensor's byte offset in it. Each
-        allocation is registered once, whole (the daemon sizes it), and
-        cached by handle: torch's caching allocator reuses allocations, so a
-        training loop registers each of them once. When the allocator hands
-        out a new allocation under a handle seen before, it is registered
-        anew and the old region stays registered until forget_cuda() or the
-        session's end, because refs built earlier in the same request may
-        still name it.
+    def cuda_region_names(self) -> Set[str]:
+        with self._cuda_lock:
+            return {r.name for r in self._cuda.values()} | set(self._cuda_parked)
+
+    @contextlib.contextmanager
+    def pinned_cuda_regions(self) -> Iterator[Set[int]]:
+        """A set to pass as ``pins`` to :meth:`register_cuda_tensor` while
+        building one request: the allocations it names are not evicted to
+        make room for others of the same request."""
+        pins: Set[int] = set()
+        with self._cuda_lock:
+            self._cuda_pins[id(pins)] = pins
+        try:
+            yield pins
+        finally:
+            with self._cuda_lock:
+                self._cuda_pins.pop(id(pins), None)
+
+    def register_cuda_tensor(self, tensor: Any, pins: Optional[Set[int]] = None
+                             ) -> Tuple[CudaRegion, int]:
+        """The region holding `tensor` and the tensor's byte offset in it.
+
+        The allocation holding the tensor is registered whole the first
+        time and reused afterwards (one driver query per call); see the
+        module docstring for when regions are unregistered.
         """
-        self._check_open()
-        ipc = cuda_ipc_handle(tensor)
-        key = (ipc.device, ipc.handle)
-        cached = self._cuda.get(key)
-        if cached is not None and cached.base == ipc.base and \
-                ipc.region_bytes <= cached.byte_size:
-            return cached, ipc.offset
-        name = f"cuda{ipc.device}_{next(_counter)}"
-        registered = self._client.register_cuda_shared_memory(
-            name, ipc.handle, ipc.device, 0)
-        region = CudaRegion(name, ipc.device, ipc.base, registered)
-        if cached is not None:
-            self._cuda_retired.append(cached)
-        self._cuda[key] = region
-        return region, ipc.offset
+        from . import cuda_ipc
 
-    def cuda_tensor_ref(self, tensor: Any) -> tensor_pb2.TensorRef:
+        self._check_open()
+        ptr = tensor.data_ptr()
+        allocation = cuda_ipc.allocation_of(ptr)
+        with self._cuda_lock:
+            region = self._cuda.get(allocation.buffer_id)
+            if region is None:
+                region = self._register_allocation(allocation, tensor.device.index)
+            else:
+                self._cuda.move_to_end(allocation.buffer_id)
+            if pins is not None:
+                pins.add(allocation.buffer_id)
+        return region, ptr - region.base
+
+    def _register_allocation(self, allocation: Any, device: int) -> CudaRegion:
+        import torch
+
+        from . import cuda_ipc
+
+        # Another allocation at this address means the old one was freed.
+        stale = self._cuda_at.get((device, allocation.base))
+        if stale is not None and stale != allocation.buffer_id:
+            self._evict(stale)
+        self._make_room()
+        with torch.cuda.device(device):
+            handle = cuda_ipc.ipc_mem_handle(allocation.base)
+        name = f"cuda{device}_{allocation.buffer_id}"
+        try:
+            registered = self._client.register_cuda_shared_memory(
+                name, handle, device, 0)
+        except errors.AlreadyExists:  # left over from a failed unregistration
+            self._unregister_name(name)
+            registered = self._client.register_cuda_shared_memory(
+                name, handle, device, 0)
+        region = CudaRegion(name, device, allocation.base, registered,
+                            allocation.buffer_id)
+        self._cuda[allocation.buffer_id] = region
+        self._cuda_at[(device, allocation.base)] = allocation.buffer_id
+        self.cuda_registrations += 1
+        return region
+
+    def _make_room(self) -> None:
+        """Unregisters least recently used allocations until one more fits."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            self._retry_parked()
+            if len(self._cuda) + len(self._cuda_parked) < self.cuda_capacity:
+                return
+            pinned = set().union(*self._cuda_pins.values()) if self._cuda_pins else set()
+            victim = next((b for b in self._cuda if b not in pinned), None)
+            if victim is not None:
+                self._evict(victim)
+                continue
+            if not self._cuda_parked or time.monotonic() > deadline:
+                raise errors.ResourceExhausted(
+                    f"CUDA regions: {len(self._cuda)} allocations are named by "
+                    f"requests in progress and {len(self._cuda_parked)} are "
+                    f"still in use, the most this session holds "
+                    f"({self.cuda_capacity} of --shm_max_regions_per_session "
+                    f"{self.max_regions})")
+            time.sleep(0.01)
+
+    def _evict(self, buffer_id: int) -> None:
+        region = self._cuda.pop(buffer_id)
+        if self._cuda_at.get((region.device, region.base)) == buffer_id:
+            del self._cuda_at[(region.device, region.base)]
+        self._unregister_name(region.name)
+
+    def _unregister_name(self, name: str) -> None:
+        try:
+            self._client.unregister_shared_memory(name)
+            self.cuda_unregistrations += 1
+        except errors.FailedPrecondition:  # in use by a running request
+            if name not in self._cuda_parked:
+                self._cuda_parked.append(name)
+        except errors.NotFound:
+            pass
+
+    def _retry_parked(self) -> None:
+        parked, self._cuda_parked = self._cuda_parked, []
+        for name in parked:
+            self._unregister_name(name)
+
+    def cuda_tensor_ref(self, tensor: Any, pins: Optional[Set[int]] = None
+                        ) -> tensor_pb2.TensorRef:
         """A TensorRef naming a contiguous torch CUDA tensor in place."""
         if not tensor.is_contiguous():
             raise errors.InvalidArgument("cuda_tensor_ref: tensor not contiguous")
-        region, offset = self.register_cuda_tensor(tensor)
+        region, offset = self.register_cuda_tensor(tensor, pins)
         code = _torch_dtype_code(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         return tensor_pb2.TensorRef(
@@ -458,18 +585,42 @@ class Session:
             shm=tensor_pb2.SharedMemoryRef(region=region.name, offset=offset,
                                            byte_size=nbytes))
 
-    def cuda_output_ref(self, tensor: Any) -> tensor_pb2.SharedMemoryRef:
+    def cuda_output_ref(self, tensor: Any, pins: Optional[Set[int]] = None
+                        ) -> tensor_pb2.SharedMemoryRef:
         """An ``out=`` destination for a contiguous torch CUDA tensor."""
-        ref = self.cuda_tensor_ref(tensor)
-        return ref.shm
+        return self.cuda_tensor_ref(tensor, pins).shm
 
     def forget_cuda(self) -> None:
-        """Unregisters every CUDA allocation (e.g. after empty_cache())."""
-        for region in [*self._cuda.values(), *self._cuda_retired]:
-            if not self.closed:
-                self._client.unregister_shared_memory(region.name)
-        self._cuda.clear()
-        self._cuda_retired.clear()
+        """Unregisters every CUDA allocation of the session."""
+        with self._cuda_lock:
+            for buffer_id in list(self._cuda):
+                self._evict(buffer_id)
+            self._retry_parked()
+
+    def cuda_events(self, device: int) -> Any:
+        """The session's :class:`~mhc_client.cuda_events.EventPool` for
+        `device`, registered with the daemon on first use; None when the
+        daemon does not take events (it then answers after the work)."""
+        pool = self._event_pools.get(device, self)
+        if pool is not self:
+            return pool
+        from .cuda_events import EventPool
+
+        with self._cuda_lock:
+            if device not in self._event_pools:
+                self._check_open()
+                try:
+                    self._event_pools[device] = EventPool(self._client, device)
+                except (errors.Unimplemented, errors.FailedPrecondition):
+                    self._event_pools[device] = None
+            return self._event_pools[device]
+
+    def host_arena(self) -> HostArena:
+        """The session's arena for host tensors in transit."""
+        with self._lock:
+            if self._arena is None:
+                self._arena = HostArena(self)
+            return self._arena
 
     # -------------------------------------------------------------- close
 
@@ -489,7 +640,12 @@ class Session:
             if getattr(region, "_owns_object", True):
                 region.object.close()
         self._regions.clear()
-        self._cuda.clear()
+        with self._cuda_lock:
+            self._cuda.clear()
+            self._cuda_at.clear()
+            self._cuda_parked.clear()
+            self._event_pools.clear()
+        self._arena = None
         self._client._forget_session(self)
 
 

@@ -178,7 +178,8 @@ def test_single_kernels_compose_to_pre(client, layer_name, rng):
 
 
 def test_expand_and_head(client, layer_name, rng):
-    spec = client.create_layer(layer_name, 7, n=4, kind="head", seed=6).spec
+    spec = client.create_layer(layer_name, 7, n=4, kind="head", seed=6,
+                               matmul_precision="ieee").spec
     params = _params(client, layer_name)
     assert params["phi"].shape == (4, 28) and params["alpha"].shape == (1,)
     x = _x(rng, spec, (6,))

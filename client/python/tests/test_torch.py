@@ -17,7 +17,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _twin_grads(layer: MhcLayer, x: torch.Tensor, sub: nn.Module, upstream: torch.Tensor):
-    params = {k: getattr(layer, k).detach().double().requires_grad_() for k in layer.param_names}
+    params = {k: getattr(layer, k).detach().cpu().double().requires_grad_()
+              for k in layer.param_names}
     sub64 = nn.Linear(sub.in_features, sub.out_features).double()
     sub64.load_state_dict({k: v.double() for k, v in sub.state_dict().items()})
     x64 = x.detach().double().requires_grad_()
@@ -52,16 +53,20 @@ def test_layer_gradients_match_eager_autograd(client, preset, extra):
         assert _rel(out, want_out) <= 1e-5
         assert _rel(x.grad, want_dx) <= 1e-5
         for name, grad in want_params.items():
-            assert _rel(getattr(layer, name).grad, grad) <= 1e-4, name
+            assert _rel(getattr(layer, name).grad.cpu(), grad) <= 1e-4, name
         assert _rel(sub.weight.grad, want_sub) <= 1e-5
-        # The daemon's accumulators were handed over and zeroed.
-        assert client.get_gradients(layer.layer_name).tokens == 0
+        if not layer.parameters_in_place:
+            # The daemon's accumulators were handed over and zeroed.
+            assert client.get_gradients(layer.layer_name).tokens == 0
     finally:
         layer.close()
 
 
 def test_optimizer_step_reaches_the_daemon(client):
-    layer = MhcLayer(client, 8, n=2, sublayer=nn.Tanh(), seed=2)
+    # Mirror mode (a local CUDA daemon would keep the parameters in place:
+    # test_torch_cuda.py).
+    layer = MhcLayer(client, 8, n=2, sublayer=nn.Tanh(), seed=2,
+                     parameters_in_place=False)
     try:
         opt = torch.optim.SGD(layer.parameters(), lr=0.5)
         x = torch.randn(4, 2, 8)
@@ -81,8 +86,10 @@ def test_optimizer_step_reaches_the_daemon(client):
 
 def test_manual_gradient_sync_accumulates_micro_batches(client):
     torch.manual_seed(1)
-    auto = MhcLayer(client, 8, n=4, sublayer=nn.Tanh(), seed=3)
-    manual = MhcLayer(client, 8, n=4, sublayer=nn.Tanh(), seed=3, sync_gradients=False)
+    auto = MhcLayer(client, 8, n=4, sublayer=nn.Tanh(), seed=3,
+                    parameters_in_place=False)
+    manual = MhcLayer(client, 8, n=4, sublayer=nn.Tanh(), seed=3, sync_gradients=False,
+                      parameters_in_place=False)
     try:
         xs = [torch.randn(3, 4, 8) for _ in range(2)]
         for layer in (auto, manual):

@@ -1,0 +1,347 @@
+"""How the torch layer's tensors reach the daemon (see mhc_client.torch).
+
+Three paths, picked per call from the first input tensor:
+
+* ``cuda``: CUDA tensors and a CUDA daemon on this node. Tensors stay where
+  they are: each names its allocation's region (registered once per
+  allocation, see :meth:`mhc_client.shm.Session.register_cuda_tensor`) and
+  the daemon reads and writes them in place. Outputs are allocated here
+  with ``torch.empty`` on the current stream. The call is ordered with the
+  current stream by two interprocess events (shm.proto, "Stream order"):
+  this process records one on the current stream once the inputs are
+  queued, the daemon's stream waits on it, and after the answer (sent when
+  the work is queued, not done) the current stream waits on the daemon's
+  event. No host synchronisation.
+* ``arena``: host tensors (or a daemon without CUDA) on this node with
+  shared memory: inputs are copied into the session's host arena, the
+  daemon writes outputs there, and they are copied out. No bytes travel in
+  the messages, so tensors larger than the daemon's inline limits work.
+* ``inline``: the bytes travel in the messages (remote daemons, or shared
+  memory refused).
+
+Ordering contract of the ``cuda`` path: the daemon's work behaves like a
+kernel launched on the current stream at the time of the call. It starts
+after everything queued on that stream before (so inputs, parameters
+written by an optimizer step, and recycled output memory are ready), and
+everything queued on that stream afterwards starts after it. Inputs and
+outputs therefore stay valid until the daemon is done: memory freed later
+is reused by torch's allocator only in that stream's order, and inputs
+allocated on another stream are marked as used on the current one
+(``Tensor.record_stream``), so their memory waits for it too. As for any
+kernel, an input written on another stream must be made visible to the
+current stream by the caller (an event or a synchronisation between the
+streams).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from . import errors, tensors
+from .client import Client
+from .ops import OpDef, op_def
+
+_TORCH_CODES = {torch.float32: tensors.F32, torch.float16: tensors.F16,
+                torch.bfloat16: tensors.BF16}
+_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+_ALIGNMENT = 64
+# Errors after which the daemon may still run the request: its tensors and
+# events must not be reused.
+_AMBIGUOUS = (errors.DeadlineExceeded, errors.Cancelled, errors.Unavailable)
+# Tensors and event pairs of requests whose outcome is unknown, kept out of
+# reuse for the life of the process.
+_abandoned: List[Any] = []
+
+
+@dataclasses.dataclass
+class TransportStats:
+    """What the torch layer's transport did, for tests and tuning.
+
+    ``host_syncs`` counts the times the client blocked the host on the
+    device on the compute path (staying 0 in steady state on the ``cuda``
+    path with a daemon that takes events).
+    """
+
+    calls: int = 0
+    cuda_calls: int = 0
+    arena_calls: int = 0
+    inline_calls: int = 0
+    host_syncs: int = 0
+
+    def reset(self) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, 0)
+
+
+stats = TransportStats()
+
+
+# ------------------------------------------------------------- conversion
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host numpy copy with the tensor's wire bytes (bf16 as uint16)."""
+    t = t.detach()
+    if t.dtype not in _TORCH_CODES:
+        raise errors.InvalidArgument(f"unsupported tensor dtype {t.dtype}")
+    if t.is_cuda:
+        stats.host_syncs += 1
+    t = t.contiguous().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The inverse of :func:`to_numpy` (uint16 / ml_dtypes bf16 -> bfloat16)."""
+    if a.dtype == np.uint16 or (tensors.BFLOAT16 is not None
+                                and a.dtype == tensors.BFLOAT16):
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    if torch.device(device).type == "cuda":
+        stats.host_syncs += 1
+    return t.to(device)
+
+
+def _dtype_code(t: torch.Tensor) -> int:
+    code = _TORCH_CODES.get(t.dtype)
+    if code is None:
+        raise errors.InvalidArgument(f"unsupported tensor dtype {t.dtype}")
+    return code
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // _ALIGNMENT) * _ALIGNMENT
+
+
+Outputs = Dict[str, Tuple[Sequence[int], torch.dtype]]
+
+
+class _Transport:
+    """Moves one op's tensors to the daemon and its outputs back."""
+
+    def __init__(self, client: Client, mode: str) -> None:
+        if mode not in ("auto", "inline", "ipc"):
+            raise errors.InvalidArgument("transport: auto, inline or ipc")
+        self.client = client
+        self.mode = mode
+        self._daemon_has_cuda: Optional[bool] = None
+        self._shm: Optional[bool] = None if mode == "auto" else mode == "ipc"
+
+    # ------------------------------------------------------------ choice
+
+    def daemon_has_cuda(self) -> bool:
+        if self._daemon_has_cuda is None:
+            self._daemon_has_cuda = self.client.server_info().has_cuda
+        return self._daemon_has_cuda
+
+    def use_ipc(self, t: torch.Tensor) -> bool:
+        """Whether CUDA tensor `t` would go by CUDA IPC."""
+        return self._path(t) == "cuda"
+
+    def _path(self, first: torch.Tensor) -> str:
+        if self.mode == "inline" or self._shm is False:
+            return "inline"
+        if not self.client.is_local:
+            if self.mode == "ipc":
+                raise errors.FailedPrecondition(
+                    "transport='ipc' needs a daemon on this node (unix socket)")
+            return "inline"
+        if first.is_cuda and self.daemon_has_cuda():
+            return "cuda"
+        return "arena"
+
+    def _session(self) -> Any:
+        """The client's session, or None when the daemon refuses shared
+        memory (then, in auto mode, every later call goes inline)."""
+        try:
+            return self.client.open_session()
+        except (errors.FailedPrecondition, errors.PermissionDenied):
+            if self.mode == "ipc":
+                raise
+            self._shm = False
+            return None
+
+    # --------------------------------------------------------------- run
+
+    def run(self, kind: str, layer: str, inputs: Dict[str, Optional[torch.Tensor]],
+            outputs: Outputs, order_device: Optional[torch.device] = None,
+            **flags: Any) -> Dict[str, torch.Tensor]:
+        """Runs `kind`; `outputs` gives each wanted output's shape/dtype.
+
+        `order_device`: a CUDA device whose current stream the call must be
+        ordered with even when the tensors are on the host (the layer's
+        parameters in place live there).
+        """
+        first = next(t for t in inputs.values() if t is not None)
+        spec = op_def(kind)
+        retry = not spec.mutates or bool(flags.get("skip_parameter_gradients"))
+        stats.calls += 1
+        path = self._path(first)
+        session = self._session() if path != "inline" else None
+        if session is not None and path == "cuda":
+            stats.cuda_calls += 1
+            return self._run_cuda(spec, session, layer, inputs, outputs,
+                                  first.device, order_device, retry, flags)
+        if session is not None:
+            stats.arena_calls += 1
+            return self._run_arena(spec, session, layer, inputs, outputs,
+                                   first.device, order_device, retry, flags)
+        stats.inline_calls += 1
+        if order_device is not None:
+            self._synchronize(order_device)
+        arrays = {k: to_numpy(v) for k, v in inputs.items() if v is not None}
+        result = self.client.compute(kind, layer, **arrays, **flags)
+        return {k: from_numpy(result[k], first.device)
+                for k in outputs if k in result}
+
+    # -------------------------------------------------------------- cuda
+
+    def _run_cuda(self, spec: OpDef, session: Any, layer: str,
+                  inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
+                  device: torch.device, order_device: Optional[torch.device],
+                  retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        request = spec.request(layer=layer, **flags)
+        stream = torch.cuda.current_stream(device)
+        alive: List[torch.Tensor] = []
+        result: Dict[str, torch.Tensor] = {}
+        with session.pinned_cuda_regions() as pins:
+            for name, t in inputs.items():
+                if t is None:
+                    continue
+                t = t.detach()
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                if t.device != device:
+                    raise errors.InvalidArgument(
+                        f"{spec.kind}: '{name}' is on {t.device}, the other "
+                        f"inputs on {device}")
+                # No-op for memory allocated on this stream (the usual case).
+                t.record_stream(stream)
+                alive.append(t)
+                ref = getattr(request, name)
+                ref.dtype = _dtype_code(t)
+                ref.shape.extend(t.shape)
+                if t.numel() == 0:
+                    ref.inline_data = b""
+                    continue
+                region, offset = session.register_cuda_tensor(t, pins)
+                ref.shm.region = region.name
+                ref.shm.offset = offset
+                ref.shm.byte_size = t.numel() * t.element_size()
+            for name, (shape, dtype) in outputs.items():
+                out = torch.empty(tuple(shape), dtype=dtype, device=device)
+                result[name] = out
+                if out.numel() == 0:
+                    continue
+                region, offset = session.register_cuda_tensor(out, pins)
+                destination = request.output_regions[name]
+                destination.region = region.name
+                destination.offset = offset
+                destination.byte_size = out.numel() * out.element_size()
+        if order_device is not None and order_device != device:
+            self._synchronize(order_device)
+        alive.extend(result.values())
+        self._ordered_call(spec, session, request, stream, retry, alive)
+        return result
+
+    def _ordered_call(self, spec: OpDef, session: Any, request: Any,
+                      stream: Any, retry: bool,
+                      alive: List[torch.Tensor]) -> Any:
+        """The RPC, ordered with `stream` by events (or, with a daemon that
+        takes none, by synchronising first)."""
+        pool = session.cuda_events(stream.device.index)
+        if pool is None:
+            stream.synchronize()
+            stats.host_syncs += 1
+            return self.client._call(spec.rpc, request, retry=retry)
+        wait_index, signal_index = pool.acquire()
+        release = True
+        try:
+            pool.record_wait(wait_index, stream)
+            response = self.client._call(
+                spec.rpc, request, retry=retry,
+                metadata=pool.metadata(wait_index, signal_index))
+            pool.wait_signal(signal_index, stream)
+            return response
+        except _AMBIGUOUS:
+            # The daemon may still read or write these tensors and use the
+            # events later: never hand them out again.
+            release = False
+            _abandoned.append((alive, pool, wait_index, signal_index))
+            raise
+        finally:
+            if release:
+                pool.release(wait_index, signal_index)
+
+    def _synchronize(self, device: torch.device) -> None:
+        torch.cuda.current_stream(device).synchronize()
+        stats.host_syncs += 1
+
+    # ------------------------------------------------------------- arena
+
+    def _run_arena(self, spec: OpDef, session: Any, layer: str,
+                   inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
+                   device: torch.device, order_device: Optional[torch.device],
+                   retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        request = spec.request(layer=layer, **flags)
+        present = {k: v.detach() for k, v in inputs.items() if v is not None}
+        places: Dict[str, int] = {}
+        total = 0
+        for name, t in present.items():
+            places[name] = total
+            total += _aligned(t.numel() * t.element_size())
+        out_places: Dict[str, Tuple[int, int]] = {}  # name -> (offset, bytes)
+        for name, (shape, dtype) in outputs.items():
+            count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+            out_places[name] = (total, count * _ITEMSIZE[dtype])
+            total += _aligned(count * _ITEMSIZE[dtype])
+        if device.type == "cuda":
+            stats.host_syncs += 1  # copies through pageable host memory
+        arena = session.host_arena()
+        with arena.lock:
+            region = arena.reserve(total)
+            whole = torch.from_numpy(region.ndarray(np.uint8, (region.byte_size,)))
+            for name, t in present.items():
+                ref = getattr(request, name)
+                ref.dtype = _dtype_code(t)
+                ref.shape.extend(t.shape)
+                nbytes = t.numel() * t.element_size()
+                if nbytes == 0:
+                    ref.inline_data = b""
+                    continue
+                start = places[name]
+                whole[start:start + nbytes].view(t.dtype).view(t.shape).copy_(t)
+                ref.shm.region = region.name
+                ref.shm.offset = start
+                ref.shm.byte_size = nbytes
+            views: Dict[str, torch.Tensor] = {}
+            for name, (shape, dtype) in outputs.items():
+                start, nbytes = out_places[name]
+                if nbytes == 0:
+                    continue
+                views[name] = whole[start:start + nbytes].view(dtype).view(tuple(shape))
+                destination = request.output_regions[name]
+                destination.region = region.name
+                destination.offset = start
+                destination.byte_size = nbytes
+            if order_device is not None:
+                # Parameters in place: the daemon's stream must follow this
+                # process's writes to them and precede its reads of gradients.
+                self._ordered_call(spec, session, request,
+                                   torch.cuda.current_stream(order_device),
+                                   retry, [])
+            else:
+                self.client._call(spec.rpc, request, retry=retry)
+            result: Dict[str, torch.Tensor] = {}
+            for name, (shape, dtype) in outputs.items():
+                out = torch.empty(tuple(shape), dtype=dtype, device=device)
+                if name in views:
+                    out.copy_(views[name])
+                result[name] = out
+            return result
