@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -73,10 +74,17 @@ class FlushedTimer {
       if (!st.ok()) return st;
       timer_->Start();
       st = body();
-      absl::StatusOr<double> seconds = timer_->StopSeconds();
+      absl::Status stopped = timer_->Stop();
       if (!st.ok()) return st;
+      if (!stopped.ok()) return stopped;
+      // Each repetition is read before the next flush is queued.
+      if (st = be_.Synchronize(); !st.ok()) return st;
+      absl::StatusOr<std::optional<double>> seconds = timer_->Poll();
       if (!seconds.ok()) return seconds.status();
-      if (r >= warmup) us.push_back(*seconds * 1e6);
+      if (!seconds->has_value()) {
+        return absl::InternalError("timer: no measurement after synchronize");
+      }
+      if (r >= warmup) us.push_back(**seconds * 1e6);
     }
     return Median(std::move(us));
   }
