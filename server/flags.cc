@@ -43,11 +43,17 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "Largest gRPC message accepted or sent, in bytes (at most "
           "2147483647).");
 ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
-          "Largest single tensor of a request (input or output), in bytes; "
-          "larger gets RESOURCE_EXHAUSTED.");
+          "Largest single inline tensor of a request (input or output), in "
+          "bytes; larger gets RESOURCE_EXHAUSTED. Tensors in shared-memory "
+          "regions are bounded by their regions.");
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
-          "Largest total of all tensors (inputs and outputs) of one request "
-          "or Execute batch, in bytes; larger gets RESOURCE_EXHAUSTED.");
+          "Largest total of the inline tensors (inputs and outputs) of one "
+          "request or Execute batch, in bytes; larger gets "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_parameter_bytes, 0,
+          "Device memory all layers together may hold for their parameters "
+          "and gradient accumulators, in bytes; a CreateLayer beyond it gets "
+          "RESOURCE_EXHAUSTED. 0: no limit but the devices' memory.");
 ABSL_FLAG(int, max_inflight, 64,
           "Requests handled at once; beyond it a request gets "
           "RESOURCE_EXHAUSTED at once instead of queueing.");
@@ -157,6 +163,12 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_request_bytes: expected >= 1, got ", request));
   }
+  const int64_t parameters = absl::GetFlag(FLAGS_max_parameter_bytes);
+  if (parameters < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_parameter_bytes: expected >= 0, got ", parameters));
+  }
+  config.service.limits.max_parameter_bytes = static_cast<uint64_t>(parameters);
   config.service.limits.max_tensor_bytes = static_cast<uint64_t>(tensor);
   config.service.limits.max_request_bytes = static_cast<uint64_t>(request);
   const int inflight = absl::GetFlag(FLAGS_max_inflight);

@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,6 +78,13 @@ absl::Status ValidateLayerName(absl::string_view name,
           absl::StrCat(field, ": expected characters of [A-Za-z0-9_.-], got '",
                        absl::CEscape(name), "'"));
     }
+  }
+  // Names become file names (checkpoints): ".", ".." and hidden names are
+  // out.
+  if (!absl::ascii_isalnum(static_cast<unsigned char>(name.front()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must start with a letter or digit, got '",
+                     absl::CEscape(name), "'"));
   }
   return absl::OkStatus();
 }
@@ -231,38 +239,59 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
   MHC_ASSIGN_OR_RETURN(Executor * executor, DeviceFor(request.device()));
   MHC_ASSIGN_OR_RETURN(LayerSpec spec,
                        ResolveSpec(request.preset(), request.spec()));
+  auto layer = std::make_shared<Layer>(
+      request.name(),
+      request.preset().empty() ? "deepseek_v4" : request.preset(), spec,
+      executor);
+  const uint64_t bytes = layer->allocation_bytes();
   {
     absl::MutexLock lock(&mu_);
     if (layers_.count(request.name()) > 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("name: layer '", request.name(), "' already exists"));
     }
+    MHC_RETURN_IF_ERROR(ReserveLayerBytes(bytes, request.name()));
   }
-  auto layer = std::make_shared<Layer>(
-      request.name(),
-      request.preset().empty() ? "deepseek_v4" : request.preset(), spec,
-      executor);
-  std::vector<float> values;
-  if (request.init_case() == v1::CreateLayerRequest::kParameters) {
-    MHC_ASSIGN_OR_RETURN(values,
-                         ValuesFromRequest(*layer, request.parameters()));
-  } else {
-    values = InitialValues(*layer, request.seed());
-  }
-  MHC_RETURN_IF_ERROR(executor->WithDevice([&](Backend& backend) {
-    MHC_RETURN_IF_ERROR(layer->Allocate(backend));
-    return backend.CopyToDevice(layer->values(), values.data(),
-                                values.size() * sizeof(float));
-  }));
+  absl::Status created = [&]() -> absl::Status {
+    std::vector<float> values;
+    if (request.init_case() == v1::CreateLayerRequest::kParameters) {
+      MHC_ASSIGN_OR_RETURN(values,
+                           ValuesFromRequest(*layer, request.parameters()));
+    } else {
+      values = InitialValues(*layer, request.seed());
+    }
+    return executor->WithDevice([&](Backend& backend) {
+      MHC_RETURN_IF_ERROR(layer->Allocate(backend));
+      return backend.CopyToDevice(layer->values(), values.data(),
+                                  values.size() * sizeof(float));
+    });
+  }();
   absl::MutexLock lock(&mu_);
   // A concurrent Create of the same name may have won; `layer` is then
   // freed after the lock is released (its destructor needs the device).
-  auto [it, inserted] = layers_.emplace(request.name(), layer);
-  if (!inserted) {
-    return absl::AlreadyExistsError(
+  if (created.ok() && !layers_.emplace(request.name(), layer).second) {
+    created = absl::AlreadyExistsError(
         absl::StrCat("name: layer '", request.name(), "' already exists"));
   }
+  if (!created.ok()) {
+    layer_bytes_ -= bytes;
+    return created;
+  }
   return layer;
+}
+
+absl::Status LayerStore::ReserveLayerBytes(uint64_t bytes,
+                                           absl::string_view name) {
+  const uint64_t limit = limits_.max_parameter_bytes;
+  if (limit != 0 && (bytes > limit || layer_bytes_ > limit - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layer '", name, "': its parameters and gradients take ", bytes,
+        " bytes; with the ", layer_bytes_,
+        " bytes the daemon's layers hold, that exceeds --max_parameter_bytes=",
+        limit));
+  }
+  layer_bytes_ += bytes;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Find(
@@ -291,6 +320,7 @@ absl::Status LayerStore::Delete(absl::string_view name) {
     }
     doomed = std::move(it->second);
     layers_.erase(it);
+    layer_bytes_ -= doomed->allocation_bytes();
   }
   return absl::OkStatus();
 }

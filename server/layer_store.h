@@ -97,7 +97,7 @@ class Layer {
   std::atomic<bool> retired_{false};
 };
 
-// 1..128 characters of [A-Za-z0-9_.-].
+// 1..128 characters of [A-Za-z0-9_.-], the first a letter or digit.
 absl::Status ValidateLayerName(absl::string_view name, absl::string_view field);
 
 class LayerStore {
@@ -141,11 +141,18 @@ class LayerStore {
   // The executor of CreateLayerRequest.device ("" is the first device).
   absl::StatusOr<Executor*> DeviceFor(absl::string_view device) const;
 
+  // Reserves `bytes` of --max_parameter_bytes for a new layer, or
+  // RESOURCE_EXHAUSTED.
+  absl::Status ReserveLayerBytes(uint64_t bytes, absl::string_view name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::vector<Executor*> executors_;
   const RequestLimits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Layer>, std::less<>> layers_
       ABSL_GUARDED_BY(mu_);
+  // Device memory of the layers in layers_ and of those being created.
+  uint64_t layer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mhc::server

@@ -196,6 +196,10 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   grpc::ResourceQuota quota("mhcd");
   quota.SetMaxThreads(std::max(16, 2 * config.service.max_inflight + 16));
   builder.SetResourceQuota(quota);
+  // gRPC sets SO_REUSEPORT on TCP listeners by default, which lets a second
+  // daemon bind a port that is taken and split its connections with the
+  // first; with it off, the second start fails on the taken port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (Listener& listener : listeners) {
     builder.AddListeningPort(listener.address,
                              grpc::InsecureServerCredentials(), &listener.port);

@@ -115,6 +115,7 @@ grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
     limits->set_max_streams(kMaxStreams);
     limits->set_max_sinkhorn_iterations(kMaxSinkhornIterations);
     limits->set_max_batch_ops(options_.limits.max_batch_ops);
+    limits->set_max_parameter_bytes(options_.limits.max_parameter_bytes);
     response->set_draining(admission_->draining());
     return absl::OkStatus();
   });

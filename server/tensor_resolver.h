@@ -22,6 +22,8 @@ struct RequestLimits {
   uint64_t max_tensor_bytes = uint64_t{1} << 30;
   uint64_t max_request_bytes = uint64_t{1} << 30;
   int max_batch_ops = 256;
+  // Daemon-wide: layer parameters and gradients together (0: no limit).
+  uint64_t max_parameter_bytes = 0;
 };
 
 // dtype, shape and byte size of a tensor whose declaration was checked.

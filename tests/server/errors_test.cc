@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server_test_util.h"
 
@@ -86,6 +87,10 @@ std::vector<BadRequest> Table() {
   t.push_back(
       {"bad name chars", Code::kInvalidArgument, create(Create("a b/c"))});
   t.push_back({"empty name", Code::kInvalidArgument, create(Create(""))});
+  for (const char* name : {".", "..", ".hidden", "-flag", "_x"}) {
+    t.push_back({absl::StrCat("name '", name, "'"), Code::kInvalidArgument,
+                 create(Create(name))});
+  }
   t.push_back({"name of 129 chars", Code::kInvalidArgument,
                create(Create(std::string(129, 'a')))});
   t.push_back({"n = 17", Code::kInvalidArgument,

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server_test_util.h"
@@ -137,6 +139,53 @@ TEST(ServerLifecycleTest, MetricsCountRequestsByRpcAndCode) {
   }
   EXPECT_TRUE(ok_line) << response;
   EXPECT_TRUE(not_found_line) << response;
+}
+
+// A second daemon on a TCP port that is taken fails at start, saying which
+// address, instead of sharing the port (and its connections) with the
+// first.
+TEST(ServerLifecycleTest, SecondDaemonOnATakenPortFailsAtStart) {
+  MHC_ASSERT_OK_AND_ASSIGN(auto first, Daemon::Start({"--listen=127.0.0.1:0"}));
+  std::string port;
+  for (absl::string_view line : absl::StrSplit(first->Stdout(), '\n')) {
+    if (absl::ConsumePrefix(&line, "mhcd: listening on 127.0.0.1:")) {
+      port = std::string(line);
+    }
+  }
+  ASSERT_FALSE(port.empty()) << first->Stdout();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  // Bounded: a second daemon that does start would otherwise serve on.
+  MHC_ASSERT_OK_AND_ASSIGN(
+      auto second,
+      RunCommand({"timeout", "20", MHC_MHCD_PATH, "--listen=" + address,
+                  "--metrics_listen=", "--backend=cpu", "--threads=1"}));
+  EXPECT_NE(second.first, 0) << second.second;
+  EXPECT_FALSE(absl::StrContains(second.second, "mhcd: ready"))
+      << second.second;
+}
+
+// --max_parameter_bytes bounds the layers' device memory together: a layer
+// past it is refused, and deleting one makes room again.
+TEST(ServerLifecycleTest, ParameterBytesBoundAllLayers) {
+  // A deepseek_v4 layer with n = 4, C = 256 holds phi [24, 1024] and 27
+  // more floats, twice (gradients): about 197 KB.
+  MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
+                           Daemon::Start({"--max_parameter_bytes=300000"}));
+  MHC_ASSERT_OK_AND_ASSIGN(auto client, daemon->Connect());
+  MHC_ASSERT_OK(client->CreateLayer(LayerRequest("a", 4, 256)).status());
+  absl::Status refused =
+      client->CreateLayer(LayerRequest("b", 4, 256)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "--max_parameter_bytes"))
+      << refused;
+  MHC_ASSERT_OK_AND_ASSIGN(auto info, client->GetServerInfo());
+  EXPECT_EQ(info.limits().max_parameter_bytes(), 300000u);
+  MHC_ASSERT_OK(client->DeleteLayer("a").status());
+  MHC_ASSERT_OK(client->CreateLayer(LayerRequest("b", 4, 256)).status());
+  // A layer larger than the whole limit is refused on an empty daemon too.
+  MHC_ASSERT_OK(client->DeleteLayer("b").status());
+  EXPECT_EQ(client->CreateLayer(LayerRequest("c", 4, 1024)).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(ServerLifecycleTest, MhcctlCommands) {
