@@ -252,6 +252,7 @@ MhcServer::~MhcServer() {
 void MhcServer::Drain(absl::Duration timeout) {
   admission_->BeginDrain();
   shm_->CancelAllSessions();
+  service_->EndStreams();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));

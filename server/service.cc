@@ -249,14 +249,62 @@ grpc::Status MhcService::Execute(grpc::ServerContext* context,
   });
 }
 
+OpenStreams::Entry::Entry(OpenStreams* streams, grpc::ServerContext* context)
+    : streams_(streams), context_(context) {
+  absl::MutexLock lock(&streams_->mu_);
+  streams_->idle_[context_] = false;
+}
+
+OpenStreams::Entry::~Entry() {
+  absl::MutexLock lock(&streams_->mu_);
+  streams_->idle_.erase(context_);
+}
+
+bool OpenStreams::Entry::Idle() {
+  absl::MutexLock lock(&streams_->mu_);
+  if (streams_->ending_) return false;
+  streams_->idle_[context_] = true;
+  return true;
+}
+
+bool OpenStreams::Entry::Busy() {
+  absl::MutexLock lock(&streams_->mu_);
+  streams_->idle_[context_] = false;
+  return !streams_->ending_;
+}
+
+void OpenStreams::EndAll() {
+  absl::MutexLock lock(&mu_);
+  ending_ = true;
+  // Under the lock: a stream still listed has a live call, and cancelling
+  // only wakes its Read.
+  for (auto& [context, idle] : idle_) {
+    if (idle) context->TryCancel();
+  }
+}
+
 grpc::Status MhcService::ExecuteStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream) {
   // Each batch is admitted and measured on its own: a long-lived stream
   // holds no admission slot between batches. A failed batch ends the
-  // stream with its status, since a stream has only one.
+  // stream with its status, since a stream has only one. A drain ends the
+  // stream between batches (UNAVAILABLE), never in the middle of one.
+  OpenStreams::Entry entry(&streams_, context);
   v1::ExecuteRequest request;
-  while (stream->Read(&request)) {
+  while (true) {
+    if (!entry.Idle()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "mhcd is draining (shutting down); the stream "
+                          "ended after its last batch");
+    }
+    const bool read = stream->Read(&request);
+    if (!entry.Busy()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "mhcd is draining (shutting down); the stream was "
+                          "ended while idle");
+    }
+    if (!read) break;
     v1::ExecuteResponse response;
     grpc::Status status = Handle("ExecuteStream", true, [&] {
       RegionScope regions = Regions(*context);

@@ -4,11 +4,13 @@
 #define MHC_SERVER_SERVICE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "mhc/v1/service.grpc.pb.h"
 #include "server/executor.h"
 #include "server/layer_store.h"
@@ -23,6 +25,34 @@ struct ServiceOptions {
   uint64_t max_message_bytes = uint64_t{1} << 30;
   int max_inflight = 64;
   ShmOptions shm;
+};
+
+// The open ExecuteStream calls, so that a drain can end them: a stream
+// waiting for its next batch is cancelled, one running a batch ends after
+// it.
+class OpenStreams {
+ public:
+  class Entry {
+   public:
+    Entry(OpenStreams* streams, grpc::ServerContext* context);
+    ~Entry();
+    // Before waiting for the next batch: false when draining.
+    bool Idle();
+    // After the wait: false when draining (the wait was cancelled).
+    bool Busy();
+
+   private:
+    OpenStreams* const streams_;
+    grpc::ServerContext* const context_;
+  };
+
+  void EndAll();
+
+ private:
+  absl::Mutex mu_;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  // Each open stream and whether it waits for a batch.
+  std::map<grpc::ServerContext*, bool> idle_ ABSL_GUARDED_BY(mu_);
 };
 
 #define MHC_UNARY(Rpc, Req, Resp)                                        \
@@ -78,6 +108,10 @@ class MhcService final : public v1::Mhc::Service {
       grpc::ServerReaderWriter<v1::ExecuteResponse, v1::ExecuteRequest>* stream)
       override;
 
+  // Ends the open ExecuteStream calls for a drain: idle ones now, busy ones
+  // after their batch. New streams end at once.
+  void EndStreams() { streams_.EndAll(); }
+
   // Shared memory (service_shm.cc).
   grpc::Status OpenSession(
       grpc::ServerContext* context,
@@ -116,6 +150,7 @@ class MhcService final : public v1::Mhc::Service {
   Metrics* const metrics_;
   ShmRegistry* const shm_;
   OpRunner runner_;
+  OpenStreams streams_;
 };
 
 #undef MHC_UNARY
