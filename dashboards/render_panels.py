@@ -3,7 +3,7 @@
 
 The expressions come from the dashboard JSON files themselves, so the picture
 shows exactly what Grafana would. deploy/prometheus/validate.sh runs it
-against its test Prometheus; docs/img/mhcd-panels.png in the README was made
+against its test Prometheus; docs/img/mhcd-panels.png in docs/operations.md was made
 that way (validate.sh MHCD MHCCTL docs/img).
 
   render_panels.py --prometheus http://127.0.0.1:9090 --out docs/img

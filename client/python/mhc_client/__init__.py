@@ -5,7 +5,7 @@
         client.create_layer("l0", hidden=256, seed=1)
         y, h_pre, h_post, h_res = client.pre("l0", x)
 
-See README.md ("Python client") for the API, shared memory and the torch
+See docs/python-client.md for the API, shared memory and the torch
 layer (``mhc_client.torch``).
 """
 

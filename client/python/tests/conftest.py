@@ -2,7 +2,7 @@
 from MHCD_BACKEND, default cpu).
 
 The daemon binary comes from MHCD_BINARY (set by ctest); the generated
-modules must be importable (PYTHONPATH, see README "Python client").
+modules must be importable (PYTHONPATH, see docs/python-client.md).
 """
 
 from __future__ import annotations
