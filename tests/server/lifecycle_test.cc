@@ -217,6 +217,26 @@ TEST(ServerLifecycleTest, ParameterBytesBoundAllLayers) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// mhcctl's --help lists its flags and --version its version, both with exit
+// code 0 (mhcd: --version).
+TEST(ServerLifecycleTest, HelpAndVersionExitZero) {
+  MHC_ASSERT_OK_AND_ASSIGN(auto mhcd, RunCommand({MHC_MHCD_PATH, "--version"}));
+  EXPECT_EQ(mhcd.first, 0) << mhcd.second;
+  EXPECT_TRUE(absl::StrContains(mhcd.second, "mhcd 0.")) << mhcd.second;
+  for (const char* program : {MHC_MHCCTL_PATH}) {
+    MHC_ASSERT_OK_AND_ASSIGN(auto help, RunCommand({program, "--help"}));
+    EXPECT_EQ(help.first, 0) << program << "\n" << help.second;
+    EXPECT_TRUE(absl::StrContains(help.second, "--listen") ||
+                absl::StrContains(help.second, "--address"))
+        << program << "\n"
+        << help.second;
+    MHC_ASSERT_OK_AND_ASSIGN(auto version, RunCommand({program, "--version"}));
+    EXPECT_EQ(version.first, 0) << program << "\n" << version.second;
+    EXPECT_TRUE(absl::StrContains(version.second, "0.")) << program << "\n"
+                                                         << version.second;
+  }
+}
+
 TEST(ServerLifecycleTest, MhcctlCommands) {
   MHC_ASSERT_OK_AND_ASSIGN(auto daemon, Daemon::Start());
   const std::string address = "--address=" + daemon->address();

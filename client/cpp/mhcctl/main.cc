@@ -4,12 +4,18 @@
 //
 // Commands: info, health, layer create|list|show NAME|delete NAME, run.
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "mhc/client/client.h"
 #include "mhcctl/commands.h"
@@ -74,9 +80,41 @@ Commands:
       a check fails.
 )";
 
+bool IsMhcctlFlagFile(absl::string_view file) {
+  return absl::StrContains(file, "mhcctl/");
+}
+
+// --help and -h: the usage and mhcctl's own flags on stdout, exit 0 (absl's
+// own --help exits 1, and lists only flags of a file named after the
+// program).
+bool PrintHelpIfAsked(int argc, char** argv) {
+  bool asked = false;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    asked = asked || arg == "--help" || arg == "-h" || arg == "--helpshort";
+  }
+  if (!asked) return false;
+  std::map<std::string, std::string> lines;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!IsMhcctlFlagFile(flag->Filename())) continue;
+    lines[std::string(name)] =
+        absl::StrCat("  --", name, "  ", flag->Help(),
+                     " (default: ", flag->DefaultValue(), ")\n");
+  }
+  std::printf("%s\nFlags:\n", kUsage);
+  for (const auto& [name, line] : lines) std::printf("%s", line.c_str());
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (PrintHelpIfAsked(argc, argv)) return 0;
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = IsMhcctlFlagFile;
+  usage.contains_helpshort_flags = IsMhcctlFlagFile;
+  usage.version_string = [] { return std::string("mhcctl " MHC_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(positional.begin() + 1, positional.end());
