@@ -177,7 +177,7 @@ class Region:
         np_dtype = np.dtype(np.uint16) if dtype in ("bf16", "bfloat16") else np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
         view = self.ndarray(np_dtype, shape, self._next)
-        self._next += -(-max(count * np_dtype.itemsize, 1) // ALIGNMENT) * ALIGNMENT
+        self._next += aligned(count * np_dtype.itemsize)
         return view
 
     def put(self, array: Any, dtype: tensors.DTypeLike = None) -> np.ndarray:
@@ -578,7 +578,7 @@ class Session:
         if not tensor.is_contiguous():
             raise errors.InvalidArgument("cuda_tensor_ref: tensor not contiguous")
         region, offset = self.register_cuda_tensor(tensor, pins)
-        code = _torch_dtype_code(tensor)
+        code = torch_dtype_code(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         return tensor_pb2.TensorRef(
             dtype=code, shape=list(tensor.shape),
@@ -649,11 +649,23 @@ class Session:
         self._client._forget_session(self)
 
 
-def _torch_dtype_code(tensor: Any) -> int:
-    import torch
+_TORCH_CODES: Dict[Any, int] = {}
 
-    codes = {torch.float32: tensors.F32, torch.float16: tensors.F16,
-             torch.bfloat16: tensors.BF16}
-    if tensor.dtype not in codes:
+
+def torch_dtype_code(tensor: Any) -> int:
+    """The wire dtype of a torch tensor (INVALID_ARGUMENT for others)."""
+    if not _TORCH_CODES:  # torch is imported only by torch users
+        import torch
+
+        _TORCH_CODES.update({torch.float32: tensors.F32,
+                             torch.float16: tensors.F16,
+                             torch.bfloat16: tensors.BF16})
+    code = _TORCH_CODES.get(tensor.dtype)
+    if code is None:
         raise errors.InvalidArgument(f"unsupported tensor dtype {tensor.dtype}")
-    return codes[tensor.dtype]
+    return code
+
+
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to ALIGNMENT (at least one ALIGNMENT)."""
+    return -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT

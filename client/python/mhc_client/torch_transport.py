@@ -44,11 +44,9 @@ import torch
 from . import errors, tensors
 from .client import Client
 from .ops import OpDef, op_def
+from .shm import aligned, torch_dtype_code
 
-_TORCH_CODES = {torch.float32: tensors.F32, torch.float16: tensors.F16,
-                torch.bfloat16: tensors.BF16}
 _ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
-_ALIGNMENT = 64
 # Errors after which the daemon may still run the request: its tensors and
 # events must not be reused.
 _AMBIGUOUS = (errors.DeadlineExceeded, errors.Cancelled, errors.Unavailable)
@@ -86,8 +84,7 @@ stats = TransportStats()
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host numpy copy with the tensor's wire bytes (bf16 as uint16)."""
     t = t.detach()
-    if t.dtype not in _TORCH_CODES:
-        raise errors.InvalidArgument(f"unsupported tensor dtype {t.dtype}")
+    torch_dtype_code(t)  # refuses other dtypes
     if t.is_cuda:
         stats.host_syncs += 1
     t = t.contiguous().cpu()
@@ -106,17 +103,6 @@ def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
     if torch.device(device).type == "cuda":
         stats.host_syncs += 1
     return t.to(device)
-
-
-def _dtype_code(t: torch.Tensor) -> int:
-    code = _TORCH_CODES.get(t.dtype)
-    if code is None:
-        raise errors.InvalidArgument(f"unsupported tensor dtype {t.dtype}")
-    return code
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-max(nbytes, 1) // _ALIGNMENT) * _ALIGNMENT
 
 
 Outputs = Dict[str, Tuple[Sequence[int], torch.dtype]]
@@ -225,25 +211,18 @@ class _Transport:
                 t.record_stream(stream)
                 alive.append(t)
                 ref = getattr(request, name)
-                ref.dtype = _dtype_code(t)
-                ref.shape.extend(t.shape)
-                if t.numel() == 0:
+                if t.numel() == 0:  # no allocation to name
+                    ref.dtype = torch_dtype_code(t)
+                    ref.shape.extend(t.shape)
                     ref.inline_data = b""
-                    continue
-                region, offset = session.register_cuda_tensor(t, pins)
-                ref.shm.region = region.name
-                ref.shm.offset = offset
-                ref.shm.byte_size = t.numel() * t.element_size()
+                else:
+                    ref.CopyFrom(session.cuda_tensor_ref(t, pins))
             for name, (shape, dtype) in outputs.items():
                 out = torch.empty(tuple(shape), dtype=dtype, device=device)
                 result[name] = out
-                if out.numel() == 0:
-                    continue
-                region, offset = session.register_cuda_tensor(out, pins)
-                destination = request.output_regions[name]
-                destination.region = region.name
-                destination.offset = offset
-                destination.byte_size = out.numel() * out.element_size()
+                if out.numel() > 0:
+                    request.output_regions[name].CopyFrom(
+                        session.cuda_output_ref(out, pins))
         if order_device is not None and order_device != device:
             self._synchronize(order_device)
         alive.extend(result.values())
@@ -295,12 +274,12 @@ class _Transport:
         total = 0
         for name, t in present.items():
             places[name] = total
-            total += _aligned(t.numel() * t.element_size())
+            total += aligned(t.numel() * t.element_size())
         out_places: Dict[str, Tuple[int, int]] = {}  # name -> (offset, bytes)
         for name, (shape, dtype) in outputs.items():
             count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
             out_places[name] = (total, count * _ITEMSIZE[dtype])
-            total += _aligned(count * _ITEMSIZE[dtype])
+            total += aligned(count * _ITEMSIZE[dtype])
         if device.type == "cuda":
             stats.host_syncs += 1  # copies through pageable host memory
         arena = session.host_arena()
@@ -309,7 +288,7 @@ class _Transport:
             whole = torch.from_numpy(region.ndarray(np.uint8, (region.byte_size,)))
             for name, t in present.items():
                 ref = getattr(request, name)
-                ref.dtype = _dtype_code(t)
+                ref.dtype = torch_dtype_code(t)
                 ref.shape.extend(t.shape)
                 nbytes = t.numel() * t.element_size()
                 if nbytes == 0:
