@@ -213,7 +213,7 @@ std::vector<float> PrimaryOutput(OpKind op, Problem& p, int64_t m) {
   }
 }
 
-// Bytes that must move per call (PERFORMANCE.md table), parameters once.
+// Bytes that must move per call (the roofline count), parameters once.
 double OpBytes(OpKind op, const LayerSpec& s, int64_t m, DType dt) {
   const double a = DTypeSize(dt), k = s.K(), c = s.hidden, n = s.n;
   const double big_n = s.NumLogits(), nn = n * n;

@@ -1,4 +1,4 @@
-// The GPU benchmark of PERFORMANCE.md: every op forward and backward and the
+// The GPU benchmark: every op forward and backward and the
 // whole layer (pre + post) forward and forward+backward, at the 13 configs
 // (n = 4, bf16 activations, deepseek_v4, deterministic), through the Backend
 // interface of the CUDA backend. Medians of event-timed repetitions with L2
@@ -42,8 +42,8 @@
 #include "mhc/dtype.h"
 
 ABSL_FLAG(std::string, configs, "all",
-          "configs: all, first, or indices I,J,... into the 13 of "
-          "PERFORMANCE.md");
+          "configs: all, first, or indices I,J,... into the 13 benchmark "
+          "configs");
 ABSL_FLAG(int32_t, reps, 20, "timed repetitions per measurement (median)");
 ABSL_FLAG(std::string, ops, "all",
           "op families: all, or a,b of projection, scale, sinkhorn, "
@@ -512,7 +512,7 @@ int Run() {
 int main(int argc, char** argv) {
   if (!mhc::bench::ParseBenchFlags(
           argc, argv, "gpu_bench.cc",
-          "the GPU benchmark of PERFORMANCE.md on the CUDA backend")) {
+          "the GPU benchmark of every op and the layer on the CUDA backend")) {
     return 2;
   }
   return mhc::bench::Run();

@@ -149,7 +149,7 @@ inline const CaseInfo& Info(int c) {
   return (*infos)[c];
 }
 
-// Bytes per token that must move (PERFORMANCE.md, counted exactly: every
+// Bytes per token that must move (the roofline count, exact: every
 // per-token input read once and every output written once; parameters are
 // per layer and left out). With keep_projection the layer cases also write
 // the projection (h, mean square) forward and read it back backward.

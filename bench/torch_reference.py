@@ -1,6 +1,6 @@
-"""Eager PyTorch implementation of one mHC layer (pre + post, SPEC.md), the
+"""Eager PyTorch implementation of one mHC layer (pre + post), the
 in-house baseline that bench/gpu_bench.cc is compared with: layer forward and
-forward+backward (backward by autograd) at the 13 configs of PERFORMANCE.md,
+forward+backward (backward by autograd) at the 13 benchmark configs,
 eager and torch.compile, timed with CUDA events, L2 flushed before every
 repetition, median. Prints JSON lines in mhc_gpu_bench's schema.
 
@@ -64,7 +64,7 @@ def layer(x, f, phi, gamma, alpha, beta):
 
 
 def numpy_layer(x, f, phi, gamma, alpha, beta):
-    """Independent float64 loop-style forward straight from SPEC.md."""
+    """Independent float64 loop-style forward straight from the math."""
     m, n, c = x.shape
     y = np.zeros((m, c))
     x_next = np.zeros((m, n, c))

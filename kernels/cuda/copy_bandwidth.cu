@@ -1,4 +1,4 @@
-// The device's copy bandwidth: the roofline denominator of PERFORMANCE.md
+// The device's copy bandwidth: the roofline denominator
 // (bytes read plus written by a large device-to-device copy), measured once
 // when a daemon starts serving the device.
 #include <algorithm>

@@ -1,4 +1,4 @@
-"""mHC in plain PyTorch (SPEC.md), differentiated by torch autograd.
+"""mHC in plain PyTorch, differentiated by torch autograd.
 
 The same math as the daemon, written for clarity: a reference for tests
 (run in float64 it is the oracle the daemon's gradients are checked

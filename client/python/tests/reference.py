@@ -1,4 +1,4 @@
-"""mHC forward in float64 numpy, written from SPEC.md for the tests.
+"""mHC forward in float64 numpy, written from the math for the tests.
 
 Kept separate from mhc_client.eager (torch) on purpose: the two are
 checked against each other, and the daemon against both.

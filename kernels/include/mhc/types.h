@@ -1,5 +1,5 @@
-// Vocabulary of the kernels: dtypes, layouts, the layer spec and its presets
-// (SPEC.md sections 1 and 5). Plain data, no behaviour beyond shape helpers.
+// Vocabulary of the kernels: dtypes, layouts, the layer spec and its presets.
+// Plain data, no behaviour beyond shape helpers.
 #ifndef MHC_TYPES_H_
 #define MHC_TYPES_H_
 
