@@ -191,30 +191,27 @@ def allocation_of(ptr: int) -> Allocation:
     return Allocation(int(buffer_id.value), int(start.value), int(size.value))
 
 
-def is_ipc_capable(ptr: int) -> bool:
-    """Whether cudaIpcGetMemHandle accepts the allocation holding `ptr`."""
+def _int_attribute(ptr: int, attribute: int) -> int:
+    """One int-valued CUpointer_attribute of `ptr`."""
     libs = _libs()
-    attrs = (ctypes.c_int * 1)(_ATTR_IS_LEGACY_CUDA_IPC_CAPABLE)
-    capable = ctypes.c_int()
-    data = (ctypes.c_void_p * 1)(ctypes.addressof(capable))
+    attrs = (ctypes.c_int * 1)(attribute)
+    value = ctypes.c_int(-1)
+    data = (ctypes.c_void_p * 1)(ctypes.addressof(value))
     code = libs.driver.cuPointerGetAttributes(1, attrs, data, ptr)
     if code != 0:
         raise errors.Internal(
             f"cuPointerGetAttributes: {libs.driver_error(code)}")
-    return bool(capable.value)
+    return int(value.value)
+
+
+def is_ipc_capable(ptr: int) -> bool:
+    """Whether cudaIpcGetMemHandle accepts the allocation holding `ptr`."""
+    return bool(_int_attribute(ptr, _ATTR_IS_LEGACY_CUDA_IPC_CAPABLE))
 
 
 def device_of(ptr: int) -> int:
     """The ordinal of the device holding `ptr`."""
-    libs = _libs()
-    attrs = (ctypes.c_int * 1)(_ATTR_DEVICE_ORDINAL)
-    ordinal = ctypes.c_int(-1)
-    data = (ctypes.c_void_p * 1)(ctypes.addressof(ordinal))
-    code = libs.driver.cuPointerGetAttributes(1, attrs, data, ptr)
-    if code != 0:
-        raise errors.Internal(
-            f"cuPointerGetAttributes: {libs.driver_error(code)}")
-    return int(ordinal.value)
+    return _int_attribute(ptr, _ATTR_DEVICE_ORDINAL)
 
 
 def ipc_mem_handle(base: int) -> bytes:
