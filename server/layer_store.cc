@@ -435,17 +435,20 @@ absl::Status LayerStore::Export(const Layer& layer,
         "MapLayerMemory: ", layer.Describe(), " is on ", executor->device(),
         ", which has no memory to share; use Get/SetParameters"));
   }
-  absl::StatusOr<std::string> handle;
+  absl::StatusOr<Backend::ExportedMemory> exported;
   MHC_RETURN_IF_ERROR(executor->WithDevice([&](Backend& backend) {
-    handle = backend.ExportMemory(layer.values());
-    return handle.status();
+    exported = backend.ExportMemory(layer.values());
+    return exported.status();
   }));
-  out->set_raw_handle(*std::move(handle));
+  out->set_raw_handle(std::move(exported->handle));
   out->set_device_id(executor->cuda_ordinal());
-  out->set_byte_size(layer.allocation_bytes());
+  out->set_byte_size(exported->bytes);
   out->set_generation(layer.generation());
   for (const Layer::Param& param : layer.params()) {
-    const uint64_t offset = static_cast<uint64_t>(param.offset) * sizeof(float);
+    // Offsets count from the start of the allocation the handle opens,
+    // where the layer's block need not begin.
+    const uint64_t offset =
+        exported->offset + static_cast<uint64_t>(param.offset) * sizeof(float);
     for (auto [map, base] :
          {std::pair{out->mutable_parameters(), uint64_t{0}},
           std::pair{out->mutable_gradients(), layer.gradients_offset()}}) {

@@ -1,7 +1,5 @@
 #include "server/shm_cuda.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,28 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "mhc/cuda.h"
 #include "mhc/status.h"
 
 namespace mhc::server {
 namespace {
-
-// cuMemGetAddressRange through the runtime's driver entry point, so mhcd
-// does not link libcuda and still starts on machines without a driver.
-PFN_cuMemGetAddressRange_v3020 AddressRangeFunction() {
-  static const PFN_cuMemGetAddressRange_v3020 function = [] {
-    void* pointer = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &pointer,
-                                         12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return PFN_cuMemGetAddressRange_v3020{nullptr};
-    }
-    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(pointer);
-  }();
-  return function;
-}
 
 // Makes `device` current for the calling thread. Not restored afterwards:
 // every CUDA user in the daemon sets its device first (backends in each
@@ -185,13 +166,12 @@ class CudaIpcOpener final : public DeviceMemoryOpener {
           absl::StrCat("raw_handle: cudaIpcOpenMemHandle on device ", device,
                        " failed: ", cudaGetErrorString(e)));
     }
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    const PFN_cuMemGetAddressRange_v3020 address_range = AddressRangeFunction();
-    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(mapping.ptr);
-    if (address_range != nullptr &&
-        address_range(&base, &size, at) == CUDA_SUCCESS) {
-      mapping.available = size - (at - base);
+    absl::StatusOr<CudaAllocation> allocation = FindCudaAllocation(mapping.ptr);
+    if (allocation.ok()) {
+      mapping.available =
+          allocation->bytes -
+          static_cast<uint64_t>(static_cast<char*>(mapping.ptr) -
+                                allocation->base);
     }
     return mapping;
   }

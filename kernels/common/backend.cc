@@ -43,7 +43,7 @@ absl::Status Backend::RecordEvent(DeviceEvent event) {
   return WaitForEvent(event);
 }
 
-absl::StatusOr<std::string> Backend::ExportMemory(void*) {
+absl::StatusOr<Backend::ExportedMemory> Backend::ExportMemory(void*) {
   return absl::UnimplementedError(
       absl::StrCat("the ", Name(),
                    " backend's memory cannot be shared with other "

@@ -1,6 +1,9 @@
 // The CUDA Backend: device selection, memory, synchronous copies on the op
 // stream and overlapped ones on the copy streams, exact workspace sizes and
 // the op dispatch to the launchers.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -180,12 +183,20 @@ absl::Status CudaBackend::CheckDevice() {
       " (", cudaGetErrorString(error), ")"));
 }
 
-absl::StatusOr<std::string> CudaBackend::ExportMemory(void* base) {
+absl::StatusOr<Backend::ExportedMemory> CudaBackend::ExportMemory(
+    void* pointer) {
   MHC_RETURN_IF_ERROR(Activate("export memory"));
+  MHC_ASSIGN_OR_RETURN(CudaAllocation allocation, FindCudaAllocation(pointer));
   cudaIpcMemHandle_t handle;
-  MHC_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, base), "export memory",
-                           absl::StrCat("device ", device_));
-  return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  MHC_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, allocation.base),
+                           "export memory", absl::StrCat("device ", device_));
+  ExportedMemory exported;
+  exported.handle.assign(reinterpret_cast<const char*>(&handle),
+                         sizeof(handle));
+  exported.offset =
+      static_cast<uint64_t>(static_cast<char*>(pointer) - allocation.base);
+  exported.bytes = allocation.bytes;
+  return exported;
 }
 
 absl::StatusOr<CopyTicket> CudaBackend::CopyToDeviceAsync(void* dst,
@@ -351,6 +362,34 @@ int CudaDeviceCount() {
     return 0;
   }
   return count;
+}
+
+absl::StatusOr<CudaAllocation> FindCudaAllocation(const void* pointer) {
+  // Looked up once; null when the driver has no such entry point.
+  static const PFN_cuMemGetAddressRange_v3020 address_range = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &function,
+                                         12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return PFN_cuMemGetAddressRange_v3020{nullptr};
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(function);
+  }();
+  if (address_range == nullptr) {
+    return absl::UnavailableError(
+        "the CUDA driver has no cuMemGetAddressRange entry point");
+  }
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  if (address_range(&base, &bytes, reinterpret_cast<CUdeviceptr>(pointer)) !=
+      CUDA_SUCCESS) {
+    return absl::NotFoundError(
+        "the pointer is not in a device allocation of this process");
+  }
+  return CudaAllocation{reinterpret_cast<char*>(base), bytes};
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {

@@ -53,7 +53,7 @@ class CudaBackend final : public Backend {
   absl::Status WaitForEvent(DeviceEvent event) override;
   absl::Status RecordEvent(DeviceEvent event) override;
   absl::Status CheckDevice() override;
-  absl::StatusOr<std::string> ExportMemory(void* base) override;
+  absl::StatusOr<ExportedMemory> ExportMemory(void* pointer) override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
                         DType act_dtype) const override;
 

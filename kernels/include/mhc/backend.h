@@ -148,10 +148,18 @@ class Backend {
   // it: OK while it runs or succeeded. An error here is sticky on CUDA
   // (the context is lost) and fails every later request of the device.
   virtual absl::Status CheckDevice() { return absl::OkStatus(); }
-  // The handle another process on this node opens to use the allocation
-  // that starts at `base` (returned by Allocate): a 64-byte
-  // cudaIpcMemHandle_t on CUDA. Host backends have none (UNIMPLEMENTED).
-  virtual absl::StatusOr<std::string> ExportMemory(void* base);
+  // What another process on this node opens to use the memory at
+  // `pointer` (inside an allocation of Allocate): the handle of the whole
+  // device allocation holding it (a 64-byte cudaIpcMemHandle_t on CUDA),
+  // and where `pointer` lies in it. The driver may place several small
+  // allocations in one, so the offset need not be 0. Host backends have
+  // none (UNIMPLEMENTED).
+  struct ExportedMemory {
+    std::string handle;
+    uint64_t offset = 0;  // of `pointer` from the allocation's start
+    uint64_t bytes = 0;   // the allocation's size
+  };
+  virtual absl::StatusOr<ExportedMemory> ExportMemory(void* pointer);
 
   // Scratch bytes `op` needs for this spec, token count and dtype.
   virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,

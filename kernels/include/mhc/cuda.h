@@ -15,6 +15,15 @@ namespace mhc {
 // crashes or aborts.
 int CudaDeviceCount();
 
+// The device allocation holding `pointer` (cuMemGetAddressRange, looked up
+// through the runtime so that no libcuda link is needed): its first byte
+// and size. NOT_FOUND when `pointer` is not device memory of this process.
+struct CudaAllocation {
+  char* base = nullptr;
+  size_t bytes = 0;
+};
+absl::StatusOr<CudaAllocation> FindCudaAllocation(const void* pointer);
+
 // A backend that owns one stream on `device`. Pointers given to its ops are
 // device memory from Allocate (or any device allocation on that device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
