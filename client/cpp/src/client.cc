@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "mhc/client/compute_method.h"
 #include "mhc/status.h"
 
 namespace mhc::client {
@@ -73,19 +74,34 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
 }
 
 void Client::Prepare(grpc::ClientContext& context) const {
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMilliseconds(options_.timeout));
-  if (!session_id_.empty()) {
-    context.AddMetadata("mhc-session-id", session_id_);
+  Prepare(context, CallOptions{stream_order_, std::nullopt, std::nullopt});
+}
+
+void Client::Prepare(grpc::ClientContext& context,
+                     const CallOptions& options) const {
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      absl::ToChronoMilliseconds(options.timeout.value_or(options_.timeout)));
+  const absl::string_view session = options.session_id.value_or(session_id_);
+  if (!session.empty()) {
+    context.AddMetadata("mhc-session-id", std::string(session));
   }
-  if (stream_order_.wait_event >= 0) {
-    context.AddMetadata("mhc-wait-event",
-                        absl::StrCat(stream_order_.wait_event));
+  const StreamOrder& order = options.stream_order;
+  if (order.wait_event >= 0) {
+    context.AddMetadata("mhc-wait-event", absl::StrCat(order.wait_event));
   }
-  if (stream_order_.signal_event >= 0) {
-    context.AddMetadata("mhc-signal-event",
-                        absl::StrCat(stream_order_.signal_event));
+  if (order.signal_event >= 0) {
+    context.AddMetadata("mhc-signal-event", absl::StrCat(order.signal_event));
   }
+}
+
+absl::Status Client::Compute(const ComputeMethod& method,
+                             const google::protobuf::Message& request,
+                             google::protobuf::Message& response,
+                             const CallOptions& options) const {
+  grpc::ClientContext context;
+  Prepare(context, options);
+  return method.Invoke(*stub_, context, request, response);
 }
 
 template <typename Request, typename Response, typename Method>

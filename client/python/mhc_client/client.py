@@ -20,9 +20,11 @@ import grpc
 import numpy as np
 
 from . import errors, tensors
+from . import native as native_path
 from ._proto import (health_pb2, health_pb2_grpc, layer_pb2, service_pb2,
                      service_pb2_grpc, shm_pb2, tensor_pb2)
-from .ops import ACTIVATION_FIELDS, OPS, Ref, op_def
+from .cuda_events import SIGNAL_EVENT_METADATA_KEY, WAIT_EVENT_METADATA_KEY
+from .ops import ACTIVATION_FIELDS, OPS, OpDef, Ref, op_def
 from .spec import LayerInfo, LayerSpec, enum_value
 
 SESSION_METADATA_KEY = "mhc-session-id"
@@ -187,11 +189,16 @@ class Client:
         max_message_bytes: gRPC message limit both ways (the daemon's default).
         bf16: how bf16 outputs come back: ``"auto"`` (ml_dtypes.bfloat16 when
             installed, else uint16 bit patterns), ``"uint16"``, ``"ml_dtypes"``.
+        native: whether :meth:`compute_in_place` (the torch layer's calls)
+            goes through the C++ extension (see :mod:`mhc_client.native`):
+            True forces it, False the pure-Python path; None lets the
+            environment variable ``MHC_CLIENT_NATIVE`` decide (default
+            auto: native for a local daemon when the extension is built).
     """
 
     def __init__(self, address: str, *, timeout: float = 60.0,
                  retries: int = 3, max_message_bytes: int = 1 << 30,
-                 bf16: str = "auto") -> None:
+                 bf16: str = "auto", native: Optional[bool] = None) -> None:
         self.address = address
         self.target = normalize_address(address)
         self.timeout = timeout
@@ -204,6 +211,12 @@ class Client:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._session: Optional[Any] = None  # shm.Session while open
         self._closed = False
+        self._max_message_bytes = max_message_bytes
+        self._native_mode = native_path.mode(native)
+        # The native connection; False once decided against, None undecided.
+        self._native: Any = None
+        if self._native_mode == "on":
+            self._native = self._open_native()
 
     # ------------------------------------------------------------ plumbing
 
@@ -211,6 +224,21 @@ class Client:
     def is_local(self) -> bool:
         """True for unix-socket targets: the daemon is on this node."""
         return self.target.startswith("unix:")
+
+    @property
+    def native(self) -> Optional[native_path.Connection]:
+        """The native call path of :meth:`compute_in_place`, or None when
+        this client takes the pure-Python one."""
+        if self._native is None:
+            self._native = self._open_native()
+        return self._native or None
+
+    def _open_native(self) -> Any:
+        if self._native_mode == "off" or (
+                self._native_mode == "auto"
+                and (not self.is_local or native_path.load() is None)):
+            return False
+        return native_path.Connection(self.target, self._max_message_bytes)
 
     @property
     def session(self) -> Optional[Any]:
@@ -223,6 +251,8 @@ class Client:
             return
         if self._session is not None:
             self._session.close()
+        if self._native:
+            self._native.close()
         self._channel.close()
         self._closed = True
 
@@ -481,6 +511,60 @@ class Client:
         return {f.name: self.decode(value)
                 for f, value in response.ListFields()
                 if isinstance(value, tensor_pb2.TensorRef)}
+
+    def compute_in_place(self, spec: OpDef, layer: str,
+                         tensors: Sequence[native_path.TensorPlace],
+                         outputs: Sequence[native_path.OutputPlace],
+                         flags: Mapping[str, Any], *, retry: bool,
+                         wait_event: int = -1, signal_event: int = -1,
+                         timeout: Optional[float] = None) -> bool:
+        """Runs one operator whose tensors already lie in the session's
+        regions (the torch layer's calls); returns whether it went by the
+        native path (see :mod:`mhc_client.native`).
+
+        `tensors`: ``(field, dtype code, shape, region, offset, byte_size)``
+        each (region None: an empty tensor); `outputs`: ``(output, region,
+        offset, byte_size)`` each, written there in place; `flags`: scalar
+        fields such as ``skip_dx``; `wait_event` / `signal_event`: the
+        stream-order event indices (-1: none). Raises INTERNAL when an
+        output did not come back in place.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        attempts = self.retries if retry else 1
+        connection = self.native
+        if connection is not None:
+            session = self._session
+            connection.compute(
+                spec.rpc, layer, tensors, outputs, tuple(flags.items()),
+                session_id=session.id if session is not None else "",
+                wait_event=wait_event, signal_event=signal_event,
+                timeout=timeout, attempts=attempts)
+            return True
+        request = spec.request(layer=layer, **flags)
+        for name, dtype, shape, region, offset, nbytes in tensors:
+            ref = getattr(request, name)
+            ref.dtype = dtype
+            ref.shape.extend(shape)
+            if region is None:  # an empty tensor: no bytes, no region
+                ref.inline_data = b""
+            else:
+                ref.shm.region = region
+                ref.shm.offset = offset
+                ref.shm.byte_size = nbytes
+        for name, region, offset, nbytes in outputs:
+            place = request.output_regions[name]
+            place.region = region
+            place.offset = offset
+            place.byte_size = nbytes
+        metadata = []
+        if wait_event >= 0:
+            metadata.append((WAIT_EVENT_METADATA_KEY, str(wait_event)))
+        if signal_event >= 0:
+            metadata.append((SIGNAL_EVENT_METADATA_KEY, str(signal_event)))
+        response = self._call(spec.rpc, request, timeout=timeout, retry=retry,
+                              metadata=metadata)
+        _check_in_place(spec.rpc, response, outputs)
+        return False
 
     # Typed wrappers of the fused layer ops -------------------------------
 
@@ -745,6 +829,20 @@ class Client:
                                iterations=iterations, latencies_ms=latencies,
                                bytes_sent=request.ByteSize(),
                                bytes_received=received)
+
+
+def _check_in_place(rpc: str, response: Any,
+                    outputs: Sequence[native_path.OutputPlace]) -> None:
+    """INTERNAL unless every output placed in a region came back there."""
+    fields = response.DESCRIPTOR.fields_by_name
+    for name, region, offset, _ in outputs:
+        ref = getattr(response, name) if name in fields else None
+        if ref is None or not response.HasField(name) or \
+                ref.WhichOneof("data") != "shm" or \
+                ref.shm.region != region or ref.shm.offset != offset:
+            raise errors.Internal(
+                f"output '{name}' did not come back in place (region "
+                f"'{region}' at offset {offset})", rpc=rpc)
 
 
 def _parameters_proto(parameters: Mapping[str, Any]) -> tensor_pb2.Parameters:

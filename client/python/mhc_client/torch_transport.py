@@ -19,6 +19,11 @@ Three paths, picked per call from the first input tensor:
 * ``inline``: the bytes travel in the messages (remote daemons, or shared
   memory refused).
 
+On the ``cuda`` and ``arena`` paths every tensor is a (region, offset)
+place, and the call goes through :meth:`mhc_client.Client.compute_in_place`:
+by the native extension when available (see :mod:`mhc_client.native`;
+this module stays the same either way), else by the pure-Python stub.
+
 Ordering contract of the ``cuda`` path: the daemon's work behaves like a
 kernel launched on the current stream at the time of the call. It starts
 after everything queued on that stream before (so inputs, parameters
@@ -43,6 +48,7 @@ import torch
 
 from . import errors, tensors
 from .client import Client
+from .native import OutputPlace, TensorPlace
 from .ops import OpDef, op_def
 from .shm import aligned, torch_dtype_code
 
@@ -61,10 +67,13 @@ class TransportStats:
 
     ``host_syncs`` counts the times the client blocked the host on the
     device on the compute path (staying 0 in steady state on the ``cuda``
-    path with a daemon that takes events).
+    path with a daemon that takes events). ``native_calls`` counts the
+    ``cuda`` and ``arena`` calls sent by the native extension (see
+    :mod:`mhc_client.native`).
     """
 
     calls: int = 0
+    native_calls: int = 0  # of the cuda and arena calls, native ones
     cuda_calls: int = 0
     arena_calls: int = 0
     inline_calls: int = 0
@@ -192,9 +201,10 @@ class _Transport:
                   inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
                   device: torch.device, order_device: Optional[torch.device],
                   retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-        request = spec.request(layer=layer, **flags)
         stream = torch.cuda.current_stream(device)
         alive: List[torch.Tensor] = []
+        places: List[TensorPlace] = []
+        out_places: List[OutputPlace] = []
         result: Dict[str, torch.Tensor] = {}
         with session.pinned_cuda_regions() as pins:
             for name, t in inputs.items():
@@ -210,44 +220,40 @@ class _Transport:
                 # No-op for memory allocated on this stream (the usual case).
                 t.record_stream(stream)
                 alive.append(t)
-                ref = getattr(request, name)
-                if t.numel() == 0:  # no allocation to name
-                    ref.dtype = torch_dtype_code(t)
-                    ref.shape.extend(t.shape)
-                    ref.inline_data = b""
-                else:
-                    ref.CopyFrom(session.cuda_tensor_ref(t, pins))
+                places.append(_cuda_place(session, name, t, pins))
             for name, (shape, dtype) in outputs.items():
                 out = torch.empty(tuple(shape), dtype=dtype, device=device)
                 result[name] = out
                 if out.numel() > 0:
-                    request.output_regions[name].CopyFrom(
-                        session.cuda_output_ref(out, pins))
+                    _, _, _, region, offset, nbytes = _cuda_place(
+                        session, name, out, pins)
+                    out_places.append((name, region, offset, nbytes))
         if order_device is not None and order_device != device:
             self._synchronize(order_device)
         alive.extend(result.values())
-        self._ordered_call(spec, session, request, stream, retry, alive)
+        self._ordered_call(spec, session, layer, places, out_places, flags,
+                           stream, retry, alive)
         return result
 
-    def _ordered_call(self, spec: OpDef, session: Any, request: Any,
-                      stream: Any, retry: bool,
-                      alive: List[torch.Tensor]) -> Any:
+    def _ordered_call(self, spec: OpDef, session: Any, layer: str,
+                      places: List[TensorPlace], out_places: List[OutputPlace],
+                      flags: Dict[str, Any], stream: Any, retry: bool,
+                      alive: List[torch.Tensor]) -> None:
         """The RPC, ordered with `stream` by events (or, with a daemon that
         takes none, by synchronising first)."""
         pool = session.cuda_events(stream.device.index)
         if pool is None:
             stream.synchronize()
             stats.host_syncs += 1
-            return self.client._call(spec.rpc, request, retry=retry)
+            self._send(spec, layer, places, out_places, flags, retry)
+            return
         wait_index, signal_index = pool.acquire()
         release = True
         try:
             pool.record_wait(wait_index, stream)
-            response = self.client._call(
-                spec.rpc, request, retry=retry,
-                metadata=pool.metadata(wait_index, signal_index))
+            self._send(spec, layer, places, out_places, flags, retry,
+                       wait_index, signal_index)
             pool.wait_signal(signal_index, stream)
-            return response
         except _AMBIGUOUS:
             # The daemon may still read or write these tensors and use the
             # events later: never hand them out again.
@@ -257,6 +263,14 @@ class _Transport:
         finally:
             if release:
                 pool.release(wait_index, signal_index)
+
+    def _send(self, spec: OpDef, layer: str, places: List[TensorPlace],
+              out_places: List[OutputPlace], flags: Dict[str, Any],
+              retry: bool, wait_index: int = -1, signal_index: int = -1) -> None:
+        if self.client.compute_in_place(spec, layer, places, out_places, flags,
+                                        retry=retry, wait_event=wait_index,
+                                        signal_event=signal_index):
+            stats.native_calls += 1
 
     def _synchronize(self, device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
@@ -268,7 +282,6 @@ class _Transport:
                    inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
                    device: torch.device, order_device: Optional[torch.device],
                    retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-        request = spec.request(layer=layer, **flags)
         present = {k: v.detach() for k, v in inputs.items() if v is not None}
         places: Dict[str, int] = {}
         total = 0
@@ -286,37 +299,35 @@ class _Transport:
         with arena.lock:
             region = arena.reserve(total)
             whole = torch.from_numpy(region.ndarray(np.uint8, (region.byte_size,)))
+            tensor_places: List[TensorPlace] = []
             for name, t in present.items():
-                ref = getattr(request, name)
-                ref.dtype = torch_dtype_code(t)
-                ref.shape.extend(t.shape)
                 nbytes = t.numel() * t.element_size()
-                if nbytes == 0:
-                    ref.inline_data = b""
+                if nbytes == 0:  # no bytes to place
+                    tensor_places.append(
+                        (name, torch_dtype_code(t), t.shape, None, 0, 0))
                     continue
                 start = places[name]
                 whole[start:start + nbytes].view(t.dtype).view(t.shape).copy_(t)
-                ref.shm.region = region.name
-                ref.shm.offset = start
-                ref.shm.byte_size = nbytes
+                tensor_places.append((name, torch_dtype_code(t), t.shape,
+                                      region.name, start, nbytes))
             views: Dict[str, torch.Tensor] = {}
+            output_places: List[OutputPlace] = []
             for name, (shape, dtype) in outputs.items():
                 start, nbytes = out_places[name]
                 if nbytes == 0:
                     continue
                 views[name] = whole[start:start + nbytes].view(dtype).view(tuple(shape))
-                destination = request.output_regions[name]
-                destination.region = region.name
-                destination.offset = start
-                destination.byte_size = nbytes
+                output_places.append((name, region.name, start, nbytes))
             if order_device is not None:
                 # Parameters in place: the daemon's stream must follow this
                 # process's writes to them and precede its reads of gradients.
-                self._ordered_call(spec, session, request,
+                self._ordered_call(spec, session, layer, tensor_places,
+                                   output_places, flags,
                                    torch.cuda.current_stream(order_device),
                                    retry, [])
             else:
-                self.client._call(spec.rpc, request, retry=retry)
+                self._send(spec, layer, tensor_places, output_places, flags,
+                           retry)
             result: Dict[str, torch.Tensor] = {}
             for name, (shape, dtype) in outputs.items():
                 out = torch.empty(tuple(shape), dtype=dtype, device=device)
@@ -324,3 +335,15 @@ class _Transport:
                     out.copy_(views[name])
                 result[name] = out
             return result
+
+
+def _cuda_place(session: Any, name: str, t: torch.Tensor,
+                pins: Any) -> TensorPlace:
+    """Where contiguous CUDA tensor `t` lies: its allocation's region
+    (registered on first use) and its offset there."""
+    code = torch_dtype_code(t)
+    if t.numel() == 0:  # no allocation to name
+        return (name, code, t.shape, None, 0, 0)
+    region, offset = session.register_cuda_tensor(t, pins)
+    return (name, code, t.shape, region.name, offset,
+            t.numel() * t.element_size())

@@ -29,7 +29,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _record_requests(client: Client) -> List[Any]:
-    """Wraps client._call to keep (rpc, request bytes) of every call."""
+    """Wraps client._call to keep (rpc, request bytes) of every call of the
+    pure-Python path (the native path counts its own, see _compute_sizes)."""
     seen: List[Any] = []
     call = client._call
 
@@ -39,6 +40,16 @@ def _record_requests(client: Client) -> List[Any]:
 
     client._call = recording  # type: ignore[method-assign]
     return seen
+
+
+def _compute_sizes(client: Client, seen: List[Any]) -> List[int]:
+    """Request sizes of the compute calls: each one the pure-Python path
+    made, or the native path's call count times its largest request."""
+    if client.native is not None:
+        stats = client.native.stats()
+        return [stats["largest_request_bytes"]] * stats["calls"]
+    return [size for rpc, size in seen
+            if rpc in ("Pre", "Post", "PreBackward", "PostBackward")]
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -83,6 +94,8 @@ def test_stacked_layers_follow_eager_through_shared_memory(daemon):
             params = [p for layer in layers for p in layer.parameters()]
             optimizer = torch.optim.SGD(params, lr=0.05)
             seen = _record_requests(client)
+            if client.native is not None:
+                client.native.reset_stats()
             before = dict(vars(mhc_torch.stats))
             steps = 24
             for step in range(steps):
@@ -116,11 +129,12 @@ def test_stacked_layers_follow_eager_through_shared_memory(daemon):
             assert after["arena_calls"] - before["arena_calls"] == 4 * len(layers) * steps
             assert after["inline_calls"] == before["inline_calls"]
             assert client.session.host_arena().growths >= 2, "the arena never grew"
-            compute = [(rpc, size) for rpc, size in seen
-                       if rpc in ("Pre", "Post", "PreBackward", "PostBackward")]
+            compute = _compute_sizes(client, seen)
             assert len(compute) == 4 * len(layers) * steps
-            assert max(size for _, size in compute) <= MAX_REQUEST_BYTES, \
+            assert max(compute) <= MAX_REQUEST_BYTES, \
                 "tensor bytes travelled inline"
+            native_calls = after["native_calls"] - before["native_calls"]
+            assert native_calls == (len(compute) if client.native else 0)
         finally:
             for layer in layers:
                 layer.close()

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,17 @@ struct StreamOrder {
   int wait_event = -1;
   int signal_event = -1;
 };
+
+// Settings of one call, for callers that share a Client between threads
+// (the client-wide session, stream order and timeout are not per call).
+struct CallOptions {
+  StreamOrder stream_order;
+  // The client's when unset; the session id must outlive the call.
+  std::optional<absl::Duration> timeout;
+  std::optional<absl::string_view> session_id;
+};
+
+class ComputeMethod;
 
 class Client {
  public:
@@ -122,6 +134,13 @@ class Client {
   absl::StatusOr<v1::HeadBackwardResponse> HeadBackward(
       const v1::HeadBackwardRequest& r);
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& r);
+  // The compute RPC `method` chosen at run time (see
+  // mhc/client/compute_method.h); `request` and `response` must be its
+  // messages. Safe to call from several threads at once.
+  absl::Status Compute(const ComputeMethod& method,
+                       const google::protobuf::Message& request,
+                       google::protobuf::Message& response,
+                       const CallOptions& options) const;
   // Sends every batch on one stream and returns the answers in order; the
   // first failing batch ends the stream and its status is returned.
   absl::StatusOr<std::vector<v1::ExecuteResponse>> ExecuteStream(
@@ -148,8 +167,9 @@ class Client {
   Client(std::string target, ClientOptions options,
          std::shared_ptr<grpc::Channel> channel);
 
-  // Prepares a context with this client's deadline.
+  // Prepares a context with this client's deadline and stream order.
   void Prepare(grpc::ClientContext& context) const;
+  void Prepare(grpc::ClientContext& context, const CallOptions& options) const;
 
   template <typename Request, typename Response, typename Method>
   absl::StatusOr<Response> Call(Method method, const Request& request);

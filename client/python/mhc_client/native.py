@@ -1,0 +1,120 @@
+"""The native call path: compute calls built and sent in C++.
+
+``mhc_client._native`` is a CPython extension built by the CMake build next
+to the generated modules (``BUILD_DIR/client/python/mhc_client``). It holds
+its own C++ gRPC channel to the daemon; a call passes only strs, ints and
+small tuples naming tensors already placed in the session's regions (see
+:meth:`mhc_client.Client.compute_in_place`), and the request is built,
+sent (without the GIL) and its answer checked in C++. It needs no CUDA:
+stream-order events travel as indices, as in the pure-Python path.
+
+Which path a client takes: ``Client(native=...)``, else the environment
+variable ``MHC_CLIENT_NATIVE``:
+
+* ``auto`` (default): native when the extension imports and the daemon is
+  on this node (unix socket); pure Python otherwise.
+* ``on`` / ``1``: native, and an error if the extension does not import.
+* ``off`` / ``0``: pure Python.
+
+Remote daemons and inline tensors always take the pure-Python path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import grpc
+
+from . import errors
+
+ENV = "MHC_CLIENT_NATIVE"
+_MODES = {"auto": "auto", "": "auto", "on": "on", "1": "on", "true": "on",
+          "off": "off", "0": "off", "false": "off"}
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+# A tensor in place: (field, dtype code, shape, region or None, offset,
+# byte_size); region None is an empty tensor. An output destination:
+# (output, region, offset, byte_size).
+TensorPlace = Tuple[str, int, Tuple[int, ...], Optional[str], int, int]
+OutputPlace = Tuple[str, str, int, int]
+
+_module: Any = None
+_import_error: Optional[BaseException] = None
+
+
+def mode(native: Optional[bool] = None) -> str:
+    """``"on"``, ``"off"`` or ``"auto"``: `native` if given, else the
+    environment's choice."""
+    if native is not None:
+        return "on" if native else "off"
+    value = os.environ.get(ENV, "auto").strip().lower()
+    if value not in _MODES:
+        raise errors.InvalidArgument(
+            f"{ENV}: expected auto, on or off, got '{value}'")
+    return _MODES[value]
+
+
+def load() -> Any:
+    """The extension module, or None when it is not built or not loadable
+    (:func:`unavailable_reason` says why)."""
+    global _module, _import_error
+    if _module is None and _import_error is None:
+        try:
+            from . import _native  # type: ignore[attr-defined]
+            _module = _native
+        except ImportError as error:
+            _import_error = error
+    return _module
+
+
+def unavailable_reason() -> Optional[str]:
+    load()
+    return None if _module is not None else str(_import_error)
+
+
+class Connection:
+    """The native path of one :class:`~mhc_client.Client`: a C++ channel to
+    the same daemon, and the calls over it."""
+
+    def __init__(self, target: str, max_message_bytes: int) -> None:
+        module = load()
+        if module is None:
+            raise errors.FailedPrecondition(
+                f"the native call path is not available: {unavailable_reason()}")
+        self._error = module.RpcError
+        self._methods: Dict[str, int] = {
+            name: index for index, name in enumerate(module.methods())}
+        try:
+            self._connection = module.Connection(target, max_message_bytes)
+        except module.RpcError as error:
+            raise _typed(error, "Connect") from None
+
+    def compute(self, rpc: str, layer: str, tensors: Sequence[TensorPlace],
+                outputs: Sequence[OutputPlace], flags: Sequence[Tuple[str, Any]],
+                *, session_id: str, wait_event: int, signal_event: int,
+                timeout: float, attempts: int) -> None:
+        """One compute call; raises the same :class:`~mhc_client.MhcError`
+        subclass and message as the pure-Python path."""
+        try:
+            self._connection.compute(
+                self._methods[rpc], layer, tensors, outputs, flags, session_id,
+                wait_event, signal_event, timeout, attempts)
+        except self._error as error:
+            raise _typed(error, rpc) from None
+
+    def stats(self) -> Dict[str, int]:
+        """Calls, failures, retries and the largest request (bytes) so far."""
+        return self._connection.stats()
+
+    def reset_stats(self) -> None:
+        self._connection.reset_stats()
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def _typed(error: BaseException, rpc: str) -> errors.MhcError:
+    code, message = error.args
+    return errors.error_for(_CODES.get(code, grpc.StatusCode.UNKNOWN), message,
+                            rpc)

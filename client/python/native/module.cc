@@ -1,0 +1,304 @@
+// mhc_client._native: the Python client's compute calls done in C++ (see
+// mhc_client/native.py). Python hands over only strs, ints and small tuples
+// naming tensors in registered regions; the request is built here, sent
+// through mhc::client::Client with the GIL released, and its answer checked
+// here. Needs no CUDA: the stream-order events travel as indices. Built
+// for CPython's stable ABI (3.10 on), so one build loads in any later
+// interpreter.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/arena.h"
+#include "mhc/client/client.h"
+#include "mhc/client/compute_method.h"
+#include "request.h"
+
+namespace mhc::client::python {
+namespace {
+
+// Requests and answers of the hot path are a few hundred bytes: a block on
+// the stack keeps both off the heap.
+constexpr size_t kArenaBlockBytes = 4096;
+constexpr Py_ssize_t kComputeArgs = 10;
+
+PyObject* rpc_error = nullptr;  // mhc_client._native.RpcError
+
+struct Stats {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> failures{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> largest_request_bytes{0};
+};
+
+struct ConnectionState {
+  // Copied by each call, so close() never frees a client in use.
+  std::shared_ptr<Client> client;
+  Stats stats;
+};
+
+struct ConnectionObject {
+  PyObject_HEAD ConnectionState* state;
+};
+
+ConnectionState* StateOf(PyObject* self) {
+  return reinterpret_cast<ConnectionObject*>(self)->state;
+}
+
+// Raises RpcError(code, message): native.py turns it into the same
+// mhc_client.errors exception as the pure-Python path.
+PyObject* Raise(const absl::Status& status) {
+  const std::string message(status.message());
+  PyObject* text = PyUnicode_DecodeUTF8(
+      message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
+  if (text == nullptr) return nullptr;
+  PyObject* value =
+      Py_BuildValue("(iN)", static_cast<int>(status.code()), text);
+  if (value != nullptr) {
+    PyErr_SetObject(rpc_error, value);
+    Py_DECREF(value);
+  }
+  return nullptr;
+}
+
+void NoteLargest(std::atomic<uint64_t>& largest, uint64_t bytes) {
+  uint64_t seen = largest.load(std::memory_order_relaxed);
+  while (bytes > seen && !largest.compare_exchange_weak(
+                             seen, bytes, std::memory_order_relaxed)) {
+  }
+}
+
+// UNAVAILABLE means the request never reached a handler, so calls that are
+// safe to repeat are tried `attempts` times, with the pure path's backoff.
+absl::Status CallWithRetries(const Client& client, const ComputeMethod& method,
+                             const google::protobuf::Message& request,
+                             google::protobuf::Message& response,
+                             const CallOptions& options, int attempts,
+                             Stats& stats) {
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (int attempt = 1;; ++attempt) {
+    absl::Status status = client.Compute(method, request, response, options);
+    if (status.code() != absl::StatusCode::kUnavailable ||
+        attempt >= attempts) {
+      return status;
+    }
+    stats.retries.fetch_add(1, std::memory_order_relaxed);
+    absl::SleepFor(backoff);
+    backoff *= 4;
+  }
+}
+
+int ConnectionInit(PyObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* keywords[] = {"target", "max_message_bytes", nullptr};
+  const char* target = nullptr;
+  int max_message_bytes = 1 << 30;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|i",
+                                   const_cast<char**>(keywords), &target,
+                                   &max_message_bytes)) {
+    return -1;
+  }
+  ClientOptions options;
+  options.max_message_bytes = max_message_bytes;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(target, options);
+  if (!client.ok()) {
+    Raise(client.status());
+    return -1;
+  }
+  ConnectionState*& state = reinterpret_cast<ConnectionObject*>(self)->state;
+  delete state;
+  state = new ConnectionState;
+  state->client = std::shared_ptr<Client>(*std::move(client));
+  return 0;
+}
+
+void ConnectionDealloc(PyObject* self) {
+  delete StateOf(self);
+  PyTypeObject* type = Py_TYPE(self);
+  reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free))(self);
+  Py_DECREF(type);  // instances of heap types own a reference to it
+}
+
+// compute(method, layer, tensors, outputs, flags, session_id, wait_event,
+//         signal_event, timeout_s, attempts): see request.h for the tuples.
+PyObject* Compute(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != kComputeArgs) {
+    PyErr_Format(PyExc_TypeError, "compute() takes %zd arguments, got %zd",
+                 kComputeArgs, nargs);
+    return nullptr;
+  }
+  ConnectionState* state = StateOf(self);
+  if (state == nullptr || state->client == nullptr) {
+    return Raise(
+        absl::FailedPreconditionError("the native connection is closed"));
+  }
+  const long index = PyLong_AsLong(args[0]);
+  const absl::Span<const ComputeMethod> methods = ComputeMethod::All();
+  if (index < 0 || static_cast<size_t>(index) >= methods.size()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "compute(): no such method index");
+    return nullptr;
+  }
+  const ComputeMethod& method = methods[static_cast<size_t>(index)];
+  Py_ssize_t session_size = 0;
+  const char* session = PyUnicode_AsUTF8AndSize(args[5], &session_size);
+  const long wait_event = PyLong_AsLong(args[6]);
+  const long signal_event = PyLong_AsLong(args[7]);
+  const double timeout_s = PyFloat_AsDouble(args[8]);
+  const long attempts = PyLong_AsLong(args[9]);
+  if (PyErr_Occurred()) return nullptr;
+
+  alignas(std::max_align_t) char block[kArenaBlockBytes];
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.initial_block = block;
+  arena_options.initial_block_size = sizeof(block);
+  google::protobuf::Arena arena(arena_options);
+  google::protobuf::Message* request = method.NewRequest(&arena);
+  google::protobuf::Message* response = method.NewResponse(&arena);
+  absl::Status status =
+      FillRequest(method, args[1], args[2], args[3], args[4], *request);
+  if (!status.ok()) return Raise(status);
+
+  // The session id's bytes belong to a str the caller holds for the call.
+  CallOptions options;
+  options.stream_order = {static_cast<int>(wait_event),
+                          static_cast<int>(signal_event)};
+  options.timeout = absl::Seconds(timeout_s);
+  options.session_id =
+      absl::string_view(session, static_cast<size_t>(session_size));
+  std::shared_ptr<Client> client = state->client;
+  Stats& stats = state->stats;
+  Py_BEGIN_ALLOW_THREADS;
+  stats.calls.fetch_add(1, std::memory_order_relaxed);
+  NoteLargest(stats.largest_request_bytes, request->ByteSizeLong());
+  status = CallWithRetries(*client, method, *request, *response, options,
+                           static_cast<int>(attempts), stats);
+  if (status.ok()) status = CheckOutputsInPlace(method, *request, *response);
+  if (!status.ok()) stats.failures.fetch_add(1, std::memory_order_relaxed);
+  Py_END_ALLOW_THREADS;
+  if (!status.ok()) return Raise(status);
+  Py_RETURN_NONE;
+}
+
+PyObject* StatsDict(PyObject* self, PyObject*) {
+  if (StateOf(self) == nullptr) return PyDict_New();
+  const Stats& s = StateOf(self)->stats;
+  return Py_BuildValue(
+      "{sKsKsKsK}", "calls", static_cast<unsigned long long>(s.calls.load()),
+      "failures", static_cast<unsigned long long>(s.failures.load()), "retries",
+      static_cast<unsigned long long>(s.retries.load()),
+      "largest_request_bytes",
+      static_cast<unsigned long long>(s.largest_request_bytes.load()));
+}
+
+PyObject* ResetStats(PyObject* self, PyObject*) {
+  if (StateOf(self) != nullptr) {
+    Stats& s = StateOf(self)->stats;
+    s.calls = 0;
+    s.failures = 0;
+    s.retries = 0;
+    s.largest_request_bytes = 0;
+  }
+  Py_RETURN_NONE;
+}
+
+// Later calls fail; calls in flight finish on their copy of the client.
+PyObject* Close(PyObject* self, PyObject*) {
+  if (StateOf(self) != nullptr) StateOf(self)->client.reset();
+  Py_RETURN_NONE;
+}
+
+PyMethodDef connection_methods[] = {
+    {"compute",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Compute)),
+     METH_FASTCALL,
+     "compute(method, layer, tensors, outputs, flags, session_id, "
+     "wait_event, signal_event, timeout_s, attempts): one compute call"},
+    {"stats", StatsDict, METH_NOARGS,
+     "calls, failures, retries and largest_request_bytes so far"},
+    {"reset_stats", ResetStats, METH_NOARGS, "zeroes the stats"},
+    {"close", Close, METH_NOARGS, "drops the channel (later calls fail)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot connection_slots[] = {
+    {Py_tp_doc,
+     const_cast<char*>("Connection(target, max_message_bytes=1 << 30): a C++ "
+                       "channel to mhcd")},
+    {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+    {Py_tp_init, reinterpret_cast<void*>(ConnectionInit)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(ConnectionDealloc)},
+    {Py_tp_methods, connection_methods},
+    {0, nullptr}};
+
+PyType_Spec connection_spec = {"mhc_client._native.Connection",
+                               sizeof(ConnectionObject), 0, Py_TPFLAGS_DEFAULT,
+                               connection_slots};
+
+// The compute RPCs' names, in the order compute() indexes them.
+PyObject* Methods(PyObject*, PyObject*) {
+  const absl::Span<const ComputeMethod> methods = ComputeMethod::All();
+  PyObject* names = PyTuple_New(static_cast<Py_ssize_t>(methods.size()));
+  if (names == nullptr) return nullptr;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    const absl::string_view name = methods[i].name();
+    PyObject* text = PyUnicode_FromStringAndSize(
+        name.data(), static_cast<Py_ssize_t>(name.size()));
+    if (text == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SetItem(names, static_cast<Py_ssize_t>(i), text);  // steals
+  }
+  return names;
+}
+
+PyMethodDef module_methods[] = {
+    {"methods", Methods, METH_NOARGS,
+     "the compute RPCs' names, in the order compute() indexes them"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "mhc_client._native",
+    "The Python client's compute calls in C++ (see mhc_client.native).",
+    -1,
+    module_methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr};
+
+}  // namespace
+}  // namespace mhc::client::python
+
+PyMODINIT_FUNC PyInit__native() {
+  using namespace mhc::client::python;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  PyObject* connection_type = PyType_FromSpec(&connection_spec);
+  if (connection_type == nullptr ||
+      PyModule_AddObject(module, "Connection", connection_type) < 0) {
+    Py_XDECREF(connection_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  rpc_error =
+      PyErr_NewException("mhc_client._native.RpcError", nullptr, nullptr);
+  if (rpc_error == nullptr ||
+      PyModule_AddObject(module, "RpcError", rpc_error) < 0) {
+    Py_XDECREF(rpc_error);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  Py_INCREF(rpc_error);  // the module's reference was stolen; keep ours
+  return module;
+}
