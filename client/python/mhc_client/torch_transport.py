@@ -41,6 +41,7 @@ streams).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -290,7 +291,7 @@ class _Transport:
             total += aligned(t.numel() * t.element_size())
         out_places: Dict[str, Tuple[int, int]] = {}  # name -> (offset, bytes)
         for name, (shape, dtype) in outputs.items():
-            count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+            count = int(math.prod(shape))  # np.prod costs microseconds a call
             out_places[name] = (total, count * _ITEMSIZE[dtype])
             total += aligned(count * _ITEMSIZE[dtype])
         if device.type == "cuda":
