@@ -46,6 +46,17 @@ if [[ -d "${build}/client/python/mhc_client/_pb" ]]; then
   mkdir -p "${out}/python/mhc_client"
   cp -r "${build}/client/python/mhc_client/_pb" "${out}/python/mhc_client/"
 fi
+# The Python client's native extension (stable ABI: any Python >= 3.10
+# loads it) finds the libraries in OUT/lib through its rpath.
+for module in "${build}"/client/python/mhc_client/_native*.so; do
+  [[ -f "${module}" ]] || continue
+  mkdir -p "${out}/python/mhc_client"
+  cp "${module}" "${out}/python/mhc_client/"
+  ldd "${module}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev "${system}" | while read -r library; do
+    cp -L "${library}" "${out}/lib/"
+  done
+done
 # Symbols only make the folder larger; backtraces keep function names.
 strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
 echo "bundle: $(ls "${out}/bin" | wc -l) binaries, $(ls "${out}/lib" | wc -l) libraries, $(du -sh "${out}" | cut -f1)"

@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  clang-format python3 python3-numpy python3-grpcio python3-protobuf
+  clang-format python3 python3-dev python3-numpy python3-grpcio python3-protobuf
   python3-pytest python3-torch curl
   prometheus python3-yaml python3-matplotlib
 )
