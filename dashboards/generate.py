@@ -193,6 +193,17 @@ def service():
     b.panel("Queue wait p50 / p99", "s",
             [(quantile(0.5, "mhcd_queue_wait_seconds", "device", DEV), "p50 {{device}}"),
              (quantile(0.99, "mhcd_queue_wait_seconds", "device", DEV), "p99 {{device}}")])
+    b.panel("Optimizer steps per second", "ops",
+            [(f"sum by (device, algorithm) (rate(mhcd_optimizer_steps_total{{{DEV}}}[{RI}]))",
+              "{{device}} {{algorithm}}")],
+            description="OptimizerStep calls that updated parameters.")
+    b.panel("Optimizer step time p50 / p99", "s",
+            [(quantile(0.5, "mhcd_optimizer_step_duration_seconds", "device, algorithm", DEV),
+              "p50 {{device}} {{algorithm}}"),
+             (quantile(0.99, "mhcd_optimizer_step_duration_seconds", "device, algorithm", DEV),
+              "p99 {{device}} {{algorithm}}")],
+            description="Time a step holds its device, including the wait for the "
+                        "device when the request returns the gradient norm.")
     return b
 
 
@@ -233,6 +244,8 @@ def resources():
     b.panel("Device memory", "bytes",
             [(f"sum by (device) (mhcd_parameter_bytes{{{DEV}}})", "parameters {{device}}"),
              (f"sum by (device) (mhcd_gradient_bytes{{{DEV}}})", "gradients {{device}}"),
+             (f"sum by (device) (mhcd_optimizer_state_bytes{{{DEV}}})",
+              "optimizer state {{device}}"),
              (f"sum by (device) (mhcd_workspace_bytes{{{DEV}}})", "workspace {{device}}"),
              (f"sum by (device) (mhcd_staging_bytes{{{DEV}}})", "staging {{device}}")])
     b.panel("Layers", "short",

@@ -99,11 +99,12 @@ Layer::Layer(std::string name, std::string preset, const LayerSpec& spec,
       total_elements_(ParameterCount(spec)) {}
 
 Layer::~Layer() {
-  if (values_ == nullptr && grads_ == nullptr) return;
+  if (values_ == nullptr && grads_ == nullptr && optimizer_ == nullptr) return;
   executor_
       ->WithDevice([&](Backend& backend) {
         // One allocation holds both blocks (see Allocate).
         if (values_ != nullptr) backend.Free(values_);
+        FreeOptimizerState(backend);
         return absl::OkStatus();
       })
       .IgnoreError();
@@ -346,6 +347,11 @@ void LayerStore::FillInfo(const Layer& layer, v1::LayerInfo* info) const {
   info->set_parameter_count(layer.parameter_count());
   info->set_gradient_tokens(layer.gradient_tokens());
   info->set_parameters_version(layer.version());
+  auto [algorithm, step] = layer.optimizer_summary();
+  if (!algorithm.empty()) {
+    info->mutable_optimizer()->set_algorithm(algorithm);
+    info->mutable_optimizer()->set_step(step);
+  }
 }
 
 absl::StatusOr<int64_t> LayerStore::Read(
@@ -500,6 +506,23 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::ConvertLayout(
       MHC_RETURN_IF_ERROR(
           backend.CopyToDevice(grads ? fresh->grads() : fresh->values(),
                                permuted.data(), count * sizeof(float)));
+    }
+    if (const OptimizerState* state = old->optimizer_state()) {
+      // Each slot follows its parameter's columns.
+      std::vector<float> slots(state->slot_names.size() * count);
+      MHC_RETURN_IF_ERROR(backend.CopyToHost(slots.data(), state->slots,
+                                             slots.size() * sizeof(float)));
+      std::vector<float> permuted_slots = slots;
+      for (size_t s = 0; s < state->slot_names.size(); ++s) {
+        for (const Layer::Param& p : old->params()) {
+          if (p.name != "phi" && p.name != "gamma") continue;
+          PermuteColumns(old->spec(), spec, slots.data() + s * count + p.offset,
+                         permuted_slots.data() + s * count + p.offset,
+                         p.elements / spec.K());
+        }
+      }
+      MHC_RETURN_IF_ERROR(fresh->RestoreOptimizerState(
+          backend, state->algorithm, state->step, permuted_slots));
     }
     fresh->set_version(old->version() + 1);
     fresh->set_gradient_tokens(old->gradient_tokens());

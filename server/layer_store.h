@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +31,21 @@
 #include "server/tensor_resolver.h"
 
 namespace mhc::server {
+
+// A layer's optimizer state (OptimizerStep): fp32 slots in the layer's
+// device memory, created by the layer's first step (or a restore) and freed
+// with the layer. Its algorithm is fixed while it exists; a step of another
+// algorithm must reset it.
+struct OptimizerState {
+  std::string algorithm;  // "sgd", "adamw" (mhc::OptimizerAlgorithmName)
+  int64_t step = 0;       // steps taken; the next step is number step + 1
+  // "momentum_buffer" (sgd); "exp_avg", "exp_avg_sq" (adamw).
+  std::vector<std::string> slot_names;
+  // Device memory: slot_names.size() arrays of parameter_count() floats,
+  // back to back, slot s at slots + s * parameter_count(). Each array is in
+  // the parameter block's order: parameter p at p.offset, like values().
+  float* slots = nullptr;
+};
 
 class Layer {
  public:
@@ -82,6 +98,31 @@ class Layer {
   // looked it up.
   absl::Status CheckCurrent() const;
 
+  // Optimizer state. All of these run under the device (inside the
+  // executor's WithDevice or Run), which orders them with the steps and ops
+  // that use the memory; optimizer_summary() alone is safe anywhere.
+  //
+  // The state, or null when the layer has none.
+  const OptimizerState* optimizer_state() const { return optimizer_.get(); }
+  // Replaces any state by zeroed slots for `algorithm` ("sgd", "adamw") at
+  // step 0.
+  absl::Status AllocateOptimizerState(Backend& backend,
+                                      absl::string_view algorithm);
+  // Replaces any state by `algorithm` at `step` with `slots` (host memory,
+  // every slot back to back as in OptimizerState::slots); for checkpoints.
+  absl::Status RestoreOptimizerState(Backend& backend,
+                                     absl::string_view algorithm, int64_t step,
+                                     const std::vector<float>& slots);
+  // The slots in host memory, back to back as in OptimizerState::slots;
+  // FAILED_PRECONDITION without state.
+  absl::StatusOr<std::vector<float>> ReadOptimizerState(Backend& backend) const;
+  void FreeOptimizerState(Backend& backend);
+  void set_optimizer_step(int64_t step);
+  // Algorithm ("" without state) and step, for LayerInfo.
+  std::pair<std::string, int64_t> optimizer_summary() const;
+  // Device bytes of the state (0 without).
+  uint64_t optimizer_state_bytes() const;
+
  private:
   const std::string name_;
   const std::string preset_;
@@ -95,6 +136,9 @@ class Layer {
   std::atomic<uint64_t> version_{1};
   std::atomic<int64_t> gradient_tokens_{0};
   std::atomic<bool> retired_{false};
+  // Written under the device and optimizer_mu_; read under either.
+  mutable absl::Mutex optimizer_mu_;
+  std::unique_ptr<OptimizerState> optimizer_;
 };
 
 // 1..128 characters of [A-Za-z0-9_.-], the first a letter or digit.

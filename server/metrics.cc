@@ -181,6 +181,28 @@ Metrics::Metrics(const BuildInfo& build)
            .Name("mhcd_workspace_bytes")
            .Help("Memory of the kernel workspace (scratch), by device.")
            .Register(*registry_);
+  optimizer_steps_ =
+      &prometheus::BuildCounter()
+           .Name("mhcd_optimizer_steps_total")
+           .Help(
+               "OptimizerStep calls that updated parameters, by device and "
+               "algorithm (sgd, adamw).")
+           .Register(*registry_);
+  optimizer_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_optimizer_step_duration_seconds")
+           .Help(
+               "Time one OptimizerStep held its device: the launches, and "
+               "the wait for the device when the request waits for it, by "
+               "device and algorithm.")
+           .Register(*registry_);
+  optimizer_state_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_optimizer_state_bytes")
+           .Help(
+               "Memory of the layers' optimizer state (momentum, Adam "
+               "moments), by device.")
+           .Register(*registry_);
   staging_bytes_ =
       &prometheus::BuildGauge()
            .Name("mhcd_staging_bytes")
@@ -250,7 +272,8 @@ Metrics::Metrics(const BuildInfo& build)
            .Help(
                "Times a request's thread waited for its device to finish, by "
                "device and reason (request: requests without a signal event, "
-               "or with host copies, are answered once their work is done). "
+               "or with host copies, are answered once their work is done; "
+               "grad_norm: an OptimizerStep returns the gradient norm). "
                "Stream-ordered requests on device memory add none.")
            .Register(*registry_);
   determinism_checks_ =
@@ -371,6 +394,26 @@ void Metrics::SetLayerMemory(absl::string_view device, double layers,
 
 void Metrics::SetWorkspaceBytes(absl::string_view device, double bytes) {
   workspace_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
+}
+
+void Metrics::DeclareOptimizerDevice(absl::string_view device) {
+  for (const char* algorithm : {"sgd", "adamw"}) {
+    optimizer_steps_->Add(
+        {{"device", std::string(device)}, {"algorithm", algorithm}});
+  }
+  optimizer_state_bytes_->Add({{"device", std::string(device)}});
+}
+
+void Metrics::RecordOptimizerStep(absl::string_view device,
+                                  absl::string_view algorithm, double seconds) {
+  const prometheus::Labels labels{{"device", std::string(device)},
+                                  {"algorithm", std::string(algorithm)}};
+  optimizer_steps_->Add(labels).Increment();
+  optimizer_seconds_->Add(labels, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::SetOptimizerStateBytes(absl::string_view device, double bytes) {
+  optimizer_state_bytes_->Add({{"device", std::string(device)}}).Set(bytes);
 }
 
 void Metrics::SetStagingBytes(absl::string_view device, double bytes) {

@@ -70,6 +70,13 @@ class Metrics {
   void SetLayerMemory(absl::string_view device, double layers,
                       double parameter_bytes, double gradient_bytes);
   void SetWorkspaceBytes(absl::string_view device, double bytes);
+  // Optimizer: the step counters of `device` start at zero for every
+  // algorithm; a step that updated parameters, and how long it held the
+  // device; the memory of the layers' optimizer state.
+  void DeclareOptimizerDevice(absl::string_view device);
+  void RecordOptimizerStep(absl::string_view device,
+                           absl::string_view algorithm, double seconds);
+  void SetOptimizerStateBytes(absl::string_view device, double bytes);
   // Device memory host tensors are staged in (backends without host
   // access).
   void SetStagingBytes(absl::string_view device, double bytes);
@@ -117,6 +124,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* parameter_bytes_;
   prometheus::Family<prometheus::Gauge>* gradient_bytes_;
   prometheus::Family<prometheus::Gauge>* workspace_bytes_;
+  prometheus::Family<prometheus::Counter>* optimizer_steps_;
+  prometheus::Family<prometheus::Histogram>* optimizer_seconds_;
+  prometheus::Family<prometheus::Gauge>* optimizer_state_bytes_;
   prometheus::Family<prometheus::Gauge>* staging_bytes_;
   prometheus::Family<prometheus::Gauge>* shm_regions_;
   prometheus::Family<prometheus::Gauge>* shm_bytes_;

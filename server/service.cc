@@ -28,7 +28,12 @@ MhcService::MhcService(const ServiceOptions& options,
       admission_(admission),
       metrics_(metrics),
       shm_(shm),
-      runner_(store, options.limits) {}
+      runner_(store, options.limits),
+      optimizer_(store, metrics) {
+  for (Executor* executor : executors_) {
+    metrics_->DeclareOptimizerDevice(executor->device());
+  }
+}
 
 grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
                                 absl::FunctionRef<absl::Status()> body) {
@@ -62,18 +67,27 @@ grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
 }
 
 void MhcService::UpdateLayerMetrics() {
-  std::map<const Executor*, std::pair<double, double>> per_device;
-  for (Executor* executor : executors_) per_device[executor] = {0, 0};
+  struct Totals {
+    double layers = 0;
+    double parameter_bytes = 0;
+    double optimizer_bytes = 0;
+  };
+  std::map<const Executor*, Totals> per_device;
+  for (Executor* executor : executors_) per_device[executor] = {};
   for (const auto& layer : store_->List()) {
-    auto& [layers, parameter_bytes] = per_device[layer->executor()];
-    ++layers;
-    parameter_bytes +=
+    Totals& totals = per_device[layer->executor()];
+    ++totals.layers;
+    totals.parameter_bytes +=
         static_cast<double>(layer->parameter_count()) * sizeof(float);
+    totals.optimizer_bytes +=
+        static_cast<double>(layer->optimizer_state_bytes());
   }
-  for (const auto& [executor, counts] : per_device) {
+  for (const auto& [executor, totals] : per_device) {
     // Every parameter has a gradient accumulator of its size.
-    metrics_->SetLayerMemory(executor->device(), counts.first, counts.second,
-                             counts.second);
+    metrics_->SetLayerMemory(executor->device(), totals.layers,
+                             totals.parameter_bytes, totals.parameter_bytes);
+    metrics_->SetOptimizerStateBytes(executor->device(),
+                                     totals.optimizer_bytes);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/op_runner.h"
+#include "server/optimizer_runner.h"
 #include "server/shm_registry.h"
 
 namespace mhc::server {
@@ -79,6 +80,8 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(ZeroGradients, ZeroGradientsRequest, ZeroGradientsResponse);
   MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
   MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
+  // service_optimizer.cc
+  MHC_UNARY(OptimizerStep, OptimizerStepRequest, OptimizerStepResponse);
 
   MHC_UNARY(Projection, ProjectionRequest, ProjectionResponse);
   MHC_UNARY(ProjectionBackward, ProjectionBackwardRequest,
@@ -132,7 +135,8 @@ class MhcService final : public v1::Mhc::Service {
   // Admission (unless `admit` is false), the call, status mapping, metrics.
   grpc::Status Handle(absl::string_view rpc, bool admit,
                       absl::FunctionRef<absl::Status()> body);
-  // Layer count and parameter/gradient memory after layers came or went.
+  // Layer count and parameter/gradient/optimizer memory after layers or
+  // their optimizer state came or went.
   void UpdateLayerMetrics();
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
                      const grpc::ServerContext& context,
@@ -150,6 +154,7 @@ class MhcService final : public v1::Mhc::Service {
   Metrics* const metrics_;
   ShmRegistry* const shm_;
   OpRunner runner_;
+  OptimizerRunner optimizer_;
   OpenStreams streams_;
 };
 

@@ -113,12 +113,15 @@ ADDRESS="unix:${WORK}/mhcd.sock"
 ctl() { "${MHCCTL}" --address="${ADDRESS}" "$@" >/dev/null; }
 
 # Bounded load: LOAD_ROUNDS rounds of small forward+backward layers over the
-# dtypes and layouts, one Execute-free error per round (NOT_FOUND).
+# dtypes and layouts, each followed by an optimizer step, one Execute-free
+# error per round (NOT_FOUND).
 load() {
   local round dtypes=(bf16 fp32 fp16) presets=(deepseek_v4 transformer_engine)
+  local optimizers=(adamw sgd)
   for ((round = 0; round < LOAD_ROUNDS; round++)); do
     ctl run --tokens=$((16 + 8 * round)) --hidden=128 --iterations=2 \
-      --dtype="${dtypes[round % 3]}" --preset="${presets[round % 2]}"
+      --dtype="${dtypes[round % 3]}" --preset="${presets[round % 2]}" \
+      --optimizer="${optimizers[round % 2]}"
     ctl layer show no-such-layer 2>/dev/null && fail "expected NOT_FOUND" || true
     sleep 0.5
   done

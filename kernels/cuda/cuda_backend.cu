@@ -350,6 +350,10 @@ absl::Status CudaBackend::RunHeadBackward(const HeadBackwardParams& p,
                                           Workspace ws) {
   MHC_CUDA_RUN_(LaunchHeadBackward(p, ws, stream_));
 }
+absl::Status CudaBackend::RunOptimizerStep(const OptimizerStepParams& p,
+                                           Workspace ws) {
+  MHC_CUDA_RUN_(LaunchOptimizerStep(p, ws, stream_));
+}
 
 #undef MHC_CUDA_RUN_
 

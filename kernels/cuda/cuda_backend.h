@@ -91,6 +91,8 @@ class CudaBackend final : public Backend {
                               Workspace ws) override;
   absl::Status RunHeadBackward(const HeadBackwardParams& p,
                                Workspace ws) override;
+  absl::Status RunOptimizerStep(const OptimizerStepParams& p,
+                                Workspace ws) override;
 
  private:
   CudaBackend(int device, std::string description)

@@ -14,6 +14,7 @@
 #include "mhc/ops/aggregate.h"
 #include "mhc/ops/expand.h"
 #include "mhc/ops/fused.h"
+#include "mhc/ops/optimizer.h"
 #include "mhc/ops/post.h"
 #include "mhc/ops/projection.h"
 #include "mhc/ops/scale.h"
@@ -94,6 +95,10 @@ absl::Status LaunchHeadForward(const HeadForwardParams& p, Workspace ws,
                                cudaStream_t stream);
 absl::Status LaunchHeadBackward(const HeadBackwardParams& p, Workspace ws,
                                 cudaStream_t stream);
+// The optimizer step (optimizer.cu); `ws` as
+// Backend::OptimizerWorkspaceBytes.
+absl::Status LaunchOptimizerStep(const OptimizerStepParams& p, Workspace ws,
+                                 cudaStream_t stream);
 
 // The fused layer ops for both layer kinds (fused_pre.cu): projection,
 // scale, Sinkhorn (kMhc) and aggregate per token tile.

@@ -39,6 +39,8 @@ ABSL_DECLARE_FLAG(std::string, layer);
 ABSL_DECLARE_FLAG(std::string, f);
 ABSL_DECLARE_FLAG(uint64_t, data_seed);
 ABSL_DECLARE_FLAG(bool, shm);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(float, learning_rate);
 
 namespace mhc::mhcctl {
 

@@ -56,6 +56,10 @@ ABSL_FLAG(std::string, layer, "",
 ABSL_FLAG(std::string, f, "tanh",
           "run: the client-side sub-layer F, tanh or identity");
 ABSL_FLAG(uint64_t, data_seed, 1, "run: seed of the random activations");
+ABSL_FLAG(std::string, optimizer, "",
+          "run: after the checks, one OptimizerStep (sgd or adamw, clipped "
+          "at norm 1, gradients zeroed)");
+ABSL_FLAG(float, learning_rate, 1e-3f, "run: learning rate of --optimizer");
 ABSL_FLAG(bool, shm, false,
           "run: pass the forward tensors (Pre, Post) through POSIX shared "
           "memory in a session instead of inline (daemon needs --allow_shm "
@@ -74,10 +78,11 @@ Commands:
   layer show --name=N       (or: layer show N)
   layer delete --name=N     (or: layer delete N)
   run [--tokens=128 --n=4 --hidden=256 --dtype=bf16 --preset=deepseek_v4
-       --iterations=3 --layer=EXISTING --f=tanh --shm]
+       --iterations=3 --layer=EXISTING --f=tanh --shm
+       --optimizer=sgd|adamw --learning_rate=1e-3]
       one mHC layer forward and backward through the daemon on random data,
-      checked against the float64 reference computed here; exit code 1 when
-      a check fails.
+      checked against the float64 reference computed here, then optionally
+      one optimizer step; exit code 1 when a check fails.
 )";
 
 bool IsMhcctlFlagFile(absl::string_view file) {

@@ -500,6 +500,26 @@ int RunRun(client::Client& client) {
                              tokens, iterations, grads0, grads1);
     if (!checked.ok()) return void(status = checked.status());
     checks = *std::move(checked);
+    const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
+    if (optimizer.empty()) return;
+    v1::OptimizerStepRequest step;
+    step.add_layers(layer);
+    step.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+    step.set_max_grad_norm(1.0f);
+    step.set_zero_gradients(true);
+    if (optimizer == "sgd") {
+      step.mutable_sgd()->set_momentum(0.9f);
+    } else if (optimizer == "adamw") {
+      step.mutable_adamw();
+    } else {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "--optimizer: expected sgd or adamw, got '", optimizer, "'"));
+      return;
+    }
+    status =
+        timings
+            .Time("OptimizerStep", [&] { return client.OptimizerStep(step); })
+            .status();
   }();
   if (create) {
     absl::Status deleted = client.DeleteLayer(layer).status();

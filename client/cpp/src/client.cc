@@ -233,6 +233,7 @@ MHC_CLIENT_UNARY(ExpandBackward, ExpandBackwardRequest, ExpandBackwardResponse)
 MHC_CLIENT_UNARY(Head, HeadRequest, HeadResponse)
 MHC_CLIENT_UNARY(HeadBackward, HeadBackwardRequest, HeadBackwardResponse)
 MHC_CLIENT_UNARY(Execute, ExecuteRequest, ExecuteResponse)
+MHC_CLIENT_UNARY(OptimizerStep, OptimizerStepRequest, OptimizerStepResponse)
 
 #undef MHC_CLIENT_UNARY
 

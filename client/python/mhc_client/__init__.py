@@ -20,9 +20,10 @@ __path__ = __path__[1:] + __path__[:1]
 
 from . import errors, tensors  # noqa: E402
 from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402
-                     Client, Device, Gradients, HeadResult, PostBackwardResult,
-                     PreResult, ProjectionResult, ScaleBackwardResult,
-                     ScaleResult, ServerInfo, normalize_address)
+                     Client, Device, Gradients, HeadResult,
+                     OptimizerStepResult, PostBackwardResult, PreResult,
+                     ProjectionResult, ScaleBackwardResult, ScaleResult,
+                     ServerInfo, normalize_address)
 from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: E402
                      Internal, InvalidArgument, MhcError, NotFound,
                      PermissionDenied, ResourceExhausted, Unavailable)
@@ -35,8 +36,8 @@ __all__ = [
     "AggregateBackwardResult", "AlreadyExists", "Batch", "BenchmarkResult",
     "Client", "DeadlineExceeded", "Device", "FailedPrecondition", "Gradients",
     "HeadResult", "Internal", "InvalidArgument", "LayerInfo", "LayerSpec",
-    "MhcError", "NotFound", "PRESETS", "PermissionDenied",
-    "PostBackwardResult", "PreResult", "ProjectionResult", "Ref",
+    "MhcError", "NotFound", "OptimizerStepResult", "PRESETS",
+    "PermissionDenied", "PostBackwardResult", "PreResult", "ProjectionResult", "Ref",
     "ResourceExhausted", "ScaleBackwardResult", "ScaleResult", "ServerInfo",
     "Unavailable", "errors", "normalize_address", "tensors",
 ]

@@ -128,6 +128,10 @@ class LayerInfo:
     parameter_count: int
     gradient_tokens: int
     parameters_version: int
+    # The daemon's optimizer state: "sgd" / "adamw" ("" before the first
+    # OptimizerStep) and the steps taken.
+    optimizer_algorithm: str = ""
+    optimizer_step: int = 0
 
     @classmethod
     def from_proto(cls, proto: layer_pb2.LayerInfo) -> "LayerInfo":
@@ -135,4 +139,6 @@ class LayerInfo:
                    spec=LayerSpec.from_proto(proto.spec), device=proto.device,
                    parameter_count=proto.parameter_count,
                    gradient_tokens=proto.gradient_tokens,
-                   parameters_version=proto.parameters_version)
+                   parameters_version=proto.parameters_version,
+                   optimizer_algorithm=proto.optimizer.algorithm,
+                   optimizer_step=proto.optimizer.step)

@@ -226,6 +226,13 @@ class CpuBackend final : public Backend {
                                Workspace ws) override {
     return Dispatch(OpKind::kHeadBackward, p, ws, &cpu::HeadBackward);
   }
+  absl::Status RunOptimizerStep(const OptimizerStepParams& p,
+                                Workspace ws) override {
+    if (reinterpret_cast<uintptr_t>(ws.data) % alignof(double) != 0) {
+      return absl::InvalidArgumentError("cpu: workspace is not aligned");
+    }
+    return cpu::OptimizerStep(pool_, p, ws);
+  }
 
  private:
   // Checks the workspace and carves it; the op then runs on the pool.

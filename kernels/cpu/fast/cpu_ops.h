@@ -261,6 +261,10 @@ absl::Status PreBackward(const OpContext& ctx, const PreBackwardParams& p);
 absl::Status HeadForward(const OpContext& ctx, const HeadForwardParams& p);
 absl::Status HeadBackward(const OpContext& ctx, const HeadBackwardParams& p);
 
+// The optimizer step (optimizer.cc); `ws` as Backend::OptimizerWorkspaceBytes.
+absl::Status OptimizerStep(ThreadPool& pool, const OptimizerStepParams& p,
+                           Workspace ws);
+
 }  // namespace mhc::cpu
 
 #endif  // MHC_KERNELS_CPU_FAST_CPU_OPS_H_

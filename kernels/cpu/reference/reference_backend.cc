@@ -5,6 +5,7 @@
 // the request's tokens in double and added to the fp32 accumulators once.
 // Single threaded, trivially deterministic and batch invariant; speed is
 // irrelevant, so temporaries are allocated per call and no workspace is used.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -439,6 +440,40 @@ class ReferenceBackend final : public Backend {
                             grads.view());
     StoreAct(dx, p.act_dtype, p.dx);
     grads.Flush();
+    return absl::OkStatus();
+  }
+
+  // The norm over every block in (block, element) order, then each block's
+  // update in double; values and state are rounded to fp32 once per step.
+  absl::Status RunOptimizerStep(const OptimizerStepParams& p,
+                                Workspace) override {
+    const int slot_count = OptimizerSlotCount(p.hyper.algorithm);
+    double clip_scale = 1.0;
+    if (NeedsGradNorm(p)) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < p.num_tensors; ++i) {
+        const OptimizerTensor& t = p.tensors[i];
+        const auto grads = FloatToDouble(t.grads, t.count);
+        sum += reference::SquaredNorm(grads.data(), t.count);
+      }
+      const double norm = std::sqrt(sum);
+      if (p.grad_norm != nullptr) *p.grad_norm = norm;
+      clip_scale = reference::ClipScale(norm, p.hyper.max_grad_norm);
+    }
+    for (int64_t i = 0; i < p.num_tensors; ++i) {
+      const OptimizerTensor& t = p.tensors[i];
+      if (t.count == 0) continue;
+      const auto grads = FloatToDouble(t.grads, t.count);
+      auto values = FloatToDouble(t.values, t.count);
+      auto slots = FloatToDouble(t.slots, slot_count * t.count);
+      reference::OptimizerUpdate(p.hyper, t.step, clip_scale, t.count,
+                                 grads.data(), values.data(), slots.data());
+      StoreFloat(values, t.values);
+      StoreFloat(slots, t.slots);
+      if (p.zero_grads) {
+        std::memset(t.grads, 0, static_cast<size_t>(t.count) * sizeof(float));
+      }
+    }
     return absl::OkStatus();
   }
 };

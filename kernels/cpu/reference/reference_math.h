@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "mhc/ops/optimizer.h"
 #include "mhc/types.h"
 
 namespace mhc::reference {
@@ -179,6 +180,17 @@ void HeadForward(const LayerSpec& spec, int64_t tokens, const double* x,
 void HeadBackward(const LayerSpec& spec, int64_t tokens, const double* x,
                   const Weights& w, const double* dy, double* dx,
                   const Grads& grads);
+
+// Optimizer (mhc/ops/optimizer.h): the sum of g^2 over `count` gradients in
+// element order.
+double SquaredNorm(const double* grads, int64_t count);
+// min(1, max_grad_norm / (norm + kClipEpsilon)); 1 without clipping.
+double ClipScale(double norm, double max_grad_norm);
+// One block's update: `step` >= 1 is this update's number, `slots` holds
+// OptimizerSlotCount(hyper.algorithm) arrays of `count` values.
+void OptimizerUpdate(const OptimizerHyperparameters& hyper, int64_t step,
+                     double clip_scale, int64_t count, const double* grads,
+                     double* values, double* slots);
 
 }  // namespace mhc::reference
 

@@ -27,6 +27,7 @@
 #include "mhc/ops/aggregate.h"
 #include "mhc/ops/expand.h"
 #include "mhc/ops/fused.h"
+#include "mhc/ops/optimizer.h"
 #include "mhc/ops/post.h"
 #include "mhc/ops/projection.h"
 #include "mhc/ops/scale.h"
@@ -185,6 +186,13 @@ class Backend {
   absl::Status HeadForward(const HeadForwardParams& p, Workspace ws);
   absl::Status HeadBackward(const HeadBackwardParams& p, Workspace ws);
 
+  // Scratch bytes OptimizerStep needs for `p`: the clip scale and the norm
+  // partials when it computes the norm, else 0. The same on every backend.
+  size_t OptimizerWorkspaceBytes(const OptimizerStepParams& p) const;
+  // Updates every block of `p` in place (mhc/ops/optimizer.h). The clip
+  // scale is computed and applied on the device: no host synchronization.
+  absl::Status OptimizerStep(const OptimizerStepParams& p, Workspace ws);
+
  protected:
   virtual absl::Status RunProjectionForward(const ProjectionForwardParams& p,
                                             Workspace ws) = 0;
@@ -218,6 +226,8 @@ class Backend {
                                       Workspace ws) = 0;
   virtual absl::Status RunHeadBackward(const HeadBackwardParams& p,
                                        Workspace ws) = 0;
+  virtual absl::Status RunOptimizerStep(const OptimizerStepParams& p,
+                                        Workspace ws) = 0;
 };
 
 // The float64 plain-loop oracle (kernels/cpu/reference). Single threaded.

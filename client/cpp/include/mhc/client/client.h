@@ -103,6 +103,10 @@ class Client {
                                               v1::Layout layout);
   // The layer's parameters and gradients as one CUDA IPC allocation.
   absl::StatusOr<v1::LayerMemory> MapLayerMemory(const std::string& layer);
+  // One optimizer step over the request's layers (optimizer.proto); sent
+  // with the stream order like the compute calls.
+  absl::StatusOr<v1::OptimizerStepResponse> OptimizerStep(
+      const v1::OptimizerStepRequest& r);
 
   absl::StatusOr<v1::ProjectionResponse> Projection(
       const v1::ProjectionRequest& r);
