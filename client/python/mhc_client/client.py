@@ -423,14 +423,16 @@ class Client:
 
     def load_checkpoint(self, name: str, layers: Sequence[str] = (), *,
                         replace: bool = False, device: str = "",
-                        timeout: Optional[float] = None) -> List[LayerInfo]:
+                        timeout: Optional[float] = None
+                        ) -> checkpoint_pb2.LoadCheckpointResponse:
         """Recreates the checkpoint's layers (all by default) bit for bit.
         Existing layers of those names are an error unless `replace`; on
-        any error nothing changes. `device` overrides the saved devices."""
+        any error nothing changes. `device` overrides the saved devices.
+        Returns the response message (layers as LayerInfo messages, bytes,
+        seconds)."""
         request = checkpoint_pb2.LoadCheckpointRequest(
             name=name, layers=list(layers), replace=replace, device=device)
-        response = self._call("LoadCheckpoint", request, timeout=timeout)
-        return [LayerInfo.from_proto(info) for info in response.layers]
+        return self._call("LoadCheckpoint", request, timeout=timeout)
 
     def list_checkpoints(self) -> List[CheckpointInfo]:
         """The checkpoints in the daemon's --state_dir, newest first."""
