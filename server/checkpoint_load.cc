@@ -94,6 +94,7 @@ absl::StatusOr<LayerToLoad> CheckRecord(
   const std::string& device =
       request.device().empty() ? record.device() : request.device();
   absl::StatusOr<Executor*> executor = store.DeviceFor(device);
+  if (!executor.ok() && !request.device().empty()) return executor.status();
   if (!executor.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " was saved on device '", record.device(),

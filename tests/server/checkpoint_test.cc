@@ -250,6 +250,12 @@ TEST(CheckpointTest, SelectedLayersOnly) {
   absl::Status missing = Load(*c2, "two", false, {"head"});
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   EXPECT_TRUE(absl::StrContains(missing.message(), "minor, plain")) << missing;
+  v1::LoadCheckpointRequest elsewhere;
+  elsewhere.set_name("two");
+  elsewhere.set_device("cuda:7");
+  absl::Status no_device = c2->LoadCheckpoint(elsewhere).status();
+  EXPECT_EQ(no_device.code(), absl::StatusCode::kInvalidArgument) << no_device;
+  EXPECT_TRUE(absl::StrContains(no_device.message(), "device")) << no_device;
   MHC_ASSERT_OK(Load(*c2, "two", false, {"plain"}));
   MHC_ASSERT_OK_AND_ASSIGN(Snapshot one, Observe(*c2));
   ASSERT_EQ(one.parameters.size(), 1u);
