@@ -261,6 +261,22 @@ def resources():
     b.panel("Host waits for the device", "ops",
             [(f"sum by (device, reason) (rate(mhcd_host_synchronizations_total{{{DEV}}}[{RI}]))",
               "{{device}} {{reason}}")])
+    b.panel("Checkpoint throughput", "Bps",
+            [(f"sum by (direction) (rate(mhcd_checkpoint_bytes_total{{{POD}}}[{RI}]))",
+              "{{direction}}")], width=8,
+            description="Bytes of checkpoint files written (save) and of tensor "
+                        "data read (load); see docs/checkpoints.md.")
+    b.panel("Checkpoint duration p50 / p99", "s",
+            [(quantile(0.5, "mhcd_checkpoint_duration_seconds", "direction", POD),
+              "p50 {{direction}}"),
+             (quantile(0.99, "mhcd_checkpoint_duration_seconds", "direction", POD),
+              "p99 {{direction}}")], width=8)
+    b.panel("Last checkpoint", "dateTimeFromNow",
+            [(f"max by (direction) (mhcd_checkpoint_last_success_timestamp_seconds{{{POD}}}) "
+              f"* 1000", "{{direction}}")],
+            kind="stat", width=8,
+            description="Last successful save and load; 0 (the epoch) when there "
+                        "was none since the daemon started.")
     b.panel("Resident memory", "bytes",
             [(f"process_resident_memory_bytes{{{POD}}}", "{{pod}}")], width=8)
     b.panel("CPU (cores)", "short",

@@ -91,6 +91,18 @@ ABSL_FLAG(bool, shm_pin_host, true,
           "asynchronously at full bandwidth, overlapped with compute. When "
           "locking fails the region still works, through slower pageable "
           "copies. false: never lock (pageable copies).");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory of named checkpoints (SaveCheckpoint / LoadCheckpoint "
+          "write and read <state_dir>/<name>.safetensors); created when "
+          "missing. Empty: checkpoints are refused (FAILED_PRECONDITION). "
+          "One daemon per directory: leftovers of a crashed save are "
+          "removed at start.");
+ABSL_FLAG(bool, restore, false,
+          "At start, load the newest checkpoint in --state_dir (if any) "
+          "before serving; a checkpoint that fails to load stops the start.");
+ABSL_FLAG(int64_t, checkpoint_write_bytes_per_second, 0,
+          "Throttle of checkpoint writes, so that a save does not starve "
+          "other users of the disk; 0: unthrottled.");
 
 namespace mhc::server {
 
@@ -221,6 +233,21 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shm_max_sessions: expected 1..1024, got ", shm.max_sessions));
   }
+  config.checkpoints.state_dir = absl::GetFlag(FLAGS_state_dir);
+  config.checkpoints.restore = absl::GetFlag(FLAGS_restore);
+  if (config.checkpoints.restore && config.checkpoints.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--restore: needs --state_dir (the directory to restore from)");
+  }
+  const int64_t write_rate =
+      absl::GetFlag(FLAGS_checkpoint_write_bytes_per_second);
+  if (write_rate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_write_bytes_per_second: expected >= 0, got ",
+                     write_rate));
+  }
+  config.checkpoints.max_write_bytes_per_second =
+      static_cast<uint64_t>(write_rate);
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: expected >= 0 (0: all cores), got ",

@@ -1,5 +1,6 @@
 #include "server/layer_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -251,7 +252,8 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
       return absl::AlreadyExistsError(
           absl::StrCat("name: layer '", request.name(), "' already exists"));
     }
-    MHC_RETURN_IF_ERROR(ReserveLayerBytes(bytes, request.name()));
+    MHC_RETURN_IF_ERROR(
+        ReserveLayerBytes(bytes, absl::StrCat("layer '", request.name(), "'")));
   }
   absl::Status created = [&]() -> absl::Status {
     std::vector<float> values;
@@ -282,16 +284,56 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
 }
 
 absl::Status LayerStore::ReserveLayerBytes(uint64_t bytes,
-                                           absl::string_view name) {
+                                           absl::string_view what) {
   const uint64_t limit = limits_.max_parameter_bytes;
   if (limit != 0 && (bytes > limit || layer_bytes_ > limit - bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "layer '", name, "': its parameters and gradients take ", bytes,
-        " bytes; with the ", layer_bytes_,
+        what, ": parameters and gradients take ", bytes, " bytes; with the ",
+        layer_bytes_,
         " bytes the daemon's layers hold, that exceeds --max_parameter_bytes=",
         limit));
   }
   layer_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+LayerStore::Reservation::~Reservation() {
+  if (store_ == nullptr) return;
+  absl::MutexLock lock(&store_->mu_);
+  store_->layer_bytes_ -= bytes_;
+}
+
+absl::StatusOr<LayerStore::Reservation> LayerStore::Reserve(
+    uint64_t bytes, absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  MHC_RETURN_IF_ERROR(ReserveLayerBytes(bytes, what));
+  return Reservation(this, bytes);
+}
+
+absl::Status LayerStore::Install(
+    const std::vector<std::shared_ptr<Layer>>& layers, bool replace,
+    Reservation reservation) {
+  std::vector<std::shared_ptr<Layer>> replaced;  // freed after the lock
+  absl::MutexLock lock(&mu_);
+  for (const auto& layer : layers) {
+    if (!replace && layers_.count(layer->name()) > 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("layer '", layer->name(),
+                       "' already exists; load with replace to overwrite it"));
+    }
+  }
+  for (const auto& layer : layers) {
+    auto [it, inserted] = layers_.emplace(layer->name(), layer);
+    if (inserted) continue;
+    const std::shared_ptr<Layer>& old = it->second;
+    layer->set_version(std::max(layer->version(), old->version() + 1));
+    layer_bytes_ -= old->allocation_bytes();
+    old->Retire();
+    replaced.push_back(std::move(it->second));
+    it->second = layer;
+  }
+  // The memory is now the installed layers' (Delete gives it back).
+  reservation.store_ = nullptr;
   return absl::OkStatus();
 }
 

@@ -176,18 +176,48 @@ class LayerStore {
   absl::StatusOr<std::shared_ptr<Layer>> ConvertLayout(absl::string_view name,
                                                        int layout);
 
+  // The executor of a device name ("" is the first device).
+  absl::StatusOr<Executor*> DeviceFor(absl::string_view device) const;
+
+  // Device memory held for layers built outside the store (LoadCheckpoint
+  // allocates and fills every layer before any becomes visible); given
+  // back when destroyed unless Install took it over.
+  class Reservation {
+   public:
+    Reservation(Reservation&& other) noexcept
+        : store_(other.store_), bytes_(other.bytes_) {
+      other.store_ = nullptr;
+    }
+    Reservation& operator=(Reservation&&) = delete;
+    ~Reservation();
+
+   private:
+    friend class LayerStore;
+    Reservation(LayerStore* store, uint64_t bytes)
+        : store_(store), bytes_(bytes) {}
+    LayerStore* store_;
+    uint64_t bytes_;
+  };
+  // RESOURCE_EXHAUSTED beyond --max_parameter_bytes; `what` names the
+  // layers in the message.
+  absl::StatusOr<Reservation> Reserve(uint64_t bytes, absl::string_view what);
+  // Makes `layers` (allocated and filled, their memory reserved) visible
+  // together. Without `replace`, ALREADY_EXISTS when any name is taken, and
+  // nothing changes; with it, the layers of those names are retired (as by
+  // ConvertLayout) and a replacement's parameters_version becomes larger
+  // than the old one's, so versions of a name never go back.
+  absl::Status Install(const std::vector<std::shared_ptr<Layer>>& layers,
+                       bool replace, Reservation reservation);
+
  private:
   // Seeded SPEC section 5 initialisation, host side, in parameter order.
   std::vector<float> InitialValues(const Layer& layer, uint64_t seed) const;
   absl::StatusOr<std::vector<float>> ValuesFromRequest(
       const Layer& layer, const v1::Parameters& parameters) const;
 
-  // The executor of CreateLayerRequest.device ("" is the first device).
-  absl::StatusOr<Executor*> DeviceFor(absl::string_view device) const;
-
-  // Reserves `bytes` of --max_parameter_bytes for a new layer, or
-  // RESOURCE_EXHAUSTED.
-  absl::Status ReserveLayerBytes(uint64_t bytes, absl::string_view name)
+  // Reserves `bytes` of --max_parameter_bytes for new layers, or
+  // RESOURCE_EXHAUSTED naming `what` ("layer 'l1'").
+  absl::Status ReserveLayerBytes(uint64_t bytes, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::vector<Executor*> executors_;

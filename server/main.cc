@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
     std::cout << "mhcd: metrics on http://" << (*server)->metrics_address()
               << "/metrics\n";
   }
+  if (!(*server)->restored_checkpoint().empty()) {
+    std::cout << "mhcd: restored checkpoint '"
+              << (*server)->restored_checkpoint() << "'\n";
+  }
   std::cout << "mhcd: ready (backend=" << (*server)->backend_name() << ")"
             << std::endl;
 

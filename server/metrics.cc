@@ -41,6 +41,15 @@ const prometheus::Histogram::BucketBoundaries& BandwidthBuckets() {
   return *buckets;
 }
 
+// 10 ms (a small layer to /dev/shm) to 30 min (a large model to a slow
+// disk).
+const prometheus::Histogram::BucketBoundaries& CheckpointBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.01, 0.025, 0.05, 0.1,  0.25, 0.5,   1.0,   2.5,
+      5.0,  10.0,  30.0, 60.0, 120., 300.0, 600.0, 1800.0};
+  return *buckets;
+}
+
 // Fraction of the copy bandwidth; read-heavy kernels may exceed 1.
 const prometheus::Histogram::BucketBoundaries& RooflineBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
@@ -301,6 +310,33 @@ Metrics::Metrics(const BuildInfo& build)
                "when there was none.")
            .Register(*registry_)
            .Add({});
+  checkpoint_bytes_ =
+      &prometheus::BuildCounter()
+           .Name("mhcd_checkpoint_bytes_total")
+           .Help(
+               "Bytes of checkpoints written (direction save: whole files) "
+               "and read (direction load: tensor data).")
+           .Register(*registry_);
+  checkpoint_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_checkpoint_duration_seconds")
+           .Help(
+               "Wall time of a successful SaveCheckpoint or LoadCheckpoint "
+               "(--restore included) inside the daemon, by direction.")
+           .Register(*registry_);
+  checkpoint_last_success_ =
+      &prometheus::BuildGauge()
+           .Name("mhcd_checkpoint_last_success_timestamp_seconds")
+           .Help(
+               "Unix time of the last successful checkpoint save or load, "
+               "by direction; 0 when there was none.")
+           .Register(*registry_);
+  for (const char* direction : {"save", "load"}) {
+    const prometheus::Labels labels{{"direction", direction}};
+    checkpoint_bytes_->Add(labels);
+    checkpoint_seconds_->Add(labels, CheckpointBuckets());
+    checkpoint_last_success_->Add(labels);
+  }
   prometheus::BuildGauge()
       .Name("mhcd_build_info")
       .Help("Always 1; the labels say which build and backend run.")
@@ -459,6 +495,15 @@ void Metrics::RecordDeterminismCheck(OpKind kind, absl::string_view check,
   absl::MutexLock lock(&ulp_mu_);
   const double ulp = static_cast<double>(ulp_difference);
   if (ulp > max_ulp.Value()) max_ulp.Set(ulp);
+}
+
+void Metrics::RecordCheckpoint(absl::string_view direction, uint64_t bytes,
+                               double seconds) {
+  const prometheus::Labels labels{{"direction", std::string(direction)}};
+  checkpoint_bytes_->Add(labels).Increment(static_cast<double>(bytes));
+  checkpoint_seconds_->Add(labels, CheckpointBuckets()).Observe(seconds);
+  checkpoint_last_success_->Add(labels).Set(absl::ToUnixMicros(absl::Now()) *
+                                            1e-6);
 }
 
 }  // namespace mhc::server

@@ -98,6 +98,11 @@ class Metrics {
   void RecordDeterminismCheck(OpKind kind, absl::string_view check, bool match,
                               uint64_t ulp_difference);
 
+  // A checkpoint saved (`direction` "save": the file's bytes) or loaded
+  // ("load": the tensor bytes read), and its wall time.
+  void RecordCheckpoint(absl::string_view direction, uint64_t bytes,
+                        double seconds);
+
   prometheus::Registry& registry() { return *registry_; }
 
   // Runs before every scrape, so that values recorded lazily (kernel times
@@ -141,6 +146,9 @@ class Metrics {
   // A maximum is a read-modify-write; checks of several devices may race.
   absl::Mutex ulp_mu_;
   prometheus::Gauge* last_mismatch_;
+  prometheus::Family<prometheus::Counter>* checkpoint_bytes_;
+  prometheus::Family<prometheus::Histogram>* checkpoint_seconds_;
+  prometheus::Family<prometheus::Gauge>* checkpoint_last_success_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

@@ -151,6 +151,9 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   }
   server->store_ =
       std::make_unique<LayerStore>(executors, config.service.limits);
+  server->checkpoints_ = std::make_unique<CheckpointStore>(
+      config.checkpoints, server->store_.get(), server->metrics_.get());
+  MHC_RETURN_IF_ERROR(server->checkpoints_->Init());
   server->admission_ = std::make_unique<Admission>(config.service.max_inflight);
   // CUDA IPC regions need a CUDA device served by this daemon; host
   // backends get none, so RegisterCudaSharedMemory is refused there. Host
@@ -172,11 +175,15 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   server->shm_ = std::make_unique<ShmRegistry>(
       config.service.shm, std::move(cuda_ipc), std::move(pinner));
   server->service_ = std::make_unique<MhcService>(
-      config.service, executors, server->store_.get(), server->admission_.get(),
+      config.service, executors, server->store_.get(),
+      server->checkpoints_.get(), server->admission_.get(),
       server->metrics_.get(), server->shm_.get());
-  for (Executor* executor : executors) {
-    server->metrics_->SetLayerMemory(executor->device(), 0, 0, 0);
+  // Layers come back before the first request can see the store.
+  if (config.checkpoints.restore) {
+    MHC_ASSIGN_OR_RETURN(server->restored_,
+                         server->checkpoints_->RestoreNewest());
   }
+  server->service_->UpdateLayerMetrics();
   // Stream-ordered requests are answered before their kernels finish; their
   // times are read at the next request or, here, at the next scrape.
   server->metrics_->SetScrapeHook([executors] {

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "mhc/backend.h"
+#include "server/checkpoint_store.h"
 #include "server/determinism_audit.h"
 #include "server/executor.h"
 #include "server/layer_store.h"
@@ -31,6 +32,7 @@ struct ServerConfig {
   double determinism_audit_rate = 0;
   double batch_invariance_audit_rate = 0;
   ServiceOptions service;
+  CheckpointOptions checkpoints;
 };
 
 // A backend and the name the API gives its device.
@@ -53,6 +55,8 @@ class MhcServer {
   // "host:port" of the metrics endpoint, empty when disabled.
   const std::string& metrics_address() const { return metrics_address_; }
   std::string backend_name() const { return executors_.front()->BackendName(); }
+  // The checkpoint --restore loaded at start; empty when none.
+  const std::string& restored_checkpoint() const { return restored_; }
 
   // Health goes NOT_SERVING, new requests get UNAVAILABLE, and the server
   // stops accepting; in-flight requests get until `timeout` to finish.
@@ -70,12 +74,14 @@ class MhcServer {
   std::unique_ptr<DeterminismAudit> audit_;
   std::vector<std::unique_ptr<Executor>> executors_;
   std::unique_ptr<LayerStore> store_;
+  std::unique_ptr<CheckpointStore> checkpoints_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ShmRegistry> shm_;
   std::unique_ptr<MhcService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> addresses_;
   std::string metrics_address_;
+  std::string restored_;
 };
 
 }  // namespace mhc::server

@@ -21,10 +21,12 @@ namespace mhc::server {
 
 MhcService::MhcService(const ServiceOptions& options,
                        std::vector<Executor*> executors, LayerStore* store,
-                       Admission* admission, Metrics* metrics, ShmRegistry* shm)
+                       CheckpointStore* checkpoints, Admission* admission,
+                       Metrics* metrics, ShmRegistry* shm)
     : options_(options),
       executors_(std::move(executors)),
       store_(store),
+      checkpoints_(checkpoints),
       admission_(admission),
       metrics_(metrics),
       shm_(shm),

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mhc/v1/service.grpc.pb.h"
+#include "server/checkpoint_store.h"
 #include "server/executor.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
@@ -64,8 +65,8 @@ class MhcService final : public v1::Mhc::Service {
  public:
   // `executors`: one per device, the default device first.
   MhcService(const ServiceOptions& options, std::vector<Executor*> executors,
-             LayerStore* store, Admission* admission, Metrics* metrics,
-             ShmRegistry* shm);
+             LayerStore* store, CheckpointStore* checkpoints,
+             Admission* admission, Metrics* metrics, ShmRegistry* shm);
 
   MHC_UNARY(GetServerInfo, GetServerInfoRequest, GetServerInfoResponse);
   MHC_UNARY(GetDeterminismReport, GetDeterminismReportRequest,
@@ -82,6 +83,11 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
   // service_optimizer.cc
   MHC_UNARY(OptimizerStep, OptimizerStepRequest, OptimizerStepResponse);
+
+  // Checkpoints (service_checkpoint.cc).
+  MHC_UNARY(SaveCheckpoint, SaveCheckpointRequest, SaveCheckpointResponse);
+  MHC_UNARY(LoadCheckpoint, LoadCheckpointRequest, LoadCheckpointResponse);
+  MHC_UNARY(ListCheckpoints, ListCheckpointsRequest, ListCheckpointsResponse);
 
   MHC_UNARY(Projection, ProjectionRequest, ProjectionResponse);
   MHC_UNARY(ProjectionBackward, ProjectionBackwardRequest,
@@ -115,6 +121,10 @@ class MhcService final : public v1::Mhc::Service {
   // after their batch. New streams end at once.
   void EndStreams() { streams_.EndAll(); }
 
+  // Layer count and parameter/gradient/optimizer memory after layers or
+  // their optimizer state came or went (also after --restore).
+  void UpdateLayerMetrics();
+
   // Shared memory (service_shm.cc).
   grpc::Status OpenSession(
       grpc::ServerContext* context,
@@ -135,9 +145,6 @@ class MhcService final : public v1::Mhc::Service {
   // Admission (unless `admit` is false), the call, status mapping, metrics.
   grpc::Status Handle(absl::string_view rpc, bool admit,
                       absl::FunctionRef<absl::Status()> body);
-  // Layer count and parameter/gradient/optimizer memory after layers or
-  // their optimizer state came or went.
-  void UpdateLayerMetrics();
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
                      const grpc::ServerContext& context,
                      const google::protobuf::Message& request,
@@ -150,6 +157,7 @@ class MhcService final : public v1::Mhc::Service {
   const ServiceOptions options_;
   const std::vector<Executor*> executors_;
   LayerStore* const store_;
+  CheckpointStore* const checkpoints_;
   Admission* const admission_;
   Metrics* const metrics_;
   ShmRegistry* const shm_;

@@ -3,8 +3,8 @@
 
 The daemon's API lives in proto/mhc/v1/*.proto; the Python modules are
 generated at build time (never committed) so that they always match the
-protos of the checkout. Output: OUT/mhc_client/_pb/{tensor,layer,ops,
-optimizer,shm,service,health}_pb2.py and service_pb2_grpc.py /
+protos of the checkout. Output: OUT/mhc_client/_pb/{tensor,layer,checkpoint,
+optimizer,ops,shm,service,health}_pb2.py and service_pb2_grpc.py /
 health_pb2_grpc.py.
 
 The modules are flattened into one package and their imports rewritten to
@@ -39,6 +39,7 @@ HEALTH_ROOT = REPO / "client" / "cpp" / "proto"
 PROTOS = [
     (PROTO_ROOT, "mhc/v1/tensor.proto"),
     (PROTO_ROOT, "mhc/v1/layer.proto"),
+    (PROTO_ROOT, "mhc/v1/checkpoint.proto"),
     (PROTO_ROOT, "mhc/v1/ops.proto"),
     (PROTO_ROOT, "mhc/v1/optimizer.proto"),
     (PROTO_ROOT, "mhc/v1/shm.proto"),

@@ -100,7 +100,8 @@ PY
 step "start mhcd"
 "${MHCD}" --listen="unix:${WORK}/mhcd.sock" --metrics_listen=127.0.0.1:0 \
   --backend=cpu --threads=2 --determinism_audit_rate=0.5 \
-  --batch_invariance_audit_rate=0.5 >"${WORK}/mhcd.out" 2>"${WORK}/mhcd.err" &
+  --batch_invariance_audit_rate=0.5 --state_dir="${WORK}/state" \
+  >"${WORK}/mhcd.out" 2>"${WORK}/mhcd.err" &
 PIDS+=($!)
 for _ in $(seq 300); do
   grep -q "^mhcd: ready" "${WORK}/mhcd.out" 2>/dev/null && break
@@ -114,7 +115,7 @@ ctl() { "${MHCCTL}" --address="${ADDRESS}" "$@" >/dev/null; }
 
 # Bounded load: LOAD_ROUNDS rounds of small forward+backward layers over the
 # dtypes and layouts, each followed by an optimizer step, one Execute-free
-# error per round (NOT_FOUND).
+# error per round (NOT_FOUND), and a checkpoint saved and loaded back.
 load() {
   local round dtypes=(bf16 fp32 fp16) presets=(deepseek_v4 transformer_engine)
   local optimizers=(adamw sgd)
@@ -123,10 +124,13 @@ load() {
       --dtype="${dtypes[round % 3]}" --preset="${presets[round % 2]}" \
       --optimizer="${optimizers[round % 2]}"
     ctl layer show no-such-layer 2>/dev/null && fail "expected NOT_FOUND" || true
+    ctl checkpoint save ci
+    ctl checkpoint load ci --replace
     sleep 0.5
   done
 }
 ctl run --tokens=8 --hidden=32
+ctl layer create --name=kept --hidden=64
 
 step "promtool check metrics on a live scrape"
 curl -fsS "http://${METRICS}/metrics" >"${WORK}/scrape.txt"

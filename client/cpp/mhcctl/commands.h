@@ -59,6 +59,7 @@ int RunInfo(client::Client& client);
 int RunHealth(client::Client& client);
 int RunLayer(client::Client& client, const std::vector<std::string>& args);
 int RunRun(client::Client& client);
+int RunCheckpoint(client::Client& client, const std::vector<std::string>& args);
 
 }  // namespace mhc::mhcctl
 

@@ -2,7 +2,8 @@
 //
 //   mhcctl --address=ADDR [--json] COMMAND [ARGS]
 //
-// Commands: info, health, layer create|list|show NAME|delete NAME, run.
+// Commands: info, health, layer create|list|show NAME|delete NAME, run,
+// checkpoint save|load|list.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -26,7 +27,8 @@ ABSL_FLAG(std::string, address, "127.0.0.1:50051",
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120),
           "deadline of each RPC (absl duration, e.g. 30s)");
 ABSL_FLAG(bool, json, false, "print one JSON object instead of text");
-ABSL_FLAG(std::string, name, "", "layer create/show/delete: the layer name");
+ABSL_FLAG(std::string, name, "",
+          "layer create/show/delete: the layer name; checkpoint: its name");
 ABSL_FLAG(std::string, preset, "deepseek_v4",
           "deepseek_v4, tilekernels, transformer_engine, megatron or liger");
 ABSL_FLAG(int32_t, n, 4, "residual streams (1..16)");
@@ -77,6 +79,9 @@ Commands:
   layer list
   layer show --name=N       (or: layer show N)
   layer delete --name=N     (or: layer delete N)
+  checkpoint save NAME [--layers=a,b --gradients]
+  checkpoint load NAME [--layers=a,b --replace --device=D]
+  checkpoint list           checkpoints in the daemon's --state_dir
   run [--tokens=128 --n=4 --hidden=256 --dtype=bf16 --preset=deepseek_v4
        --iterations=3 --layer=EXISTING --f=tanh --shm
        --optimizer=sgd|adamw --learning_rate=1e-3]
@@ -145,6 +150,10 @@ int main(int argc, char** argv) {
   }
   if (command == "layer") {
     return mhc::mhcctl::RunLayer(
+        **client, std::vector<std::string>(args.begin() + 1, args.end()));
+  }
+  if (command == "checkpoint") {
+    return mhc::mhcctl::RunCheckpoint(
         **client, std::vector<std::string>(args.begin() + 1, args.end()));
   }
   if (command == "run" && args.size() == 1) {

@@ -204,6 +204,23 @@ absl::StatusOr<v1::LayerInfo> Client::ConvertLayout(const std::string& layer,
       &v1::Mhc::Stub::ConvertLayout, r);
 }
 
+absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(
+    const v1::SaveCheckpointRequest& r) {
+  return Call<v1::SaveCheckpointRequest, v1::SaveCheckpointResponse>(
+      &v1::Mhc::Stub::SaveCheckpoint, r);
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> Client::LoadCheckpoint(
+    const v1::LoadCheckpointRequest& r) {
+  return Call<v1::LoadCheckpointRequest, v1::LoadCheckpointResponse>(
+      &v1::Mhc::Stub::LoadCheckpoint, r);
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints() {
+  return Call<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
+      &v1::Mhc::Stub::ListCheckpoints, v1::ListCheckpointsRequest());
+}
+
 // The compute RPCs are all unary with the same shape of call.
 #define MHC_CLIENT_UNARY(Name, Request, Response)                    \
   absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {  \

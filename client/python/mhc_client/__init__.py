@@ -20,7 +20,7 @@ __path__ = __path__[1:] + __path__[:1]
 
 from . import errors, tensors  # noqa: E402
 from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402
-                     Client, Device, Gradients, HeadResult,
+                     CheckpointInfo, Client, Device, Gradients, HeadResult,
                      OptimizerStepResult, PostBackwardResult, PreResult,
                      ProjectionResult, ScaleBackwardResult, ScaleResult,
                      ServerInfo, normalize_address)
@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggregateBackwardResult", "AlreadyExists", "Batch", "BenchmarkResult",
-    "Client", "DeadlineExceeded", "Device", "FailedPrecondition", "Gradients",
+    "CheckpointInfo", "Client", "DeadlineExceeded", "Device", "FailedPrecondition", "Gradients",
     "HeadResult", "Internal", "InvalidArgument", "LayerInfo", "LayerSpec",
     "MhcError", "NotFound", "OptimizerStepResult", "PRESETS",
     "PermissionDenied", "PostBackwardResult", "PreResult", "ProjectionResult", "Ref",

@@ -7,6 +7,7 @@ sources, in a build directory on sys.path, or inside an installed wheel).
 from __future__ import annotations
 
 try:
+    from ._pb import checkpoint_pb2  # noqa: F401
     from ._pb import health_pb2, health_pb2_grpc  # noqa: F401
     from ._pb import layer_pb2, ops_pb2, optimizer_pb2  # noqa: F401
     from ._pb import service_pb2, service_pb2_grpc  # noqa: F401

@@ -21,8 +21,9 @@ import numpy as np
 
 from . import errors, tensors
 from . import native as native_path
-from ._proto import (health_pb2, health_pb2_grpc, layer_pb2, optimizer_pb2,
-                     service_pb2, service_pb2_grpc, shm_pb2, tensor_pb2)
+from ._proto import (checkpoint_pb2, health_pb2, health_pb2_grpc, layer_pb2,
+                     optimizer_pb2, service_pb2, service_pb2_grpc, shm_pb2,
+                     tensor_pb2)
 from .cuda_events import SIGNAL_EVENT_METADATA_KEY, WAIT_EVENT_METADATA_KEY
 from .ops import ACTIVATION_FIELDS, OPS, OpDef, Ref, op_def
 from .spec import LayerInfo, LayerSpec, enum_value
@@ -30,7 +31,8 @@ from .spec import LayerInfo, LayerSpec, enum_value
 SESSION_METADATA_KEY = "mhc-session-id"
 _READ_ONLY_RPCS = frozenset({
     "GetServerInfo", "GetDeterminismReport", "GetLayer", "ListLayers",
-    "GetParameters", "GetGradients", "SharedMemoryStatus", "Check"})
+    "GetParameters", "GetGradients", "SharedMemoryStatus", "ListCheckpoints",
+    "Check"})
 
 
 def normalize_address(address: str) -> str:
@@ -122,6 +124,15 @@ class ServerInfo:
     @property
     def has_cuda(self) -> bool:
         return any(d.name.startswith("cuda") for d in self.devices)
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    """A checkpoint file in the daemon's --state_dir."""
+
+    name: str
+    bytes: int
+    modified_unix_nanos: int
 
 
 class Gradients(Dict[str, np.ndarray]):
@@ -488,6 +499,44 @@ class Client:
             grad_norm=response.grad_norm,
             clip_coefficient=response.clip_coefficient,
             layers=[LayerInfo.from_proto(info) for info in response.layers])
+
+    # -------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, name: str, layers: Sequence[str] = (), *,
+                        gradients: bool = False,
+                        optimizer_state: bool = True,
+                        timeout: Optional[float] = None
+                        ) -> checkpoint_pb2.SaveCheckpointResponse:
+        """Writes ``<state_dir>/<name>.safetensors`` atomically: the named
+        layers (all by default) with their spec and parameters, their
+        gradient accumulators when `gradients`, and their optimizer state
+        unless `optimizer_state` is false. Returns the response message
+        (name, bytes, layers, seconds). See docs/checkpoints.md."""
+        request = checkpoint_pb2.SaveCheckpointRequest(
+            name=name, layers=list(layers), include_gradients=gradients,
+            skip_optimizer_state=not optimizer_state)
+        return self._call("SaveCheckpoint", request, timeout=timeout)
+
+    def load_checkpoint(self, name: str, layers: Sequence[str] = (), *,
+                        replace: bool = False, device: str = "",
+                        timeout: Optional[float] = None
+                        ) -> checkpoint_pb2.LoadCheckpointResponse:
+        """Recreates the checkpoint's layers (all by default) bit for bit.
+        Existing layers of those names are an error unless `replace`; on
+        any error nothing changes. `device` overrides the saved devices.
+        Returns the response message (layers as LayerInfo messages, bytes,
+        seconds)."""
+        request = checkpoint_pb2.LoadCheckpointRequest(
+            name=name, layers=list(layers), replace=replace, device=device)
+        return self._call("LoadCheckpoint", request, timeout=timeout)
+
+    def list_checkpoints(self) -> List[CheckpointInfo]:
+        """The checkpoints in the daemon's --state_dir, newest first."""
+        response = self._call("ListCheckpoints",
+                              checkpoint_pb2.ListCheckpointsRequest(),
+                              retry=True)
+        return [CheckpointInfo(c.name, c.bytes, c.modified_unix_nanos)
+                for c in response.checkpoints]
 
     # ------------------------------------------------------------ compute
 

@@ -108,6 +108,13 @@ class Client {
   absl::StatusOr<v1::OptimizerStepResponse> OptimizerStep(
       const v1::OptimizerStepRequest& r);
 
+  // Checkpoints in the daemon's --state_dir (docs/checkpoints.md).
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(
+      const v1::SaveCheckpointRequest& r);
+  absl::StatusOr<v1::LoadCheckpointResponse> LoadCheckpoint(
+      const v1::LoadCheckpointRequest& r);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints();
+
   absl::StatusOr<v1::ProjectionResponse> Projection(
       const v1::ProjectionRequest& r);
   absl::StatusOr<v1::ProjectionBackwardResponse> ProjectionBackward(
