@@ -35,6 +35,14 @@ ABSL_FLAG(std::string, backend, "auto",
           "oracle, slow), cuda, or auto (cuda when built with CUDA and a GPU "
           "is present, else cpu).");
 ABSL_FLAG(int, threads, 0, "Threads of the cpu backend; 0 uses all cores.");
+ABSL_FLAG(std::string, nccl_library, "libnccl.so.2",
+          "NCCL shared library for data-parallel groups (a name the dynamic "
+          "loader finds, or a path); loaded when the daemon serves CUDA "
+          "devices. Without it groups are refused and all else works.");
+ABSL_FLAG(absl::Duration, group_timeout, absl::Seconds(120),
+          "Deadline of group requests that give no timeout_seconds: forming "
+          "a group, and each collective. A member that is gone shows up as "
+          "this timeout.");
 ABSL_FLAG(std::string, devices, "",
           "CUDA devices to serve, comma-separated indices (e.g. 0,1), each "
           "with its own executor and stream; empty serves every visible GPU. "
@@ -197,6 +205,11 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.service.limits.max_batch_ops = batch_ops;
   if (absl::GetFlag(FLAGS_drain_timeout) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout: expected >= 0");
+  }
+  config.nccl_library = absl::GetFlag(FLAGS_nccl_library);
+  config.group_timeout = absl::GetFlag(FLAGS_group_timeout);
+  if (config.group_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--group_timeout: expected > 0");
   }
   ShmOptions& shm = config.service.shm;
   shm.enabled = absl::GetFlag(FLAGS_allow_shm);

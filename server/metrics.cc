@@ -275,6 +275,33 @@ Metrics::Metrics(const BuildInfo& build)
                "client memory the daemon holds.")
            .Register(*registry_)
            .Add({});
+  group_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_group_collective_seconds")
+           .Help(
+               "Collectives of data-parallel groups, from issue to completion "
+               "on every local rank, by op (all_reduce, broadcast).")
+           .Register(*registry_);
+  group_bytes_ = &prometheus::BuildCounter()
+                      .Name("mhcd_group_collective_bytes_total")
+                      .Help(
+                          "Bytes of one rank's buffers reduced or broadcast "
+                          "by data-parallel groups, by op.")
+                      .Register(*registry_);
+  group_bus_bandwidth_ =
+      &prometheus::BuildHistogram()
+           .Name("mhcd_group_bus_bandwidth_bytes_per_second")
+           .Help(
+               "Bus bandwidth of group collectives, by op: for an all-reduce "
+               "bytes * 2 * (ranks - 1) / ranks / seconds, comparable across "
+               "group sizes.")
+           .Register(*registry_);
+  groups_ = &prometheus::BuildGauge()
+                 .Name("mhcd_groups")
+                 .Help(
+                     "Data-parallel groups on this daemon, by state "
+                     "(FORMING, READY, FAILED).")
+                 .Register(*registry_);
   host_syncs_ =
       &prometheus::BuildCounter()
            .Name("mhcd_host_synchronizations_total")
@@ -464,6 +491,19 @@ void Metrics::SetPinnedSharedMemory(double regions, double bytes) {
 void Metrics::SetCudaIpcMappings(double mappings, double bytes) {
   ipc_mappings_->Set(mappings);
   ipc_mapped_bytes_->Set(bytes);
+}
+
+void Metrics::RecordCollective(absl::string_view op, double bytes,
+                               double seconds, double bus_bytes_per_second) {
+  const prometheus::Labels labels{{"op", std::string(op)}};
+  group_seconds_->Add(labels, LatencyBuckets()).Observe(seconds);
+  group_bytes_->Add(labels).Increment(bytes);
+  group_bus_bandwidth_->Add(labels, BandwidthBuckets())
+      .Observe(bus_bytes_per_second);
+}
+
+void Metrics::SetGroups(absl::string_view state, double count) {
+  groups_->Add({{"state", std::string(state)}}).Set(count);
 }
 
 void Metrics::RecordHostSync(absl::string_view device, absl::string_view reason,

@@ -94,6 +94,11 @@ class Metrics {
   // request answered after its work finished).
   void RecordHostSync(absl::string_view device, absl::string_view reason,
                       double count = 1);
+  // One collective of a data-parallel group (`op`: "all_reduce" or
+  // "broadcast") over `bytes` of one rank's buffers.
+  void RecordCollective(absl::string_view op, double bytes, double seconds,
+                        double bus_bytes_per_second);
+  void SetGroups(absl::string_view state, double count);
   // One determinism check (`check`: "replay" or "batch_invariance").
   void RecordDeterminismCheck(OpKind kind, absl::string_view check, bool match,
                               uint64_t ulp_difference);
@@ -141,6 +146,10 @@ class Metrics {
   prometheus::Gauge* ipc_mappings_;
   prometheus::Gauge* ipc_mapped_bytes_;
   prometheus::Family<prometheus::Counter>* host_syncs_;
+  prometheus::Family<prometheus::Histogram>* group_seconds_;
+  prometheus::Family<prometheus::Counter>* group_bytes_;
+  prometheus::Family<prometheus::Histogram>* group_bus_bandwidth_;
+  prometheus::Family<prometheus::Gauge>* groups_;
   prometheus::Family<prometheus::Counter>* determinism_checks_;
   prometheus::Family<prometheus::Gauge>* determinism_max_ulp_;
   // A maximum is a read-modify-write; checks of several devices may race.

@@ -23,6 +23,7 @@
 
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
+#include "server/nccl_transport.h"
 #include "server/shm_cuda.h"
 #endif
 
@@ -95,6 +96,35 @@ absl::Status CheckUnixSocketFree(const std::string& address) {
         absl::StrCat("--listen: ", address, " is in use by a running server"));
   }
   return absl::OkStatus();
+}
+
+// Groups need CUDA devices and NCCL; without them the registry refuses every
+// group request with the reason.
+std::unique_ptr<GroupRegistry> MakeGroups(
+    const ServerConfig& config, const std::vector<Executor*>& executors,
+    LayerStore* store, Metrics* metrics) {
+  std::unique_ptr<GroupTransport> transport;
+  std::string unavailable = "this build of mhcd has no CUDA backend";
+#ifdef MHC_HAVE_CUDA
+  const bool any_cuda =
+      std::any_of(executors.begin(), executors.end(),
+                  [](const Executor* e) { return e->cuda_ordinal() >= 0; });
+  unavailable = "this daemon serves no CUDA device";
+  if (any_cuda) {
+    // NVLink SHARP multicast stays off unless the operator asks for it.
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    absl::StatusOr<std::unique_ptr<GroupTransport>> nccl =
+        LoadNcclTransport(config.nccl_library);
+    if (nccl.ok()) {
+      transport = *std::move(nccl);
+    } else {
+      unavailable = std::string(nccl.status().message());
+    }
+  }
+#endif
+  return std::make_unique<GroupRegistry>(store, executors, std::move(transport),
+                                         std::move(unavailable),
+                                         config.group_timeout, metrics);
 }
 
 }  // namespace
@@ -174,10 +204,12 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
 #endif
   server->shm_ = std::make_unique<ShmRegistry>(
       config.service.shm, std::move(cuda_ipc), std::move(pinner));
+  server->groups_ = MakeGroups(config, executors, server->store_.get(),
+                               server->metrics_.get());
   server->service_ = std::make_unique<MhcService>(
       config.service, executors, server->store_.get(),
       server->checkpoints_.get(), server->admission_.get(),
-      server->metrics_.get(), server->shm_.get());
+      server->metrics_.get(), server->shm_.get(), server->groups_.get());
   // Layers come back before the first request can see the store.
   if (config.checkpoints.restore) {
     MHC_ASSIGN_OR_RETURN(server->restored_,

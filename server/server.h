@@ -15,6 +15,7 @@
 #include "server/checkpoint_store.h"
 #include "server/determinism_audit.h"
 #include "server/executor.h"
+#include "server/groups.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/service.h"
@@ -31,6 +32,10 @@ struct ServerConfig {
   // (replay) and one token alone (batch invariance); 0 disables each.
   double determinism_audit_rate = 0;
   double batch_invariance_audit_rate = 0;
+  // Data-parallel groups on CUDA devices: the NCCL library to load and the
+  // timeout of requests that give none.
+  std::string nccl_library = "libnccl.so.2";
+  absl::Duration group_timeout = absl::Seconds(120);
   ServiceOptions service;
   CheckpointOptions checkpoints;
 };
@@ -75,6 +80,7 @@ class MhcServer {
   std::vector<std::unique_ptr<Executor>> executors_;
   std::unique_ptr<LayerStore> store_;
   std::unique_ptr<CheckpointStore> checkpoints_;
+  std::unique_ptr<GroupRegistry> groups_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ShmRegistry> shm_;
   std::unique_ptr<MhcService> service_;

@@ -22,7 +22,8 @@ namespace mhc::server {
 MhcService::MhcService(const ServiceOptions& options,
                        std::vector<Executor*> executors, LayerStore* store,
                        CheckpointStore* checkpoints, Admission* admission,
-                       Metrics* metrics, ShmRegistry* shm)
+                       Metrics* metrics, ShmRegistry* shm,
+                       GroupRegistry* groups)
     : options_(options),
       executors_(std::move(executors)),
       store_(store),
@@ -30,6 +31,7 @@ MhcService::MhcService(const ServiceOptions& options,
       admission_(admission),
       metrics_(metrics),
       shm_(shm),
+      groups_(groups),
       runner_(store, options.limits),
       optimizer_(store, metrics) {
   for (Executor* executor : executors_) {

@@ -14,6 +14,7 @@
 #include "mhc/v1/service.grpc.pb.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
+#include "server/groups.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/op_runner.h"
@@ -66,7 +67,8 @@ class MhcService final : public v1::Mhc::Service {
   // `executors`: one per device, the default device first.
   MhcService(const ServiceOptions& options, std::vector<Executor*> executors,
              LayerStore* store, CheckpointStore* checkpoints,
-             Admission* admission, Metrics* metrics, ShmRegistry* shm);
+             Admission* admission, Metrics* metrics, ShmRegistry* shm,
+             GroupRegistry* groups);
 
   MHC_UNARY(GetServerInfo, GetServerInfoRequest, GetServerInfoResponse);
   MHC_UNARY(GetDeterminismReport, GetDeterminismReportRequest,
@@ -141,6 +143,15 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(RegisterCudaEvents, RegisterCudaEventsRequest,
             RegisterCudaEventsResponse);
 
+  // Data-parallel groups (service_groups.cc).
+  MHC_UNARY(CreateGroup, CreateGroupRequest, GroupInfo);
+  MHC_UNARY(JoinGroup, JoinGroupRequest, GroupInfo);
+  MHC_UNARY(GetGroup, GetGroupRequest, GroupInfo);
+  MHC_UNARY(AllReduceGradients, AllReduceGradientsRequest, CollectiveResponse);
+  MHC_UNARY(BroadcastParameters, BroadcastParametersRequest,
+            CollectiveResponse);
+  MHC_UNARY(LeaveGroup, LeaveGroupRequest, LeaveGroupResponse);
+
  private:
   // Admission (unless `admit` is false), the call, status mapping, metrics.
   grpc::Status Handle(absl::string_view rpc, bool admit,
@@ -161,6 +172,7 @@ class MhcService final : public v1::Mhc::Service {
   Admission* const admission_;
   Metrics* const metrics_;
   ShmRegistry* const shm_;
+  GroupRegistry* const groups_;
   OpRunner runner_;
   OptimizerRunner optimizer_;
   OpenStreams streams_;

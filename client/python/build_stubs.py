@@ -43,6 +43,7 @@ PROTOS = [
     (PROTO_ROOT, "mhc/v1/ops.proto"),
     (PROTO_ROOT, "mhc/v1/optimizer.proto"),
     (PROTO_ROOT, "mhc/v1/shm.proto"),
+    (PROTO_ROOT, "mhc/v1/group.proto"),
     (PROTO_ROOT, "mhc/v1/service.proto"),
     (HEALTH_ROOT, "grpc/health/v1/health.proto"),
 ]

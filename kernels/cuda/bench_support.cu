@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common.cuh"
-#include "cuda_backend.h"
 #include "mhc/cuda.h"
 
 namespace mhc {
@@ -28,12 +27,8 @@ __global__ void read_flush_kernel(const uint4* p, int64_t words,
 }
 
 absl::StatusOr<cudaStream_t> StreamOf(Backend& backend) {
-  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
-  if (cuda == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("not a CUDA backend: ", backend.Name()));
-  }
-  return cuda->stream();
+  MHC_ASSIGN_OR_RETURN(void* stream, CudaOpStream(backend));
+  return static_cast<cudaStream_t>(stream);
 }
 
 }  // namespace

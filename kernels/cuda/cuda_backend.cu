@@ -402,4 +402,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
+absl::StatusOr<void*> CudaOpStream(Backend& cuda_backend) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&cuda_backend);
+  if (cuda == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("not a CUDA backend: ", cuda_backend.Name()));
+  }
+  return static_cast<void*>(cuda->stream());
+}
+
 }  // namespace mhc

@@ -24,6 +24,7 @@ from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E
                      OptimizerStepResult, PostBackwardResult, PreResult,
                      ProjectionResult, ScaleBackwardResult, ScaleResult,
                      ServerInfo, normalize_address)
+from .groups import CollectiveResult, GroupInfo  # noqa: E402
 from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: E402
                      Internal, InvalidArgument, MhcError, NotFound,
                      PermissionDenied, ResourceExhausted, Unavailable)
@@ -34,7 +35,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggregateBackwardResult", "AlreadyExists", "Batch", "BenchmarkResult",
-    "CheckpointInfo", "Client", "DeadlineExceeded", "Device", "FailedPrecondition", "Gradients",
+    "CheckpointInfo", "Client", "CollectiveResult", "DeadlineExceeded",
+    "Device", "FailedPrecondition", "Gradients", "GroupInfo",
     "HeadResult", "Internal", "InvalidArgument", "LayerInfo", "LayerSpec",
     "MhcError", "NotFound", "OptimizerStepResult", "PRESETS",
     "PermissionDenied", "PostBackwardResult", "PreResult", "ProjectionResult", "Ref",

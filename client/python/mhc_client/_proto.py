@@ -9,7 +9,7 @@ from __future__ import annotations
 try:
     from ._pb import checkpoint_pb2  # noqa: F401
     from ._pb import health_pb2, health_pb2_grpc  # noqa: F401
-    from ._pb import layer_pb2, ops_pb2, optimizer_pb2  # noqa: F401
+    from ._pb import group_pb2, layer_pb2, ops_pb2, optimizer_pb2  # noqa: F401
     from ._pb import service_pb2, service_pb2_grpc  # noqa: F401
     from ._pb import shm_pb2, tensor_pb2  # noqa: F401
 except ImportError as error:  # pragma: no cover - a setup problem

@@ -25,6 +25,7 @@ from ._proto import (checkpoint_pb2, health_pb2, health_pb2_grpc, layer_pb2,
                      optimizer_pb2, service_pb2, service_pb2_grpc, shm_pb2,
                      tensor_pb2)
 from .cuda_events import SIGNAL_EVENT_METADATA_KEY, WAIT_EVENT_METADATA_KEY
+from .groups import GroupCalls
 from .ops import ACTIVATION_FIELDS, OPS, OpDef, Ref, op_def
 from .spec import LayerInfo, LayerSpec, enum_value
 
@@ -32,7 +33,7 @@ SESSION_METADATA_KEY = "mhc-session-id"
 _READ_ONLY_RPCS = frozenset({
     "GetServerInfo", "GetDeterminismReport", "GetLayer", "ListLayers",
     "GetParameters", "GetGradients", "SharedMemoryStatus", "ListCheckpoints",
-    "Check"})
+    "Check", "GetGroup"})
 
 
 def normalize_address(address: str) -> str:
@@ -198,7 +199,7 @@ class Batch:
 # ----------------------------------------------------------------- client
 
 
-class Client:
+class Client(GroupCalls):
     """A connection to one mhcd.
 
     Args:

@@ -28,6 +28,11 @@ absl::StatusOr<CudaAllocation> FindCudaAllocation(const void* pointer);
 // device memory from Allocate (or any device allocation on that device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 
+// The stream (a cudaStream_t) that a backend made by MakeCudaBackend runs
+// its ops on, for work enqueued beside them, such as collectives;
+// FAILED_PRECONDITION for any other backend.
+absl::StatusOr<void*> CudaOpStream(Backend& cuda_backend);
+
 // Bytes read plus written per second by a 256 MiB device-to-device copy on
 // `device`, best of a few: the roofline denominator. Takes tens of ms.
 absl::StatusOr<double> MeasureCudaCopyBandwidth(int device);
