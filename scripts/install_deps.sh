@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs everything mhcd's build and tests need on Debian 12. Idempotent:
-# when every package is already installed it changes nothing (and needs no
-# network or root).
+# Installs everything mhcd's build and tests need on Debian 12: Debian
+# packages, Node.js (when no node/npm is on PATH) and the pinned npm tools of
+# the deploy checks (deploy/tools/install.sh). Idempotent: when everything is
+# already installed it changes nothing (and needs no network or root).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
@@ -22,21 +24,28 @@ for package in "${PACKAGES[@]}"; do
   fi
 done
 
-if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install_deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+# Node.js for deploy/tools: any node >= 18 with npm on PATH will do (Debian
+# 12's nodejs and npm packages are 18.x).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
 fi
 
-echo "install_deps: installing ${missing[*]}"
-SUDO=()
-if [[ "$(id -u)" -ne 0 ]]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-  else
-    echo "install_deps: need root (or sudo) to install: ${missing[*]}" >&2
-    exit 1
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=()
+  if [[ "$(id -u)" -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+      SUDO=(sudo)
+    else
+      echo "install_deps: need root (or sudo) to install: ${missing[*]}" >&2
+      exit 1
+    fi
   fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update
+  "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${SUDO[@]}" apt-get update
-"${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+
+bash deploy/tools/install.sh

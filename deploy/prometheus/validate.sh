@@ -80,21 +80,27 @@ PY
   echo "validate: note: promtool lacks kubernetes_sd_configs; checked the rest"
 fi
 
-step "Kubernetes manifests parse and match the scrape config"
-"${PYTHON}" - "${ROOT}/deploy/k8s" <<'PY' || fail "deploy/k8s"
+step "Kubernetes daemons match the scrape config"
+"${PYTHON}" - "${ROOT}/deploy/k8s/overlays" <<'PY' || fail "deploy/k8s"
 import pathlib, sys, yaml
-docs = [d for f in sorted(pathlib.Path(sys.argv[1]).glob("*.yaml"))
-        for d in yaml.safe_load_all(f.read_text()) if d]
-ds = next(d for d in docs if d["kind"] == "DaemonSet")
-pod = ds["spec"]["template"]
 # prometheus.yml keeps pods labelled app.kubernetes.io/name=mhcd on the
 # container port named "metrics", and mhcd must listen beyond loopback.
-assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "mhcd"
-container = pod["spec"]["containers"][0]
-port = next(p for p in container["ports"] if p["name"] == "metrics")
-assert f"--metrics_listen=0.0.0.0:{port['containerPort']}" in container["args"]
-svc = next(d for d in docs if d["kind"] == "Service")
-assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
+# (deploy/k8s/validate.sh checks the rendered overlays in full.)
+found = 0
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*.yaml")):
+    for d in yaml.safe_load_all(f.read_text()):
+        if not d or d.get("kind") not in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            continue
+        pod = d["spec"]["template"]
+        spec = pod["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            if not any(a.startswith("--listen=") for a in c.get("args", [])):
+                continue
+            found += 1
+            assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "mhcd", f
+            port = next(p for p in c["ports"] if p["name"] == "metrics")
+            assert f"--metrics_listen=0.0.0.0:{port['containerPort']}" in c["args"], f
+assert found >= 4, f"{found} daemon containers in deploy/k8s/overlays"
 PY
 
 step "start mhcd"
