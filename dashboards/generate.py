@@ -204,6 +204,21 @@ def service():
               "p99 {{device}} {{algorithm}}")],
             description="Time a step holds its device, including the wait for the "
                         "device when the request returns the gradient norm.")
+    b.panel("Data-parallel groups by state", "short",
+            [(f"sum by (state) (mhcd_groups{{{POD}}})", "{{state}}")], width=8,
+            description="Groups on the daemons (FORMING, READY, FAILED); a FAILED "
+                        "group lost a member or timed out and must be re-formed.")
+    b.panel("Group all-reduce time p50 / p99", "s",
+            [(quantile(0.5, "mhcd_group_collective_seconds", "op", POD), "p50 {{op}}"),
+             (quantile(0.99, "mhcd_group_collective_seconds", "op", POD), "p99 {{op}}")],
+            width=8,
+            description="Collectives of data-parallel groups, issue to completion "
+                        "(empty until a group runs one).")
+    b.panel("Group bus bandwidth p50", "Bps",
+            [(quantile(0.5, "mhcd_group_bus_bandwidth_bytes_per_second", "op", POD),
+              "{{op}}")], width=8,
+            description="Bus bandwidth of group collectives, comparable across "
+                        "group sizes (empty until a group runs one).")
     return b
 
 

@@ -466,7 +466,7 @@ def self_test(rendered):
     for name in rendered:
         m += [
             (name, "exceed --drain_timeout", lambda d: set_arg(d, "--drain_timeout", "--drain_timeout=60s")),
-            (name, "not a flag of mhcd", lambda d: set_arg(d, "--nccl_library", "--nccl_library=x.so")),
+            (name, "not a flag of mhcd", lambda d: set_arg(d, "--no_such_flag", "--no_such_flag=1")),
             (name, "--backend must be explicit", lambda d: set_arg(d, "--backend", "--backend=auto")),
             (name, "readinessProbe: a grpc probe", lambda d: daemon_container(d)[1].pop("readinessProbe")),
             (name, "startupProbe: grpc port", lambda d: daemon_container(d)[1]["startupProbe"]["grpc"].update(port=1)),
