@@ -123,7 +123,7 @@ def main() -> int:
                 bus.append(r.bus_bytes_per_second)
             row = dict(mode=mode, layers=args.layers, hidden=args.hidden,
                        n=args.n, calls=calls,
-                       bytes_per_rank=r.bytes * (args.layers // calls),
+                       bytes_per_rank=r.bytes * calls,
                        wall_ms=statistics.median(walls) * 1e3,
                        daemon_ms=statistics.median(daemon_s) * 1e3,
                        bus_gbps=statistics.median(bus) / 1e9,

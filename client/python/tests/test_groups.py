@@ -171,13 +171,13 @@ def test_two_daemons_data_parallel_step_equals_one_gpu(
         # Broadcast: rank 1's parameters everywhere.
         ca.set_parameters("l1", {k: v + 1 for k, v in
                                  ca.get_parameters("l1").items()})
-        version = ca.get_layer("l1").version
+        version = ca.get_layer("l1").parameters_version
         _together(lambda: ca.broadcast_parameters("dp", root_rank=1),
                   lambda: cb.broadcast_parameters("dp", root_rank=1))
         pa, pb = ca.get_parameters("l1"), cb.get_parameters("l1")
         for name in pb:
             np.testing.assert_array_equal(pa[name], pb[name])
-        assert ca.get_layer("l1").version > version
+        assert ca.get_layer("l1").parameters_version > version
         ca.leave_group("dp")
         cb.leave_group("dp")
         with pytest.raises(mhc_client.NotFound):
