@@ -40,12 +40,6 @@ for binary in "${out}"/bin/*; do
 done | sort -u | grep -Ev "${system}" | while read -r library; do
   cp -L "${library}" "${out}/lib/"
 done
-# The Python client's generated gRPC modules: with client/python and
-# OUT/python on PYTHONPATH, mhc_client imports without a build there.
-if [[ -d "${build}/client/python/mhc_client/_pb" ]]; then
-  mkdir -p "${out}/python/mhc_client"
-  cp -r "${build}/client/python/mhc_client/_pb" "${out}/python/mhc_client/"
-fi
 # The Python client's native extension (stable ABI: any Python >= 3.10
 # loads it) finds the libraries in OUT/lib through its rpath.
 for module in "${build}"/client/python/mhc_client/_native*.so; do
