@@ -1,6 +1,6 @@
-// What operators and orchestrators rely on: --help/--version, the HTTP
-// probes, the conventional gRPC server metrics, request ids and the log
-// formats.
+// What operators and orchestrators rely on: the HTTP probes, the
+// conventional gRPC server metrics, request ids and the log formats
+// (--help/--version: lifecycle_test.cc).
 #include <string>
 #include <vector>
 
@@ -18,18 +18,6 @@
 
 namespace mhc::testing {
 namespace {
-
-TEST(OperationsTest, HelpAndVersionExitZero) {
-  MHC_ASSERT_OK_AND_ASSIGN(auto help, RunCommand({MHC_MHCD_PATH, "--help"}));
-  EXPECT_EQ(help.first, 0) << help.second;
-  EXPECT_TRUE(absl::StrContains(help.second, "Usage: mhcd")) << help.second;
-  EXPECT_TRUE(absl::StrContains(help.second, "--log_format")) << help.second;
-  EXPECT_TRUE(absl::StrContains(help.second, "--listen")) << help.second;
-  MHC_ASSERT_OK_AND_ASSIGN(auto version,
-                           RunCommand({MHC_MHCD_PATH, "--version"}));
-  EXPECT_EQ(version.first, 0) << version.second;
-  EXPECT_TRUE(absl::StartsWith(version.second, "mhcd 0.")) << version.second;
-}
 
 TEST(OperationsTest, BadLogFlagsStopTheStart) {
   MHC_ASSERT_OK_AND_ASSIGN(
