@@ -72,7 +72,9 @@ done
 strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
 # Run paths after strip (strip can mangle what patchelf rewrote). A run path
 # applies to the object's own dependencies only, so each library gets one
-# too, for the libraries it loads in turn.
+# too, for the libraries it loads in turn. $ORIGIN is for the loader, not
+# the shell.
+# shellcheck disable=SC2016
 for binary in "${out}"/bin/*; do
   patchelf --set-rpath '$ORIGIN/../lib' "${binary}"
 done

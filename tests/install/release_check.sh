@@ -31,6 +31,7 @@ done
 ls "${root}"/python/mhc_client-*.whl >/dev/null || fail "no Python wheel"
 grep -q '^requires glibc: >= 2\.' "${root}/MANIFEST" ||
   fail "MANIFEST names no glibc: $(cat "${root}/MANIFEST")"
+# shellcheck disable=SC2016  # a literal $ORIGIN
 readelf -d "${root}/bin/mhcd" | grep -q 'R.*PATH.*\[\$ORIGIN/\.\./lib\]' ||
   fail "mhcd has no \$ORIGIN/../lib run path"
 
