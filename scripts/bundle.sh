@@ -73,16 +73,18 @@ strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
 # Run paths after strip (strip can mangle what patchelf rewrote). A run path
 # applies to the object's own dependencies only, so each library gets one
 # too, for the libraries it loads in turn. $ORIGIN is for the loader, not
-# the shell.
-# shellcheck disable=SC2016
+# the shell (hence single quotes; shellcheck SC2016 does not apply).
 for binary in "${out}"/bin/*; do
+  # shellcheck disable=SC2016
   patchelf --set-rpath '$ORIGIN/../lib' "${binary}"
 done
 for library in "${out}"/lib/*; do
+  # shellcheck disable=SC2016
   patchelf --set-rpath '$ORIGIN' "${library}"
 done
 for module in "${out}"/python/mhc_client/_native*.so; do
   [[ -f "${module}" ]] || continue
+  # shellcheck disable=SC2016
   patchelf --set-rpath '$ORIGIN/../../lib' "${module}"
 done
 echo "bundle: $(ls "${out}/bin" | wc -l) binaries, $(ls "${out}/lib" | wc -l) libraries, $(du -sh "${out}" | cut -f1)"
