@@ -3,14 +3,23 @@
 # one relocatable folder: for running the daemon, mhcctl, the GPU tests and
 # benchmarks on a GPU machine that has the NVIDIA driver but none of the
 # build's libraries (gRPC, Abseil, protobuf, prometheus-cpp, GoogleTest).
-# Run the binaries there with LD_LIBRARY_PATH=OUT/lib; Python clients add
-# OUT/python to PYTHONPATH beside client/python.
+# Binaries and libraries find OUT/lib through $ORIGIN-relative run paths, so
+# they run from wherever the folder is, without LD_LIBRARY_PATH; Python
+# clients add OUT/python (the native extension) to PYTHONPATH beside
+# client/python. scripts/release.sh makes a tarball of one.
 #
-#   scripts/bundle.sh BUILD_DIR OUT_DIR
+#   scripts/bundle.sh BUILD_DIR OUT_DIR [BINARY...]
+#
+# BINARY: paths under BUILD_DIR to pack (default: the daemon, mhcctl, the
+# GPU tests and benchmarks that were built).
 set -euo pipefail
 
-build="${1:?usage: scripts/bundle.sh BUILD_DIR OUT_DIR}"
-out="${2:?usage: scripts/bundle.sh BUILD_DIR OUT_DIR}"
+usage="usage: scripts/bundle.sh BUILD_DIR OUT_DIR [BINARY...]"
+build="${1:?${usage}}"
+out="${2:?${usage}}"
+shift 2
+command -v patchelf >/dev/null ||
+  { echo "bundle: needs patchelf (scripts/install_deps.sh)" >&2; exit 1; }
 rm -rf "${out}"
 mkdir -p "${out}/bin" "${out}/lib"
 
@@ -27,9 +36,17 @@ binaries=(
   bench/mhc_gpu_bench
   client/cpp/stream_ordered_step
 )
+explicit=0
+if [[ $# -gt 0 ]]; then
+  binaries=("$@")
+  explicit=1
+fi
 for binary in "${binaries[@]}"; do
   if [[ -x "${build}/${binary}" ]]; then
     cp "${build}/${binary}" "${out}/bin/"
+  elif [[ ${explicit} -eq 1 ]]; then
+    echo "bundle: ${build}/${binary} is not built" >&2
+    exit 1
   fi
 done
 
@@ -41,12 +58,6 @@ for binary in "${out}"/bin/*; do
 done | sort -u | grep -Ev "${system}" | while read -r library; do
   cp -L "${library}" "${out}/lib/"
 done
-# The Python client's generated gRPC modules: with client/python and
-# OUT/python on PYTHONPATH, mhc_client imports without a build there.
-if [[ -d "${build}/client/python/mhc_client/_pb" ]]; then
-  mkdir -p "${out}/python/mhc_client"
-  cp -r "${build}/client/python/mhc_client/_pb" "${out}/python/mhc_client/"
-fi
 # The Python client's native extension (stable ABI: any Python >= 3.10
 # loads it) finds the libraries in OUT/lib through its rpath.
 for module in "${build}"/client/python/mhc_client/_native*.so; do
@@ -60,4 +71,21 @@ for module in "${build}"/client/python/mhc_client/_native*.so; do
 done
 # Symbols only make the folder larger; backtraces keep function names.
 strip --strip-unneeded "${out}"/bin/* "${out}"/lib/* 2>/dev/null || true
+# Run paths after strip (strip can mangle what patchelf rewrote). A run path
+# applies to the object's own dependencies only, so each library gets one
+# too, for the libraries it loads in turn. $ORIGIN is for the loader, not
+# the shell (hence single quotes; shellcheck SC2016 does not apply).
+for binary in "${out}"/bin/*; do
+  # shellcheck disable=SC2016
+  patchelf --set-rpath '$ORIGIN/../lib' "${binary}"
+done
+for library in "${out}"/lib/*; do
+  # shellcheck disable=SC2016
+  patchelf --set-rpath '$ORIGIN' "${library}"
+done
+for module in "${out}"/python/mhc_client/_native*.so; do
+  [[ -f "${module}" ]] || continue
+  # shellcheck disable=SC2016
+  patchelf --set-rpath '$ORIGIN/../../lib' "${module}"
+done
 echo "bundle: $(ls "${out}/bin" | wc -l) binaries, $(ls "${out}/lib" | wc -l) libraries, $(du -sh "${out}" | cut -f1)"

@@ -12,9 +12,9 @@
 #
 # Needs python3 with torch, grpcio, protobuf and numpy (pytest for the
 # suite, skipped without it). Run from a checkout: the client, its tests and
-# the benchmark come from here. The generated protobuf/gRPC modules are not
-# made here (the GPU machine may have no protoc): scripts/bundle.sh puts them
-# under BUNDLE_DIR/python. E2E_ARGS adds flags to the benchmark run (for
+# the benchmark come from here (the generated protobuf/gRPC modules are
+# committed, so the GPU machine needs no protoc); the native extension comes
+# from BUNDLE_DIR/python. E2E_ARGS adds flags to the benchmark run (for
 # example E2E_ARGS='--configs=0 --n=4' for a quick one), PYTEST_ARGS picks
 # the tests (default: the whole suite; "none" skips it), and MHC_MPS=1 runs
 # the daemon and the clients under a private CUDA MPS control daemon (its
@@ -41,7 +41,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "${python}" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 if ! "${python}" -c 'import mhc_client._pb' 2>"${logs}/stubs.log"; then
-  echo "FAIL stubs: mhc_client._pb not importable (expected under ${bundle}/python)"
+  echo "FAIL stubs: mhc_client._pb not importable (committed under client/python)"
   cat "${logs}/stubs.log"
   exit 1
 fi

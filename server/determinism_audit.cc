@@ -2,13 +2,13 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <utility>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/log.h"
 
 namespace mhc::server {
 
@@ -183,11 +183,11 @@ void DeterminismAudit::Check(Backend& backend, Workspace ws,
   mismatch.set_ulp_difference(max_ulp);
   mismatch.set_time_unix_nanos(absl::ToUnixNanos(absl::Now()));
   // Operators need to see this without a dashboard: it breaks the contract.
-  std::cerr << "mhcd: determinism mismatch (" << check << "): " << mismatch.op()
-            << " " << mismatch.direction() << " on " << launch.layer << ", "
-            << total << " tokens, output " << mismatch.output() << " element "
-            << mismatch.element() << ", up to " << max_ulp << " ulp"
-            << std::endl;
+  Log(LogLevel::kError,
+      absl::StrCat("determinism mismatch (", check, "): ", mismatch.op(), " ",
+                   mismatch.direction(), " on ", launch.layer, ", ", total,
+                   " tokens, output ", mismatch.output(), " element ",
+                   mismatch.element(), ", up to ", max_ulp, " ulp"));
   Record(launch, check, &mismatch, max_ulp);
 }
 

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <iostream>
 #include <optional>
 #include <utility>
 
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "mhc/status.h"
+#include "server/log.h"
 
 namespace mhc::server {
 
@@ -146,7 +146,7 @@ absl::Status Executor::CheckDevice() {
                    " failed and serves no more requests (restart "
                    "mhcd): ",
                    status.message()));
-  std::cerr << "mhcd: " << failed_.message() << std::endl;
+  Log(LogLevel::kError, failed_.message());
   if (on_failure_) on_failure_(failed_);
   return failed_;
 }

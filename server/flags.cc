@@ -2,11 +2,14 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
@@ -16,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mhc/status.h"
+#include "server/log.h"
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
 #endif
@@ -111,10 +115,25 @@ ABSL_FLAG(bool, restore, false,
 ABSL_FLAG(int64_t, checkpoint_write_bytes_per_second, 0,
           "Throttle of checkpoint writes, so that a save does not starve "
           "other users of the disk; 0: unthrottled.");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines: text (\"mhcd: ...\", for people and scripts) or json "
+          "(one object per line with time, level, msg and fields, for log "
+          "collectors). Info goes to stdout, warnings and errors to stderr.");
+ABSL_FLAG(std::string, log_requests, "failed",
+          "Access log lines, with request id, method, status code, seconds "
+          "and peer: none, failed (RPCs that did not end OK, as warnings) or "
+          "all (also successful ones, as info).");
 
 namespace mhc::server {
 
 namespace {
+
+constexpr char kUsage[] =
+    "gRPC kernel server for mHC (Manifold-Constrained "
+    "Hyper-Connections).\n"
+    "Usage: mhcd [--listen=127.0.0.1:50051,unix:/run/mhcd.sock] "
+    "[--backend=auto|cpu|reference|cuda] [flags]\n"
+    "Stops gracefully on SIGTERM/SIGINT (see --drain_timeout).";
 
 bool IsMhcdFlagFile(absl::string_view file) {
   return absl::EndsWith(file, "server/flags.cc");
@@ -133,16 +152,45 @@ void ConfigureFlagUsage() {
                                                       : file.substr(pos));
   };
   absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(
-      "gRPC kernel server for mHC (Manifold-Constrained "
-      "Hyper-Connections).\n"
-      "Usage: mhcd [--listen=127.0.0.1:50051,unix:/run/mhcd.sock] "
-      "[--backend=auto|cpu|reference|cuda] [flags]\n"
-      "Stops gracefully on SIGTERM/SIGINT (see --drain_timeout).");
+  absl::SetProgramUsageMessage(kUsage);
+}
+
+bool HandleHelpOrVersion(int argc, char** argv) {
+  bool help = false;
+  bool version = false;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    help = help || arg == "--help" || arg == "-h" || arg == "--helpshort" ||
+           arg == "--helpfull";
+    version = version || arg == "--version";
+  }
+  if (help) {
+    std::map<std::string, std::string> lines;
+    for (const auto& [name, flag] : absl::GetAllFlags()) {
+      if (!IsMhcdFlagFile(flag->Filename())) continue;
+      lines[std::string(name)] =
+          absl::StrCat("  --", name, "  ", flag->Help(),
+                       " (default: ", flag->DefaultValue(), ")\n");
+    }
+    std::printf("%s\n\nFlags:\n", kUsage);
+    for (const auto& [name, line] : lines) std::printf("%s", line.c_str());
+  } else if (version) {
+    std::printf("mhcd %s\n", MHC_VERSION);
+  }
+  return help || version;
+}
+
+absl::Status ConfigureLoggingFromFlags() {
+  MHC_ASSIGN_OR_RETURN(LogFormat format,
+                       ParseLogFormat(absl::GetFlag(FLAGS_log_format)));
+  SetLogFormat(format);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ServerConfig> ConfigFromFlags() {
   ServerConfig config;
+  MHC_ASSIGN_OR_RETURN(config.log_requests,
+                       ParseRequestLogMode(absl::GetFlag(FLAGS_log_requests)));
   for (absl::string_view part :
        absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty())) {
     part = absl::StripAsciiWhitespace(part);
@@ -356,7 +404,7 @@ std::vector<std::string> FlagNotices() {
   std::vector<std::string> notices;
   if (!absl::GetFlag(FLAGS_allow_shm) && absl::GetFlag(FLAGS_shm_allow_tcp)) {
     notices.push_back(
-        "mhcd: note: --shm_allow_tcp has no effect without --allow_shm");
+        "note: --shm_allow_tcp has no effect without --allow_shm");
   }
   return notices;
 }

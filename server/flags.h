@@ -15,6 +15,12 @@ namespace mhc::server {
 
 // Makes `--help` list mhcd's flags, sets the usage text and version.
 void ConfigureFlagUsage();
+// --help (-h, --helpshort, --helpfull): the usage and mhcd's flags on
+// stdout; --version: "mhcd VERSION". Returns whether it printed either, so
+// that main exits 0 (absl's own --help exits 1).
+bool HandleHelpOrVersion(int argc, char** argv);
+// --log_format: sets the format of every later log line.
+absl::Status ConfigureLoggingFromFlags();
 
 // The config the flags describe; errors name the flag.
 absl::StatusOr<ServerConfig> ConfigFromFlags();
@@ -22,7 +28,7 @@ absl::Duration DrainTimeoutFromFlags();
 // The devices to serve: --backend (auto: CUDA when built and a GPU is
 // present, else cpu) with --threads for cpu and --devices for cuda.
 absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags();
-// Lines for stderr about accepted flags that do not act yet.
+// Warnings about accepted flags that do not act yet.
 std::vector<std::string> FlagNotices();
 
 }  // namespace mhc::server

@@ -3,17 +3,22 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <iostream>
+#include <string>
 #include <thread>
 
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "server/flags.h"
+#include "server/log.h"
 #include "server/server.h"
 
 namespace {
 
+using mhc::server::Log;
+using mhc::server::LogLevel;
+
 int Fail(const absl::Status& status) {
-  std::cerr << "mhcd: " << status.message() << std::endl;
+  Log(LogLevel::kError, status.message());
   return 1;
 }
 
@@ -21,7 +26,12 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   mhc::server::ConfigureFlagUsage();
+  if (mhc::server::HandleHelpOrVersion(argc, argv)) return 0;
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status logging = mhc::server::ConfigureLoggingFromFlags();
+      !logging.ok()) {
+    return Fail(logging);
+  }
 
   // Blocked before any thread exists (backends and gRPC start pools), so
   // every thread inherits the mask and only the sigwait thread sees them.
@@ -35,7 +45,7 @@ int main(int argc, char** argv) {
       mhc::server::ConfigFromFlags();
   if (!config.ok()) return Fail(config.status());
   for (const std::string& notice : mhc::server::FlagNotices()) {
-    std::cerr << notice << std::endl;
+    Log(LogLevel::kWarning, notice);
   }
   absl::StatusOr<std::vector<mhc::server::DeviceBackend>> devices =
       mhc::server::BackendsFromFlags();
@@ -44,32 +54,34 @@ int main(int argc, char** argv) {
       mhc::server::MhcServer::Start(*config, std::move(*devices));
   if (!server.ok()) return Fail(server.status());
 
+  // Scripts and tests read these lines: keep their text.
   for (const std::string& address : (*server)->addresses()) {
-    std::cout << "mhcd: listening on " << address << "\n";
+    Log(LogLevel::kInfo, absl::StrCat("listening on ", address));
   }
   if (!(*server)->metrics_address().empty()) {
-    std::cout << "mhcd: metrics on http://" << (*server)->metrics_address()
-              << "/metrics\n";
+    Log(LogLevel::kInfo,
+        absl::StrCat("metrics on http://", (*server)->metrics_address(),
+                     "/metrics"));
   }
   if (!(*server)->restored_checkpoint().empty()) {
-    std::cout << "mhcd: restored checkpoint '"
-              << (*server)->restored_checkpoint() << "'\n";
+    Log(LogLevel::kInfo, absl::StrCat("restored checkpoint '",
+                                      (*server)->restored_checkpoint(), "'"));
   }
-  std::cout << "mhcd: ready (backend=" << (*server)->backend_name() << ")"
-            << std::endl;
+  Log(LogLevel::kInfo,
+      absl::StrCat("ready (backend=", (*server)->backend_name(), ")"));
 
   const absl::Duration drain_timeout = mhc::server::DrainTimeoutFromFlags();
   mhc::server::MhcServer* raw = server->get();
   std::thread signal_thread([&signals, raw, drain_timeout] {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
-    std::cerr << "mhcd: received signal " << signal_number << ", draining"
-              << std::endl;
+    Log(LogLevel::kInfo,
+        absl::StrCat("received signal ", signal_number, ", draining"));
     raw->Drain(drain_timeout);
   });
   (*server)->Wait();
   signal_thread.join();
   server->reset();
-  std::cout << "mhcd: drained" << std::endl;
+  Log(LogLevel::kInfo, "drained");
   return 0;
 }

@@ -100,7 +100,8 @@ void Metrics::SetScrapeHook(std::function<void()> hook) {
 Metrics::Metrics(const BuildInfo& build)
     : registry_(std::make_shared<prometheus::Registry>()),
       process_(MakeProcessCollector()),
-      scrape_hook_(std::make_shared<ScrapeHook>()) {
+      scrape_hook_(std::make_shared<ScrapeHook>()),
+      readiness_(std::make_shared<Readiness>()) {
   requests_ = &prometheus::BuildCounter()
                    .Name("mhcd_requests_total")
                    .Help("RPCs handled, by method and gRPC status code.")
@@ -113,6 +114,24 @@ Metrics::Metrics(const BuildInfo& build)
                "validation, queueing for the device, compute), by method "
                "and gRPC status code.")
            .Register(*registry_);
+  rpcs_started_ = &prometheus::BuildCounter()
+                       .Name("grpc_server_started_total")
+                       .Help(
+                           "RPCs started on the server, by service, method "
+                           "and type.")
+                       .Register(*registry_);
+  rpcs_handled_ = &prometheus::BuildCounter()
+                       .Name("grpc_server_handled_total")
+                       .Help(
+                           "RPCs completed on the server, by service, "
+                           "method, type and gRPC status code.")
+                       .Register(*registry_);
+  rpc_seconds_ = &prometheus::BuildHistogram()
+                      .Name("grpc_server_handling_seconds")
+                      .Help(
+                          "Time from the start of an RPC to its status, "
+                          "by service, method and type.")
+                      .Register(*registry_);
   inflight_ = &prometheus::BuildGauge()
                    .Name("mhcd_inflight_requests")
                    .Help("Requests admitted and not yet answered.")
@@ -383,7 +402,8 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
   }
   std::string host = listen.substr(0, colon);
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    exposer_ =
+        std::make_unique<prometheus::Exposer>(listen, 2, ProbeCallbacks());
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
@@ -396,6 +416,7 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
     return absl::UnavailableError(
         absl::StrCat("--metrics_listen: no port bound for ", listen));
   }
+  probe_route_ = std::make_unique<ProbeRoute>(ports.front(), readiness_);
   return absl::StrCat(host, ":", ports.front());
 }
 
@@ -405,6 +426,27 @@ void Metrics::RecordRequest(absl::string_view rpc, grpc::StatusCode code,
                             {"code", StatusCodeName(code)}};
   requests_->Add(labels).Increment();
   durations_->Add(labels, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::RecordRpcStarted(absl::string_view service,
+                               absl::string_view method,
+                               absl::string_view type) {
+  rpcs_started_
+      ->Add({{"grpc_service", std::string(service)},
+             {"grpc_method", std::string(method)},
+             {"grpc_type", std::string(type)}})
+      .Increment();
+}
+
+void Metrics::RecordRpcHandled(absl::string_view service,
+                               absl::string_view method, absl::string_view type,
+                               grpc::StatusCode code, double seconds) {
+  prometheus::Labels labels{{"grpc_service", std::string(service)},
+                            {"grpc_method", std::string(method)},
+                            {"grpc_type", std::string(type)}};
+  rpc_seconds_->Add(labels, LatencyBuckets()).Observe(seconds);
+  labels.emplace("grpc_code", StatusCodeName(code));
+  rpcs_handled_->Add(labels).Increment();
 }
 
 }  // namespace mhc::server

@@ -24,6 +24,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/probes.h"
 
 namespace mhc::server {
 
@@ -50,12 +51,24 @@ class Metrics {
  public:
   explicit Metrics(const BuildInfo& build);
 
-  // Starts the HTTP endpoint; returns "host:port" with the bound port (port
+  // Starts the HTTP endpoint (/metrics, and the probes /healthz and
+  // /readyz, see probes.h); returns "host:port" with the bound port (port
   // 0 picks a free one). Not calling it keeps the metrics in memory only.
   absl::StatusOr<std::string> Serve(const std::string& listen);
+  // What /readyz reports; the server sets it.
+  Readiness& readiness() { return *readiness_; }
 
   void RecordRequest(absl::string_view rpc, grpc::StatusCode code,
                      double seconds);
+  // Every RPC of every service under the names gRPC's Prometheus
+  // interceptors use (grpc_server_started_total, _handled_total,
+  // _handling_seconds); `type` is unary, client_stream, server_stream or
+  // bidi_stream.
+  void RecordRpcStarted(absl::string_view service, absl::string_view method,
+                        absl::string_view type);
+  void RecordRpcHandled(absl::string_view service, absl::string_view method,
+                        absl::string_view type, grpc::StatusCode code,
+                        double seconds);
   void AddInflight(double delta) { inflight_->Increment(delta); }
 
   // Kernel time, bytes, bandwidth, fraction of `copy_bandwidth` (bytes per
@@ -119,7 +132,11 @@ class Metrics {
   std::shared_ptr<prometheus::Collectable> process_;
   // Collected first on a scrape; calls the hook and adds no families.
   std::shared_ptr<prometheus::Collectable> scrape_hook_;
+  std::shared_ptr<Readiness> readiness_;
   prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* rpcs_started_;
+  prometheus::Family<prometheus::Counter>* rpcs_handled_;
+  prometheus::Family<prometheus::Histogram>* rpc_seconds_;
   prometheus::Family<prometheus::Histogram>* durations_;
   prometheus::Gauge* inflight_;
   prometheus::Family<prometheus::Histogram>* kernel_seconds_;
@@ -159,6 +176,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* checkpoint_seconds_;
   prometheus::Family<prometheus::Gauge>* checkpoint_last_success_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // Declared after the exposer, so routed away first when destroyed.
+  std::unique_ptr<ProbeRoute> probe_route_;
 };
 
 }  // namespace mhc::server

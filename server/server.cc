@@ -244,6 +244,12 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
                              grpc::InsecureServerCredentials(), &listener.port);
   }
   builder.RegisterService(server->service_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      MakeRpcObserverFactory(server->metrics_.get(), config.log_requests));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
     return absl::UnavailableError(
@@ -269,11 +275,18 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
     // A device that failed for good (its CUDA context is lost) fails every
     // request it gets: take the daemon out of service so that the
     // orchestrator restarts it.
+    Readiness* readiness = &server->metrics_->readiness();
     for (const auto& executor : server->executors_) {
       executor->SetFailureCallback(
-          [health](const absl::Status&) { health->SetServingStatus(false); });
+          [health, readiness,
+           device = executor->device()](const absl::Status& failure) {
+            health->SetServingStatus(false);
+            readiness->SetNotReady(absl::StrCat(
+                "device ", device, " failed: ", failure.message()));
+          });
     }
   }
+  server->metrics_->readiness().SetReady();
   return server;
 }
 
@@ -289,6 +302,7 @@ MhcServer::~MhcServer() {
 }
 
 void MhcServer::Drain(absl::Duration timeout) {
+  metrics_->readiness().SetNotReady("draining");
   admission_->BeginDrain();
   shm_->CancelAllSessions();
   service_->EndStreams();

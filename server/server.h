@@ -18,6 +18,7 @@
 #include "server/groups.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
+#include "server/rpc_observer.h"
 #include "server/service.h"
 #include "server/shm_registry.h"
 
@@ -38,6 +39,8 @@ struct ServerConfig {
   absl::Duration group_timeout = absl::Seconds(120);
   ServiceOptions service;
   CheckpointOptions checkpoints;
+  // Which RPCs get an access log line (see rpc_observer.h).
+  RequestLogMode log_requests = RequestLogMode::kFailed;
 };
 
 // A backend and the name the API gives its device.
@@ -63,9 +66,9 @@ class MhcServer {
   // The checkpoint --restore loaded at start; empty when none.
   const std::string& restored_checkpoint() const { return restored_; }
 
-  // Health goes NOT_SERVING, new requests get UNAVAILABLE, and the server
-  // stops accepting; in-flight requests get until `timeout` to finish.
-  // Returns when the server has shut down.
+  // Health goes NOT_SERVING (and /readyz 503), new requests get
+  // UNAVAILABLE, and the server stops accepting; in-flight requests get until
+  // `timeout` to finish. Returns when the server has shut down.
   void Drain(absl::Duration timeout);
   // Blocks until the server has shut down.
   void Wait();

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <iostream>
 #include <map>
 #include <string>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "mhc/cuda.h"
 #include "mhc/status.h"
+#include "server/log.h"
 
 namespace mhc::server {
 namespace {
@@ -227,10 +227,11 @@ class CudaHostPinner final : public HostMemoryPinner {
       // The pages may stay locked until the process exits; nothing else is
       // affected, and the caller is a destructor with no one to tell.
       cudaGetLastError();
-      std::cerr << "mhcd: cudaHostUnregister of a shared-memory mapping "
-                   "failed: "
-                << cudaGetErrorName(error) << " (" << cudaGetErrorString(error)
-                << ")" << std::endl;
+      Log(LogLevel::kWarning,
+          absl::StrCat("cudaHostUnregister of a shared-memory mapping "
+                       "failed: ",
+                       cudaGetErrorName(error), " (", cudaGetErrorString(error),
+                       ")"));
     }
   }
 

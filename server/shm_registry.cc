@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <iostream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mhc/status.h"
+#include "server/log.h"
 #include "server/shm_guard.h"
 
 namespace mhc::server {
@@ -286,14 +286,14 @@ HostPinning ShmRegistry::Pin(Region& region) {
     return HostPinning::kPinned;
   }
   if (!pin_failure_logged_.exchange(true)) {
-    std::cerr << "mhcd: cannot page-lock shared-memory region '" << region.name_
-              << "' (" << pinned.message()
-              << "); it is copied to and from the GPU through pageable "
-                 "memory, which is slower. Check the locked-memory limit "
-                 "(ulimit -l) and free host memory, or start mhcd with "
-                 "--shm_pin_host=false. Only this failure is logged; all are "
-                 "counted in mhcd_shm_pin_failures_total."
-              << std::endl;
+    Log(LogLevel::kWarning,
+        absl::StrCat("cannot page-lock shared-memory region '", region.name_,
+                     "' (", pinned.message(),
+                     "); it is copied to and from the GPU through pageable "
+                     "memory, which is slower. Check the locked-memory limit "
+                     "(ulimit -l) and free host memory, or start mhcd with "
+                     "--shm_pin_host=false. Only this failure is logged; all "
+                     "are counted in mhcd_shm_pin_failures_total."));
   }
   return HostPinning::kFailed;
 }

@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
 """Generates the protobuf and gRPC modules of mhc_client from proto/.
 
-The daemon's API lives in proto/mhc/v1/*.proto; the Python modules are
-generated at build time (never committed) so that they always match the
-protos of the checkout. Output: OUT/mhc_client/_pb/{tensor,layer,checkpoint,
-optimizer,ops,shm,service,health}_pb2.py and service_pb2_grpc.py /
-health_pb2_grpc.py.
+The daemon's API lives in proto/mhc/v1/*.proto. The generated modules are
+committed (client/python/mhc_client/_pb), so that `pip install
+client/python` needs no protoc or grpcio-tools; run this script after
+changing a .proto, and `build_stubs.py --check` (a ctest test) fails while
+the committed modules differ from what the protos generate. Output:
+OUT/mhc_client/_pb/{tensor,layer,checkpoint,optimizer,ops,shm,service,
+health}_pb2.py and service_pb2_grpc.py / health_pb2_grpc.py.
 
 The modules are flattened into one package and their imports rewritten to
 relative ones, because protoc's natural layout would create top-level
 packages named `mhc` and, worse, `grpc.health`, which would shadow grpcio.
-`mhc_client/__init__.py` extends its package path over sys.path, so OUT can
-be a build directory next to the source tree:
-
-    build_stubs.py --out build/client/python
-    PYTHONPATH=client/python:build/client/python python3 -c 'import mhc_client'
 
 Tools: protoc and grpc_python_plugin from PATH (Debian: protobuf-compiler and
-protobuf-compiler-grpc), or grpcio-tools' bundled protoc when installed.
+protobuf-compiler-grpc), or grpcio-tools' bundled protoc when installed. The
+committed modules come from Debian 12's protoc 3.21: they carry no runtime
+version check and load on protobuf 4.21 and later; a different protoc makes
+different (equally valid) modules, which --check reports.
 """
 
 from __future__ import annotations
@@ -93,6 +93,35 @@ def generate(out_root: Path, protoc: Optional[str] = None,
     return package
 
 
+def differences(generated: Path, committed: Path) -> List[str]:
+    """Files that differ between two _pb directories, or exist in one only."""
+    names = sorted({path.name for path in generated.glob("*.py")} |
+                   {path.name for path in committed.glob("*.py")})
+    changed = []
+    for name in names:
+        fresh, old = generated / name, committed / name
+        if not fresh.exists() or not old.exists() or \
+                fresh.read_bytes() != old.read_bytes():
+            changed.append(name)
+    return changed
+
+
+def check(protoc: Optional[str], plugin: Optional[str]) -> int:
+    """0 when the committed modules are what the protos generate now."""
+    committed = HERE / "mhc_client" / "_pb"
+    with tempfile.TemporaryDirectory() as tmp:
+        changed = differences(generate(Path(tmp), protoc, plugin), committed)
+    if changed:
+        print("build_stubs: client/python/mhc_client/_pb is stale ("
+              + ", ".join(changed) + "); regenerate it with "
+              "`python3 client/python/build_stubs.py` and commit the result",
+              file=sys.stderr)
+        return 1
+    print(f"build_stubs: {len(list(committed.glob('*.py')))} committed "
+          "modules match proto/")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE,
@@ -101,13 +130,13 @@ def main() -> int:
     parser.add_argument("--protoc", help="protoc binary (default: PATH)")
     parser.add_argument("--grpc-plugin",
                         help="grpc_python_plugin binary (default: PATH)")
-    parser.add_argument("--stamp", type=Path,
-                        help="file to touch when done (for build systems)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when the committed "
+                             "modules differ from what proto/ generates")
     args = parser.parse_args()
+    if args.check:
+        return check(args.protoc, args.grpc_plugin)
     package = generate(args.out.resolve(), args.protoc, args.grpc_plugin)
-    if args.stamp:
-        args.stamp.parent.mkdir(parents=True, exist_ok=True)
-        args.stamp.touch()
     print(f"build_stubs: wrote {os.path.relpath(package)}")
     return 0
 

@@ -23,11 +23,22 @@
 namespace mhc::testing {
 namespace {
 
-// Parses "http://host:port/metrics" out of the daemon's metrics line.
+// The ready line, as text or JSON.
+bool HasReadyLine(absl::string_view out) {
+  return absl::StrContains(out, "mhcd: ready") ||
+         absl::StrContains(out, "\"msg\":\"ready");
+}
+
+// Parses "http://host:port/metrics" out of the daemon's metrics line (text
+// or JSON).
 bool ParseMetricsLine(absl::string_view line, std::string* host, int* port) {
-  constexpr absl::string_view kPrefix = "mhcd: metrics on http://";
-  if (!absl::StartsWith(line, kPrefix)) return false;
-  absl::string_view rest = line.substr(kPrefix.size());
+  constexpr absl::string_view kMarker = "metrics on http://";
+  const size_t at = line.find(kMarker);
+  if (!absl::StartsWith(line, "mhcd: ") && !absl::StartsWith(line, "{")) {
+    return false;
+  }
+  if (at == absl::string_view::npos) return false;
+  absl::string_view rest = line.substr(at + kMarker.size());
   rest = rest.substr(0, rest.find('/'));
   size_t colon = rest.rfind(':');
   if (colon == absl::string_view::npos) return false;
@@ -35,7 +46,8 @@ bool ParseMetricsLine(absl::string_view line, std::string* host, int* port) {
   return absl::SimpleAtoi(rest.substr(colon + 1), port);
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, int stdout_fd) {
+pid_t Spawn(const std::vector<std::string>& argv, int stdout_fd,
+            bool capture_stderr) {
   std::vector<char*> args;
   for (const std::string& arg : argv)
     args.push_back(const_cast<char*>(arg.c_str()));
@@ -43,6 +55,7 @@ pid_t Spawn(const std::vector<std::string>& argv, int stdout_fd) {
   pid_t pid = fork();
   if (pid == 0) {
     if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+    if (stdout_fd >= 0 && capture_stderr) dup2(stdout_fd, STDERR_FILENO);
     execv(args[0], args.data());
     _exit(127);
   }
@@ -52,7 +65,7 @@ pid_t Spawn(const std::vector<std::string>& argv, int stdout_fd) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
-    const std::vector<std::string>& flags) {
+    const std::vector<std::string>& flags, bool capture_stderr) {
   std::unique_ptr<Daemon> d(new Daemon());
   char dir[] = "/tmp/mhcd-test-XXXXXX";
   if (mkdtemp(dir) == nullptr) {
@@ -71,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
-  d->pid_ = Spawn(argv, pipe_fds[1]);
+  d->pid_ = Spawn(argv, pipe_fds[1], capture_stderr);
   close(pipe_fds[1]);
   if (d->pid_ < 0) {
     close(pipe_fds[0]);
@@ -83,10 +96,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 
   absl::MutexLock lock(&d->mu_);
   auto ready_or_eof = [raw]() ABSL_SHARED_LOCKS_REQUIRED(raw->mu_) {
-    return raw->eof_ || absl::StrContains(raw->stdout_, "mhcd: ready");
+    return raw->eof_ || HasReadyLine(raw->stdout_);
   };
   d->mu_.AwaitWithTimeout(absl::Condition(&ready_or_eof), absl::Seconds(30));
-  if (!absl::StrContains(d->stdout_, "mhcd: ready")) {
+  if (!HasReadyLine(d->stdout_)) {
     return absl::UnavailableError(
         absl::StrCat("mhcd did not become ready; stdout:\n", d->stdout_));
   }
@@ -190,7 +203,7 @@ absl::StatusOr<std::pair<int, std::string>> RunCommand(
     const std::vector<std::string>& argv) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-  pid_t pid = Spawn(argv, pipe_fds[1]);
+  pid_t pid = Spawn(argv, pipe_fds[1], /*capture_stderr=*/false);
   close(pipe_fds[1]);
   std::string out;
   char buffer[4096];

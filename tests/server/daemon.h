@@ -23,9 +23,10 @@ class Daemon {
   // Starts mhcd (the build's, or $MHCD_PATH) with
   // --listen=unix:<tmp>/mhcd.sock --metrics_listen=127.0.0.1:0
   // --backend=cpu plus `flags` (later flags win) and waits up to 30 s for
-  // its ready line.
+  // its ready line (text or --log_format=json). With `capture_stderr`,
+  // Stdout() holds stderr too.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
-      const std::vector<std::string>& flags = {});
+      const std::vector<std::string>& flags = {}, bool capture_stderr = false);
   ~Daemon();
 
   const std::string& address() const { return address_; }  // unix:/...

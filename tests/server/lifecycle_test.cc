@@ -223,7 +223,7 @@ TEST(ServerLifecycleTest, HelpAndVersionExitZero) {
   MHC_ASSERT_OK_AND_ASSIGN(auto mhcd, RunCommand({MHC_MHCD_PATH, "--version"}));
   EXPECT_EQ(mhcd.first, 0) << mhcd.second;
   EXPECT_TRUE(absl::StrContains(mhcd.second, "mhcd 0.")) << mhcd.second;
-  for (const char* program : {MHC_MHCCTL_PATH}) {
+  for (const char* program : {MHC_MHCD_PATH, MHC_MHCCTL_PATH}) {
     MHC_ASSERT_OK_AND_ASSIGN(auto help, RunCommand({program, "--help"}));
     EXPECT_EQ(help.first, 0) << program << "\n" << help.second;
     EXPECT_TRUE(absl::StrContains(help.second, "--listen") ||

@@ -9,14 +9,13 @@ See docs/python-client.md for the API, shared memory and the torch
 layer (``mhc_client.torch``).
 """
 
-# The generated modules (mhc_client/_pb) may live in a build directory that
-# is on sys.path next to the sources; let this package span both, with such
-# directories first so that freshly built modules win over a stale copy
-# generated next to the sources.
+# The native extension (mhc_client/_native*.so) is built by CMake into
+# BUILD_DIR/client/python/mhc_client; with that directory on sys.path after
+# client/python, this package spans both. The sources come first, so their
+# committed mhc_client._pb wins over a stale copy an older build left there.
 from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)  # type: ignore[name-defined]
-__path__ = __path__[1:] + __path__[:1]
 
 from . import errors, tensors  # noqa: E402
 from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402

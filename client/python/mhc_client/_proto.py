@@ -1,7 +1,7 @@
 """The generated protobuf/gRPC modules (see client/python/build_stubs.py).
 
-They are generated at build time into ``mhc_client/_pb`` (next to the
-sources, in a build directory on sys.path, or inside an installed wheel).
+They are committed in ``mhc_client/_pb`` (so installing the package needs
+no protoc) and checked against proto/ by a ctest test.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ try:
     from ._pb import shm_pb2, tensor_pb2  # noqa: F401
 except ImportError as error:  # pragma: no cover - a setup problem
     raise ImportError(
-        "mhc_client: the generated gRPC modules (mhc_client._pb) are missing. "
-        "Generate them with `python3 client/python/build_stubs.py` (or the "
-        "CMake target mhc_python_stubs, output under BUILD_DIR/client/python, "
-        "which then goes on PYTHONPATH next to client/python)."
+        f"mhc_client: the generated gRPC modules (mhc_client._pb) do not "
+        f"import ({error}); is grpcio/protobuf installed? After a proto "
+        f"change, regenerate them with `python3 client/python/build_stubs.py`"
     ) from error
