@@ -3,6 +3,7 @@
 import grpc
 
 from . import checkpoint_pb2 as mhc_dot_v1_dot_checkpoint__pb2
+from . import group_pb2 as mhc_dot_v1_dot_group__pb2
 from . import layer_pb2 as mhc_dot_v1_dot_layer__pb2
 from . import ops_pb2 as mhc_dot_v1_dot_ops__pb2
 from . import optimizer_pb2 as mhc_dot_v1_dot_optimizer__pb2
@@ -229,6 +230,36 @@ class MhcStub(object):
                 '/mhc.v1.Mhc/RegisterCudaEvents',
                 request_serializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.SerializeToString,
                 response_deserializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.FromString,
+                )
+        self.CreateGroup = channel.unary_unary(
+                '/mhc.v1.Mhc/CreateGroup',
+                request_serializer=mhc_dot_v1_dot_group__pb2.CreateGroupRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+                )
+        self.JoinGroup = channel.unary_unary(
+                '/mhc.v1.Mhc/JoinGroup',
+                request_serializer=mhc_dot_v1_dot_group__pb2.JoinGroupRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+                )
+        self.GetGroup = channel.unary_unary(
+                '/mhc.v1.Mhc/GetGroup',
+                request_serializer=mhc_dot_v1_dot_group__pb2.GetGroupRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+                )
+        self.AllReduceGradients = channel.unary_unary(
+                '/mhc.v1.Mhc/AllReduceGradients',
+                request_serializer=mhc_dot_v1_dot_group__pb2.AllReduceGradientsRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.CollectiveResponse.FromString,
+                )
+        self.BroadcastParameters = channel.unary_unary(
+                '/mhc.v1.Mhc/BroadcastParameters',
+                request_serializer=mhc_dot_v1_dot_group__pb2.BroadcastParametersRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.CollectiveResponse.FromString,
+                )
+        self.LeaveGroup = channel.unary_unary(
+                '/mhc.v1.Mhc/LeaveGroup',
+                request_serializer=mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.FromString,
                 )
 
 
@@ -507,6 +538,43 @@ class MhcServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateGroup(self, request, context):
+        """Data-parallel groups over NCCL (see group.proto); CUDA devices only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllReduceGradients(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BroadcastParameters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MhcServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -719,6 +787,36 @@ def add_MhcServicer_to_server(servicer, server):
                     servicer.RegisterCudaEvents,
                     request_deserializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.FromString,
                     response_serializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.SerializeToString,
+            ),
+            'CreateGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateGroup,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.CreateGroupRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.GroupInfo.SerializeToString,
+            ),
+            'JoinGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinGroup,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.JoinGroupRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.GroupInfo.SerializeToString,
+            ),
+            'GetGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGroup,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.GetGroupRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.GroupInfo.SerializeToString,
+            ),
+            'AllReduceGradients': grpc.unary_unary_rpc_method_handler(
+                    servicer.AllReduceGradients,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.AllReduceGradientsRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.CollectiveResponse.SerializeToString,
+            ),
+            'BroadcastParameters': grpc.unary_unary_rpc_method_handler(
+                    servicer.BroadcastParameters,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.BroadcastParametersRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.CollectiveResponse.SerializeToString,
+            ),
+            'LeaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveGroup,
+                    request_deserializer=mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1441,5 +1539,107 @@ class Mhc(object):
         return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/RegisterCudaEvents',
             mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.SerializeToString,
             mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/CreateGroup',
+            mhc_dot_v1_dot_group__pb2.CreateGroupRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def JoinGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/JoinGroup',
+            mhc_dot_v1_dot_group__pb2.JoinGroupRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/GetGroup',
+            mhc_dot_v1_dot_group__pb2.GetGroupRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.GroupInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AllReduceGradients(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/AllReduceGradients',
+            mhc_dot_v1_dot_group__pb2.AllReduceGradientsRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.CollectiveResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BroadcastParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/BroadcastParameters',
+            mhc_dot_v1_dot_group__pb2.BroadcastParametersRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.CollectiveResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LeaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/LeaveGroup',
+            mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.SerializeToString,
+            mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
