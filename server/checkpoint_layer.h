@@ -22,7 +22,8 @@ struct LayerBlock {
 };
 
 // The optimizer's algorithm, step and slot names of `layer`; nullopt while
-// it has no optimizer state.
+// it has no optimizer state. Call under the layer's device (steps change
+// the state there).
 std::optional<v1::CheckpointOptimizerState> OptimizerStateOf(
     const Layer& layer);
 
@@ -33,16 +34,18 @@ std::vector<LayerBlock> BlocksToSave(const Layer& layer, bool gradients,
                                      bool optimizer);
 
 // OK when this daemon can hold `state` for a layer (checked before a load
-// allocates anything).
+// allocates anything): FAILED_PRECONDITION for an algorithm it does not
+// have, DATA_LOSS when the slots are not exactly the algorithm's or the
+// step is negative.
 absl::Status CheckOptimizerStateLoadable(
     const v1::CheckpointOptimizerState& state);
 
 // The blocks a load writes into the freshly allocated `layer`: parameters,
 // gradients when the checkpoint has them, and the optimizer slots of
-// `optimizer` (allocated here; the algorithm and step are set too). Call
-// under the layer's device.
+// `optimizer` (allocated here with `backend`, zeroed, with its step set;
+// the caller fills every block). Call under the layer's device.
 absl::StatusOr<std::vector<LayerBlock>> BlocksToLoad(
-    Layer& layer, bool gradients,
+    Backend& backend, Layer& layer, bool gradients,
     const std::optional<v1::CheckpointOptimizerState>& optimizer);
 
 }  // namespace mhc::server

@@ -121,7 +121,11 @@ absl::StatusOr<LayerToLoad> CheckRecord(
   load.sections = {"param"};
   if (record.has_gradients()) load.sections.push_back("grad");
   if (record.has_optimizer()) {
-    MHC_RETURN_IF_ERROR(CheckOptimizerStateLoadable(record.optimizer()));
+    absl::Status loadable = CheckOptimizerStateLoadable(record.optimizer());
+    if (!loadable.ok()) {
+      return absl::Status(loadable.code(),
+                          absl::StrCat(what, ": ", loadable.message()));
+    }
     load.optimizer = record.optimizer();
     for (const std::string& slot : record.optimizer().slots()) {
       load.sections.push_back(OptimizerSection(slot));
@@ -167,7 +171,7 @@ absl::Status Build(const CheckpointReader& reader, LayerToLoad& load,
     MHC_RETURN_IF_ERROR(layer.Allocate(backend));
     MHC_ASSIGN_OR_RETURN(
         std::vector<LayerBlock> blocks,
-        BlocksToLoad(layer, record.has_gradients(), load.optimizer));
+        BlocksToLoad(backend, layer, record.has_gradients(), load.optimizer));
     for (const LayerBlock& block : blocks) {
       size_t s = 0;
       while (s < load.sections.size() && load.sections[s] != block.section) {
@@ -210,13 +214,22 @@ absl::StatusOr<v1::LoadCheckpointResponse> CheckpointStore::Load(
   for (const v1::CheckpointLayer* record : records) {
     MHC_ASSIGN_OR_RETURN(LayerToLoad load,
                          CheckRecord(*record, header, *layers_, request));
-    device_bytes += load.layer->allocation_bytes();
+    // The budget must hold the optimizer state the load allocates too, not
+    // just the parameters and gradients.
+    const uint64_t slots =
+        load.optimizer.has_value() ? load.optimizer->slots_size() : 0;
+    device_bytes += load.layer->allocation_bytes() +
+                    slots *
+                        static_cast<uint64_t>(load.layer->parameter_count()) *
+                        sizeof(float);
     loads.push_back(std::move(load));
   }
   MHC_ASSIGN_OR_RETURN(
       LayerStore::Reservation reservation,
       layers_->Reserve(device_bytes,
-                       absl::StrCat("checkpoint '", request.name(), "'")));
+                       absl::StrCat("the parameters, gradients and "
+                                    "optimizer state of checkpoint '",
+                                    request.name(), "'")));
   uint64_t bytes_read = 0;
   std::vector<std::shared_ptr<Layer>> built;
   for (LayerToLoad& load : loads) {

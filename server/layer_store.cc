@@ -252,8 +252,9 @@ absl::StatusOr<std::shared_ptr<Layer>> LayerStore::Create(
       return absl::AlreadyExistsError(
           absl::StrCat("name: layer '", request.name(), "' already exists"));
     }
-    MHC_RETURN_IF_ERROR(
-        ReserveLayerBytes(bytes, absl::StrCat("layer '", request.name(), "'")));
+    MHC_RETURN_IF_ERROR(ReserveLayerBytes(
+        bytes, absl::StrCat("the parameters and gradients of layer '",
+                            request.name(), "'")));
   }
   absl::Status created = [&]() -> absl::Status {
     std::vector<float> values;
@@ -288,7 +289,7 @@ absl::Status LayerStore::ReserveLayerBytes(uint64_t bytes,
   const uint64_t limit = limits_.max_parameter_bytes;
   if (limit != 0 && (bytes > limit || layer_bytes_ > limit - bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": parameters and gradients take ", bytes, " bytes; with the ",
+        what, " need ", bytes, " bytes of device memory; with the ",
         layer_bytes_,
         " bytes the daemon's layers hold, that exceeds --max_parameter_bytes=",
         limit));
@@ -332,7 +333,13 @@ absl::Status LayerStore::Install(
     replaced.push_back(std::move(it->second));
     it->second = layer;
   }
-  // The memory is now the installed layers' (Delete gives it back).
+  // The layers' allocations are now theirs (Delete gives them back). The
+  // rest of the reservation (optimizer state a load brought, which the
+  // budget checks when it arrives but does not track afterwards, as for
+  // OptimizerStep) goes back now, or Delete would leave it counted.
+  uint64_t kept = 0;
+  for (const auto& layer : layers) kept += layer->allocation_bytes();
+  layer_bytes_ -= reservation.bytes_ - std::min(kept, reservation.bytes_);
   reservation.store_ = nullptr;
   return absl::OkStatus();
 }

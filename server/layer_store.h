@@ -202,9 +202,10 @@ class LayerStore {
   // layers in the message.
   absl::StatusOr<Reservation> Reserve(uint64_t bytes, absl::string_view what);
   // Makes `layers` (allocated and filled, their memory reserved) visible
-  // together. Without `replace`, ALREADY_EXISTS when any name is taken, and
-  // nothing changes; with it, the layers of those names are retired (as by
-  // ConvertLayout) and a replacement's parameters_version becomes larger
+  // together; of the reservation, the store keeps their allocation_bytes()
+  // and gives back the rest. Without `replace`, ALREADY_EXISTS when any name is
+  // taken, and nothing changes; with it, the layers of those names are retired
+  // (as by ConvertLayout) and a replacement's parameters_version becomes larger
   // than the old one's, so versions of a name never go back.
   absl::Status Install(const std::vector<std::shared_ptr<Layer>>& layers,
                        bool replace, Reservation reservation);

@@ -153,3 +153,98 @@ def test_without_state_dir_is_failed_precondition(client):
         client.save_checkpoint("x")
     with pytest.raises(mhc_client.FailedPrecondition):
         client.list_checkpoints()
+
+
+def _backward(client, name, n, hidden, rng):
+    """Adds one backward pass's gradients (phi included) to layer `name`."""
+    x = rng.standard_normal((3, n, hidden)).astype(np.float32)
+    y, _, h_post, h_res = client.pre(name, x)
+    pb = client.post_backward(name, x, y, x, h_post, h_res, skip_dx=True)
+    client.pre_backward(name, x, y, pb.dh_post, pb.dh_res, dx_next=x)
+
+
+def test_optimizer_state_matches_a_float64_reference(state_daemon):
+    """The file's optim/<slot>/<param> tensors hold what torch.optim's SGD
+    (momentum_buffer) and AdamW (exp_avg, exp_avg_sq) keep after the same
+    three steps, computed here in float64 from the daemon's own gradients."""
+    daemon, state = state_daemon
+    rng = np.random.default_rng(9)
+    momentum, wd, beta1, beta2 = 0.9, 0.01, 0.8, 0.99
+    layers = {"m": ("sgd", 4, 16), "w": ("adamw", 2, 24)}
+    with mhc_client.Client(daemon.address) as client:
+        client.wait_for_ready(30)
+        for i, (name, (_, n, hidden)) in enumerate(layers.items()):
+            client.create_layer(name, hidden, n=n, seed=11 + i)
+        want: Dict[str, Dict[str, Dict[str, np.ndarray]]] = {
+            "m": {"momentum_buffer": {}},
+            "w": {"exp_avg": {}, "exp_avg_sq": {}}}
+        for step in range(1, 4):
+            for name, (algorithm, n, hidden) in layers.items():
+                _backward(client, name, n, hidden, rng)
+                grads = client.get_gradients(name)
+                params = client.get_parameters(name)
+                for key, grad in grads.items():
+                    g = grad.astype(np.float64)
+                    slots = want[name]
+                    if algorithm == "sgd":
+                        g = g + wd * params[key].astype(np.float64)
+                        buf = slots["momentum_buffer"].get(key)
+                        slots["momentum_buffer"][key] = (
+                            g if buf is None else momentum * buf + g)
+                    else:
+                        m = slots["exp_avg"].get(key, 0.0)
+                        v = slots["exp_avg_sq"].get(key, 0.0)
+                        slots["exp_avg"][key] = beta1 * m + (1 - beta1) * g
+                        slots["exp_avg_sq"][key] = (
+                            beta2 * v + (1 - beta2) * g * g)
+                if algorithm == "sgd":
+                    client.optimizer_step(name, algorithm="sgd",
+                                          learning_rate=0.05,
+                                          momentum=momentum, weight_decay=wd,
+                                          zero_gradients=True)
+                else:
+                    client.optimizer_step(name, algorithm="adamw",
+                                          learning_rate=0.01,
+                                          betas=(beta1, beta2),
+                                          weight_decay=0.1,
+                                          zero_gradients=True)
+        client.save_checkpoint("optim")
+        client.save_checkpoint("bare", optimizer_state=False)
+
+        metadata, tensors = read_safetensors(state / "optim.safetensors")
+        manifest = {layer["name"]: layer
+                    for layer in json.loads(metadata["layers"])["layers"]}
+        for name, (algorithm, _, _) in layers.items():
+            optimizer = manifest[name]["optimizer"]
+            assert optimizer["algorithm"] == algorithm
+            assert int(optimizer["step"]) == 3
+            assert optimizer["slots"] == list(want[name])
+            for slot, per_param in want[name].items():
+                assert sorted(per_param) == sorted(
+                    manifest[name]["parameters"])
+                for key, value in per_param.items():
+                    got = tensors[f"{name}/optim/{slot}/{key}"]
+                    assert got.shape == value.shape
+                    assert np.any(value != 0), f"{name}.{slot}.{key}"
+                    scale = float(np.max(np.abs(value)))
+                    np.testing.assert_allclose(
+                        got, value, rtol=2e-5, atol=1e-6 * scale,
+                        err_msg=f"{name}/optim/{slot}/{key}")
+
+        metadata, tensors = read_safetensors(state / "bare.safetensors")
+        assert not any("/optim/" in key for key in tensors)
+        assert all("optimizer" not in layer
+                   for layer in json.loads(metadata["layers"])["layers"])
+
+        # Loaded back and saved again: the same bytes.
+        loaded = client.load_checkpoint("optim", replace=True)
+        assert {(info.name, info.optimizer_algorithm, info.optimizer_step)
+                for info in map(mhc_client.LayerInfo.from_proto,
+                                loaded.layers)} == {("m", "sgd", 3),
+                                                    ("w", "adamw", 3)}
+        client.save_checkpoint("again")
+        _, again = read_safetensors(state / "again.safetensors")
+        _, first = read_safetensors(state / "optim.safetensors")
+        for key, value in first.items():
+            if "/optim/" in key:
+                assert again[key].tobytes() == value.tobytes(), key
