@@ -32,9 +32,10 @@ for expected in include/mhc/client/client.h include/mhc/v1/service.grpc.pb.h \
     exit 1
   fi
 done
-if find "${prefix}" -name '*kernels*' -o -name '*cuda*' | grep -q .; then
+kernel_files="$(find "${prefix}" -name '*kernels*' -o -name '*cuda*')"
+if [[ -n "${kernel_files}" ]]; then
   echo "cpp_install: the client package carries kernel or CUDA files:" >&2
-  find "${prefix}" -name '*kernels*' -o -name '*cuda*' >&2
+  echo "${kernel_files}" >&2
   exit 1
 fi
 

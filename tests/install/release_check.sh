@@ -31,8 +31,11 @@ done
 ls "${root}"/python/mhc_client-*.whl >/dev/null || fail "no Python wheel"
 grep -q '^requires glibc: >= 2\.' "${root}/MANIFEST" ||
   fail "MANIFEST names no glibc: $(cat "${root}/MANIFEST")"
+# The whole dynamic section first: grep -q would stop reading early and,
+# under pipefail, fail the pipeline through readelf's SIGPIPE.
+dynamic="$(readelf -d "${root}/bin/mhcd")"
 # shellcheck disable=SC2016  # a literal $ORIGIN
-readelf -d "${root}/bin/mhcd" | grep -q 'R.*PATH.*\[\$ORIGIN/\.\./lib\]' ||
+grep -q 'R.*PATH.*\[\$ORIGIN/\.\./lib\]' <<<"${dynamic}" ||
   fail "mhcd has no \$ORIGIN/../lib run path"
 
 unset LD_LIBRARY_PATH
