@@ -404,6 +404,14 @@ absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
 
 std::vector<std::string> FlagNotices() {
   std::vector<std::string> notices;
+  if (!SecurityConfigFromFlags().ok()) return notices;
+  const SecurityConfig security = *SecurityConfigFromFlags();
+  if (security.allow_insecure_remote && !security.tls() &&
+      !security.auth_tokens_file.empty()) {
+    notices.push_back(
+        "warning: bearer tokens cross plaintext TCP listeners off loopback "
+        "(--allow_insecure_remote without --tls_cert)");
+  }
   if (!absl::GetFlag(FLAGS_allow_shm) && absl::GetFlag(FLAGS_shm_allow_tcp)) {
     notices.push_back(
         "note: --shm_allow_tcp has no effect without --allow_shm");
