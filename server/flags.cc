@@ -404,10 +404,9 @@ absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
 
 std::vector<std::string> FlagNotices() {
   std::vector<std::string> notices;
-  if (!SecurityConfigFromFlags().ok()) return notices;
-  const SecurityConfig security = *SecurityConfigFromFlags();
-  if (security.allow_insecure_remote && !security.tls() &&
-      !security.auth_tokens_file.empty()) {
+  const absl::StatusOr<SecurityConfig> security = SecurityConfigFromFlags();
+  if (security.ok() && security->allow_insecure_remote && !security->tls() &&
+      !security->auth_tokens_file.empty()) {
     notices.push_back(
         "warning: bearer tokens cross plaintext TCP listeners off loopback "
         "(--allow_insecure_remote without --tls_cert)");
