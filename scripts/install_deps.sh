@@ -12,7 +12,7 @@ PACKAGES=(
   libprotobuf-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang-format python3 python3-dev python3-numpy python3-grpcio python3-protobuf
-  python3-pytest python3-torch curl
+  python3-pytest python3-torch curl openssl
   python3-venv python3-pip python3-setuptools python3-wheel patchelf
   prometheus python3-yaml python3-matplotlib
 )

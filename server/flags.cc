@@ -136,7 +136,8 @@ constexpr char kUsage[] =
     "Stops gracefully on SIGTERM/SIGINT (see --drain_timeout).";
 
 bool IsMhcdFlagFile(absl::string_view file) {
-  return absl::EndsWith(file, "server/flags.cc");
+  return absl::EndsWith(file, "server/flags.cc") ||
+         absl::EndsWith(file, "server/security_flags.cc");
 }
 
 }  // namespace
@@ -309,6 +310,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   }
   config.checkpoints.max_write_bytes_per_second =
       static_cast<uint64_t>(write_rate);
+  MHC_ASSIGN_OR_RETURN(config.security, SecurityConfigFromFlags());
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: expected >= 0 (0: all cores), got ",
@@ -402,6 +404,13 @@ absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
 
 std::vector<std::string> FlagNotices() {
   std::vector<std::string> notices;
+  const absl::StatusOr<SecurityConfig> security = SecurityConfigFromFlags();
+  if (security.ok() && security->allow_insecure_remote && !security->tls() &&
+      !security->auth_tokens_file.empty()) {
+    notices.push_back(
+        "warning: bearer tokens cross plaintext TCP listeners off loopback "
+        "(--allow_insecure_remote without --tls_cert)");
+  }
   if (!absl::GetFlag(FLAGS_allow_shm) && absl::GetFlag(FLAGS_shm_allow_tcp)) {
     notices.push_back(
         "note: --shm_allow_tcp has no effect without --allow_shm");

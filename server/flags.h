@@ -24,6 +24,8 @@ absl::Status ConfigureLoggingFromFlags();
 
 // The config the flags describe; errors name the flag.
 absl::StatusOr<ServerConfig> ConfigFromFlags();
+// The TLS, unix socket and authentication flags (security_flags.cc).
+absl::StatusOr<SecurityConfig> SecurityConfigFromFlags();
 absl::Duration DrainTimeoutFromFlags();
 // The devices to serve: --backend (auto: CUDA when built and a GPU is
 // present, else cpu) with --threads for cpu and --devices for cuda.

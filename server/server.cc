@@ -73,9 +73,9 @@ absl::StatusOr<Listener> ParseListener(const std::string& address) {
   return listener;
 }
 
-// gRPC replaces an existing socket file when it binds, which would silently
-// take the path away from a daemon still serving on it. A socket that
-// accepts a connection belongs to a live server; a stale one may be reused.
+// Binding replaces an existing socket file, which would silently take the
+// path away from a daemon still serving on it. A socket that accepts a
+// connection belongs to a live server; a stale one may be reused.
 absl::Status CheckUnixSocketFree(const std::string& address) {
   const std::string path = address.substr(5);
   sockaddr_un addr{};
@@ -140,9 +140,18 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   std::vector<Listener> listeners;
   for (const std::string& address : config.listen) {
     MHC_ASSIGN_OR_RETURN(Listener listener, ParseListener(address));
-    if (!listener.tcp) MHC_RETURN_IF_ERROR(CheckUnixSocketFree(address));
+    if (listener.tcp) {
+      MHC_RETURN_IF_ERROR(
+          CheckTcpListener(config.security, address, listener.host));
+    } else {
+      MHC_RETURN_IF_ERROR(CheckUnixSocketFree(address));
+    }
     listeners.push_back(std::move(listener));
   }
+  MHC_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
+                       TcpCredentials(config.security));
+  MHC_ASSIGN_OR_RETURN(std::unique_ptr<AuthPolicy> auth_policy,
+                       MakeAuthPolicy(config.security));
 
   std::unique_ptr<MhcServer> server(new MhcServer());
   server->metrics_ = std::make_unique<Metrics>(
@@ -202,14 +211,22 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
     }
   }
 #endif
-  server->shm_ = std::make_unique<ShmRegistry>(
-      config.service.shm, std::move(cuda_ipc), std::move(pinner));
+  ShmOptions shm_options = config.service.shm;
+  // With authentication on, a caller's user must be known to map its
+  // memory (peer_credentials.h).
+  shm_options.require_peer_credentials = auth_policy != nullptr;
+  server->shm_ = std::make_unique<ShmRegistry>(shm_options, std::move(cuda_ipc),
+                                               std::move(pinner));
+  server->peers_ = std::make_unique<ConnectionPeers>();
+  server->authorizer_ = std::make_unique<Authorizer>(std::move(auth_policy),
+                                                     server->peers_.get());
   server->groups_ = MakeGroups(config, executors, server->store_.get(),
                                server->metrics_.get());
   server->service_ = std::make_unique<MhcService>(
       config.service, executors, server->store_.get(),
       server->checkpoints_.get(), server->admission_.get(),
-      server->metrics_.get(), server->shm_.get(), server->groups_.get());
+      server->metrics_.get(), server->shm_.get(), server->groups_.get(),
+      server->authorizer_.get());
   // Layers come back before the first request can see the store.
   if (config.checkpoints.restore) {
     MHC_ASSIGN_OR_RETURN(server->restored_,
@@ -239,9 +256,19 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   // daemon bind a port that is taken and split its connections with the
   // first; with it off, the second start fails on the taken port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Unix sockets are accepted by the daemon itself, which learns each
+  // peer's user before handing the connection to gRPC (unix_listener.h).
   for (Listener& listener : listeners) {
-    builder.AddListeningPort(listener.address,
-                             grpc::InsecureServerCredentials(), &listener.port);
+    if (listener.tcp) {
+      builder.AddListeningPort(listener.address, tcp_credentials,
+                               &listener.port);
+      continue;
+    }
+    MHC_ASSIGN_OR_RETURN(
+        std::unique_ptr<UnixListener> unix_listener,
+        UnixListener::Bind(listener.address.substr(5),
+                           config.security.unix_socket, server->peers_.get()));
+    server->unix_listeners_.push_back(std::move(unix_listener));
   }
   builder.RegisterService(server->service_.get());
   std::vector<
@@ -259,6 +286,7 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   }
   for (const Listener& listener : listeners) {
     if (listener.tcp && listener.port == 0) {
+      server->StopUnixListeners();
       server->server_->Shutdown();
       return absl::UnavailableError(
           absl::StrCat("--listen: could not bind ", listener.address));
@@ -266,6 +294,9 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
     server->addresses_.push_back(
         listener.tcp ? absl::StrCat(listener.host, ":", listener.port)
                      : listener.address);
+  }
+  for (const auto& unix_listener : server->unix_listeners_) {
+    unix_listener->Start(server->server_.get());
   }
   grpc::HealthCheckServiceInterface* health =
       server->server_->GetHealthCheckService();
@@ -293,6 +324,7 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
 MhcServer::~MhcServer() {
   // The executors go before the metrics endpoint does.
   if (metrics_ != nullptr) metrics_->SetScrapeHook(nullptr);
+  StopUnixListeners();
   if (server_ != nullptr) {
     // Open sessions are streams that never end on their own.
     shm_->CancelAllSessions();
@@ -308,7 +340,12 @@ void MhcServer::Drain(absl::Duration timeout) {
   service_->EndStreams();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(false);
+  StopUnixListeners();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+void MhcServer::StopUnixListeners() {
+  for (const auto& unix_listener : unix_listeners_) unix_listener->Stop();
 }
 
 void MhcServer::Wait() { server_->Wait(); }

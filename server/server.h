@@ -19,8 +19,10 @@
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/rpc_observer.h"
+#include "server/security_config.h"
 #include "server/service.h"
 #include "server/shm_registry.h"
+#include "server/unix_listener.h"
 
 namespace mhc::server {
 
@@ -41,6 +43,8 @@ struct ServerConfig {
   CheckpointOptions checkpoints;
   // Which RPCs get an access log line (see rpc_observer.h).
   RequestLogMode log_requests = RequestLogMode::kFailed;
+  // TLS, unix socket permissions and authentication (security_config.h).
+  SecurityConfig security;
 };
 
 // A backend and the name the API gives its device.
@@ -75,6 +79,7 @@ class MhcServer {
 
  private:
   MhcServer() = default;
+  void StopUnixListeners();
 
   // Destroyed bottom-up: the gRPC server first (no more handlers), the
   // layers before the executor whose memory they hold.
@@ -86,8 +91,12 @@ class MhcServer {
   std::unique_ptr<GroupRegistry> groups_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ShmRegistry> shm_;
+  std::unique_ptr<ConnectionPeers> peers_;
+  std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<MhcService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Stopped before the server shuts down: they hand connections to it.
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners_;
   std::vector<std::string> addresses_;
   std::string metrics_address_;
   std::string restored_;

@@ -23,7 +23,7 @@ MhcService::MhcService(const ServiceOptions& options,
                        std::vector<Executor*> executors, LayerStore* store,
                        CheckpointStore* checkpoints, Admission* admission,
                        Metrics* metrics, ShmRegistry* shm,
-                       GroupRegistry* groups)
+                       GroupRegistry* groups, const Authorizer* authorizer)
     : options_(options),
       executors_(std::move(executors)),
       store_(store),
@@ -32,6 +32,7 @@ MhcService::MhcService(const ServiceOptions& options,
       metrics_(metrics),
       shm_(shm),
       groups_(groups),
+      authorizer_(authorizer),
       runner_(store, options.limits),
       optimizer_(store, metrics) {
   for (Executor* executor : executors_) {
@@ -39,11 +40,12 @@ MhcService::MhcService(const ServiceOptions& options,
   }
 }
 
-grpc::Status MhcService::Handle(absl::string_view rpc, bool admit,
+grpc::Status MhcService::Handle(const grpc::ServerContext& context,
+                                absl::string_view rpc, bool admit,
                                 absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
-  absl::Status status;
-  {
+  absl::Status status = authorizer_->Authorize(context, rpc);
+  if (status.ok()) {
     absl::StatusOr<Admission::Ticket> ticket = Admission::Ticket(nullptr);
     if (admit) ticket = admission_->TryEnter();
     if (!ticket.ok()) {
@@ -99,16 +101,16 @@ grpc::Status MhcService::RunOp(absl::string_view rpc, OpKind kind,
                                const grpc::ServerContext& context,
                                const google::protobuf::Message& request,
                                google::protobuf::Message* response) {
-  return Handle(rpc, true, [&] {
+  return Handle(context, rpc, true, [&] {
     RegionScope regions = Regions(context);
     return runner_.RunSingle(kind, request, response, &regions);
   });
 }
 
-grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
+grpc::Status MhcService::GetServerInfo(grpc::ServerContext* context,
                                        const v1::GetServerInfoRequest*,
                                        v1::GetServerInfoResponse* response) {
-  return Handle("GetServerInfo", false, [&] {
+  return Handle(*context, "GetServerInfo", false, [&] {
     response->set_version(MHC_VERSION);
     response->set_backend(executors_.front()->BackendName());
     for (const Executor* executor : executors_) {
@@ -140,9 +142,9 @@ grpc::Status MhcService::GetServerInfo(grpc::ServerContext*,
 }
 
 grpc::Status MhcService::GetDeterminismReport(
-    grpc::ServerContext*, const v1::GetDeterminismReportRequest*,
+    grpc::ServerContext* context, const v1::GetDeterminismReportRequest*,
     v1::GetDeterminismReportResponse* response) {
-  return Handle("GetDeterminismReport", false, [&] {
+  return Handle(*context, "GetDeterminismReport", false, [&] {
     // One audit serves every device.
     if (executors_.front()->audit() != nullptr) {
       executors_.front()->audit()->FillReport(response);
@@ -151,10 +153,10 @@ grpc::Status MhcService::GetDeterminismReport(
   });
 }
 
-grpc::Status MhcService::CreateLayer(grpc::ServerContext*,
+grpc::Status MhcService::CreateLayer(grpc::ServerContext* context,
                                      const v1::CreateLayerRequest* request,
                                      v1::LayerInfo* response) {
-  return Handle("CreateLayer", true, [&]() -> absl::Status {
+  return Handle(*context, "CreateLayer", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Create(*request));
     UpdateLayerMetrics();
@@ -163,10 +165,10 @@ grpc::Status MhcService::CreateLayer(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::GetLayer(grpc::ServerContext*,
+grpc::Status MhcService::GetLayer(grpc::ServerContext* context,
                                   const v1::GetLayerRequest* request,
                                   v1::LayerInfo* response) {
-  return Handle("GetLayer", true, [&]() -> absl::Status {
+  return Handle(*context, "GetLayer", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->name(), "name"));
     store_->FillInfo(*layer, response);
@@ -174,10 +176,10 @@ grpc::Status MhcService::GetLayer(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::ListLayers(grpc::ServerContext*,
+grpc::Status MhcService::ListLayers(grpc::ServerContext* context,
                                     const v1::ListLayersRequest*,
                                     v1::ListLayersResponse* response) {
-  return Handle("ListLayers", true, [&] {
+  return Handle(*context, "ListLayers", true, [&] {
     for (const auto& layer : store_->List()) {
       store_->FillInfo(*layer, response->add_layers());
     }
@@ -185,10 +187,10 @@ grpc::Status MhcService::ListLayers(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::DeleteLayer(grpc::ServerContext*,
+grpc::Status MhcService::DeleteLayer(grpc::ServerContext* context,
                                      const v1::DeleteLayerRequest* request,
                                      v1::DeleteLayerResponse*) {
-  return Handle("DeleteLayer", true, [&]() -> absl::Status {
+  return Handle(*context, "DeleteLayer", true, [&]() -> absl::Status {
     if (request->name().empty()) {
       return absl::InvalidArgumentError("name: required (a layer name)");
     }
@@ -198,10 +200,10 @@ grpc::Status MhcService::DeleteLayer(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::GetParameters(grpc::ServerContext*,
+grpc::Status MhcService::GetParameters(grpc::ServerContext* context,
                                        const v1::GetParametersRequest* request,
                                        v1::Parameters* response) {
-  return Handle("GetParameters", true, [&]() -> absl::Status {
+  return Handle(*context, "GetParameters", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     return store_->Read(*layer, request->names(), /*gradients=*/false, response)
@@ -209,10 +211,10 @@ grpc::Status MhcService::GetParameters(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::SetParameters(grpc::ServerContext*,
+grpc::Status MhcService::SetParameters(grpc::ServerContext* context,
                                        const v1::SetParametersRequest* request,
                                        v1::LayerInfo* response) {
-  return Handle("SetParameters", true, [&]() -> absl::Status {
+  return Handle(*context, "SetParameters", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     MHC_RETURN_IF_ERROR(store_->Write(*layer, request->parameters()));
@@ -221,10 +223,10 @@ grpc::Status MhcService::SetParameters(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::GetGradients(grpc::ServerContext*,
+grpc::Status MhcService::GetGradients(grpc::ServerContext* context,
                                       const v1::GetGradientsRequest* request,
                                       v1::GetGradientsResponse* response) {
-  return Handle("GetGradients", true, [&]() -> absl::Status {
+  return Handle(*context, "GetGradients", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     MHC_ASSIGN_OR_RETURN(
@@ -236,20 +238,20 @@ grpc::Status MhcService::GetGradients(grpc::ServerContext*,
   });
 }
 
-grpc::Status MhcService::ZeroGradients(grpc::ServerContext*,
+grpc::Status MhcService::ZeroGradients(grpc::ServerContext* context,
                                        const v1::ZeroGradientsRequest* request,
                                        v1::ZeroGradientsResponse*) {
-  return Handle("ZeroGradients", true, [&]() -> absl::Status {
+  return Handle(*context, "ZeroGradients", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     return store_->ZeroGradients(*layer);
   });
 }
 
-grpc::Status MhcService::ConvertLayout(grpc::ServerContext*,
+grpc::Status MhcService::ConvertLayout(grpc::ServerContext* context,
                                        const v1::ConvertLayoutRequest* request,
                                        v1::LayerInfo* response) {
-  return Handle("ConvertLayout", true, [&]() -> absl::Status {
+  return Handle(*context, "ConvertLayout", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(
         std::shared_ptr<Layer> layer,
         store_->ConvertLayout(request->layer(), request->layout()));
@@ -261,7 +263,7 @@ grpc::Status MhcService::ConvertLayout(grpc::ServerContext*,
 grpc::Status MhcService::Execute(grpc::ServerContext* context,
                                  const v1::ExecuteRequest* request,
                                  v1::ExecuteResponse* response) {
-  return Handle("Execute", true, [&] {
+  return Handle(*context, "Execute", true, [&] {
     RegionScope regions = Regions(*context);
     return runner_.Execute(*request, response, &regions);
   });
@@ -324,7 +326,7 @@ grpc::Status MhcService::ExecuteStream(
     }
     if (!read) break;
     v1::ExecuteResponse response;
-    grpc::Status status = Handle("ExecuteStream", true, [&] {
+    grpc::Status status = Handle(*context, "ExecuteStream", true, [&] {
       RegionScope regions = Regions(*context);
       return runner_.Execute(request, &response, &regions);
     });

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mhc/v1/service.grpc.pb.h"
+#include "server/authorizer.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
 #include "server/groups.h"
@@ -64,11 +65,12 @@ class OpenStreams {
 
 class MhcService final : public v1::Mhc::Service {
  public:
-  // `executors`: one per device, the default device first.
+  // `executors`: one per device, the default device first; `authorizer`
+  // decides who may call what.
   MhcService(const ServiceOptions& options, std::vector<Executor*> executors,
              LayerStore* store, CheckpointStore* checkpoints,
              Admission* admission, Metrics* metrics, ShmRegistry* shm,
-             GroupRegistry* groups);
+             GroupRegistry* groups, const Authorizer* authorizer);
 
   MHC_UNARY(GetServerInfo, GetServerInfoRequest, GetServerInfoResponse);
   MHC_UNARY(GetDeterminismReport, GetDeterminismReportRequest,
@@ -153,9 +155,10 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(LeaveGroup, LeaveGroupRequest, LeaveGroupResponse);
 
  private:
-  // Admission (unless `admit` is false), the call, status mapping, metrics.
-  grpc::Status Handle(absl::string_view rpc, bool admit,
-                      absl::FunctionRef<absl::Status()> body);
+  // Authorization, admission (unless `admit` is false), the call, status
+  // mapping, metrics.
+  grpc::Status Handle(const grpc::ServerContext& context, absl::string_view rpc,
+                      bool admit, absl::FunctionRef<absl::Status()> body);
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
                      const grpc::ServerContext& context,
                      const google::protobuf::Message& request,
@@ -173,6 +176,7 @@ class MhcService final : public v1::Mhc::Service {
   Metrics* const metrics_;
   ShmRegistry* const shm_;
   GroupRegistry* const groups_;
+  const Authorizer* const authorizer_;
   OpRunner runner_;
   OptimizerRunner optimizer_;
   OpenStreams streams_;

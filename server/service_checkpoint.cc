@@ -6,18 +6,18 @@
 namespace mhc::server {
 
 grpc::Status MhcService::SaveCheckpoint(
-    grpc::ServerContext*, const v1::SaveCheckpointRequest* request,
+    grpc::ServerContext* context, const v1::SaveCheckpointRequest* request,
     v1::SaveCheckpointResponse* response) {
-  return Handle("SaveCheckpoint", true, [&]() -> absl::Status {
+  return Handle(*context, "SaveCheckpoint", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(*response, checkpoints_->Save(*request));
     return absl::OkStatus();
   });
 }
 
 grpc::Status MhcService::LoadCheckpoint(
-    grpc::ServerContext*, const v1::LoadCheckpointRequest* request,
+    grpc::ServerContext* context, const v1::LoadCheckpointRequest* request,
     v1::LoadCheckpointResponse* response) {
-  return Handle("LoadCheckpoint", true, [&]() -> absl::Status {
+  return Handle(*context, "LoadCheckpoint", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(*response, checkpoints_->Load(*request));
     UpdateLayerMetrics();
     return absl::OkStatus();
@@ -25,9 +25,9 @@ grpc::Status MhcService::LoadCheckpoint(
 }
 
 grpc::Status MhcService::ListCheckpoints(
-    grpc::ServerContext*, const v1::ListCheckpointsRequest*,
+    grpc::ServerContext* context, const v1::ListCheckpointsRequest*,
     v1::ListCheckpointsResponse* response) {
-  return Handle("ListCheckpoints", true, [&]() -> absl::Status {
+  return Handle(*context, "ListCheckpoints", true, [&]() -> absl::Status {
     MHC_ASSIGN_OR_RETURN(*response, checkpoints_->List());
     return absl::OkStatus();
   });

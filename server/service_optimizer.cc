@@ -6,7 +6,7 @@ namespace mhc::server {
 grpc::Status MhcService::OptimizerStep(grpc::ServerContext* context,
                                        const v1::OptimizerStepRequest* request,
                                        v1::OptimizerStepResponse* response) {
-  return Handle("OptimizerStep", true, [&]() -> absl::Status {
+  return Handle(*context, "OptimizerStep", true, [&]() -> absl::Status {
     RegionScope regions = Regions(*context);
     bool allocated = false;
     absl::Status status =

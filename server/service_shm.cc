@@ -2,7 +2,6 @@
 // the layer memory local clients map.
 #include <string>
 
-#include "absl/strings/match.h"
 #include "mhc/status.h"
 #include "server/service.h"
 #include "server/status_util.h"
@@ -10,11 +9,10 @@
 namespace mhc::server {
 namespace {
 
-// Peers on a unix socket are on this node; anything else may not be.
-bool IsLocal(const grpc::ServerContext& context) {
-  const std::string peer = context.peer();
-  return absl::StartsWith(peer, "unix:") ||
-         absl::StartsWith(peer, "unix-abstract:");
+// Peers on this daemon's unix sockets are on this node; anything else may
+// not be.
+bool IsLocal(const Authorizer& authorizer, const grpc::ServerContext& context) {
+  return authorizer.Peer(context).has_value();
 }
 
 std::string Metadata(const grpc::ServerContext& context,
@@ -32,7 +30,7 @@ std::string SessionId(const grpc::ServerContext& context) {
 }  // namespace
 
 RegionScope MhcService::Regions(const grpc::ServerContext& context) {
-  return RegionScope(shm_, SessionId(context), IsLocal(context),
+  return RegionScope(shm_, SessionId(context), IsLocal(*authorizer_, context),
                      Metadata(context, kWaitEventMetadataKey),
                      Metadata(context, kSignalEventMetadataKey));
 }
@@ -56,15 +54,16 @@ grpc::Status MhcService::OpenSession(
   // Not admitted: an open session uses no compute, and holding an
   // admission slot for its lifetime would starve requests.
   std::string id;
-  grpc::Status opened = Handle("OpenSession", false, [&]() -> absl::Status {
-    if (admission_->draining()) {
-      return absl::UnavailableError("OpenSession: the daemon is draining");
-    }
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_ASSIGN_OR_RETURN(
-        id, shm_->OpenSession([context] { context->TryCancel(); }));
-    return absl::OkStatus();
-  });
+  grpc::Status opened =
+      Handle(*context, "OpenSession", false, [&]() -> absl::Status {
+        if (admission_->draining()) {
+          return absl::UnavailableError("OpenSession: the daemon is draining");
+        }
+        MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(
+            id, shm_->OpenSession([context] { context->TryCancel(); }));
+        return absl::OkStatus();
+      });
   if (!opened.ok()) return opened;
   v1::SessionEvent event;
   event.set_session_id(id);
@@ -86,50 +85,55 @@ grpc::Status MhcService::RegisterSystemSharedMemory(
     grpc::ServerContext* context,
     const v1::RegisterSystemSharedMemoryRequest* request,
     v1::RegisterSystemSharedMemoryResponse*) {
-  return Handle("RegisterSystemSharedMemory", true, [&]() -> absl::Status {
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_ASSIGN_OR_RETURN(HostPinning pinning,
-                         shm_->RegisterSystem(SessionId(*context), *request));
-    if (pinning == HostPinning::kFailed) metrics_->RecordPinFailure();
-    PublishSharedMemory();
-    return absl::OkStatus();
-  });
+  return Handle(
+      *context, "RegisterSystemSharedMemory", true, [&]() -> absl::Status {
+        MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(HostPinning pinning,
+                             shm_->RegisterSystem(SessionId(*context), *request,
+                                                  authorizer_->Peer(*context)));
+        if (pinning == HostPinning::kFailed) metrics_->RecordPinFailure();
+        PublishSharedMemory();
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status MhcService::RegisterCudaSharedMemory(
     grpc::ServerContext* context,
     const v1::RegisterCudaSharedMemoryRequest* request,
     v1::RegisterCudaSharedMemoryResponse* response) {
-  return Handle("RegisterCudaSharedMemory", true, [&]() -> absl::Status {
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_ASSIGN_OR_RETURN(uint64_t bytes,
-                         shm_->RegisterCuda(SessionId(*context), *request));
-    response->set_byte_size(bytes);
-    PublishSharedMemory();
-    return absl::OkStatus();
-  });
+  return Handle(
+      *context, "RegisterCudaSharedMemory", true, [&]() -> absl::Status {
+        MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(uint64_t bytes,
+                             shm_->RegisterCuda(SessionId(*context), *request));
+        response->set_byte_size(bytes);
+        PublishSharedMemory();
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status MhcService::UnregisterSharedMemory(
     grpc::ServerContext* context,
     const v1::UnregisterSharedMemoryRequest* request,
     v1::UnregisterSharedMemoryResponse* response) {
-  return Handle("UnregisterSharedMemory", true, [&]() -> absl::Status {
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
-    MHC_ASSIGN_OR_RETURN(
-        std::vector<std::string> names,
-        shm_->Unregister(SessionId(*context), request->name()));
-    for (std::string& name : names) response->add_unregistered(std::move(name));
-    PublishSharedMemory();
-    return absl::OkStatus();
-  });
+  return Handle(
+      *context, "UnregisterSharedMemory", true, [&]() -> absl::Status {
+        MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(
+            std::vector<std::string> names,
+            shm_->Unregister(SessionId(*context), request->name()));
+        for (std::string& name : names)
+          response->add_unregistered(std::move(name));
+        PublishSharedMemory();
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status MhcService::SharedMemoryStatus(
     grpc::ServerContext* context, const v1::SharedMemoryStatusRequest* request,
     v1::SharedMemoryStatusResponse* response) {
-  return Handle("SharedMemoryStatus", true, [&]() -> absl::Status {
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+  return Handle(*context, "SharedMemoryStatus", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
     return shm_->Status(SessionId(*context), request->name(), response);
   });
 }
@@ -137,8 +141,8 @@ grpc::Status MhcService::SharedMemoryStatus(
 grpc::Status MhcService::RegisterCudaEvents(
     grpc::ServerContext* context, const v1::RegisterCudaEventsRequest* request,
     v1::RegisterCudaEventsResponse* response) {
-  return Handle("RegisterCudaEvents", true, [&]() -> absl::Status {
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+  return Handle(*context, "RegisterCudaEvents", true, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
     return shm_->RegisterEvents(SessionId(*context), *request, response);
   });
 }
@@ -146,10 +150,10 @@ grpc::Status MhcService::RegisterCudaEvents(
 grpc::Status MhcService::MapLayerMemory(
     grpc::ServerContext* context, const v1::MapLayerMemoryRequest* request,
     v1::LayerMemory* response) {
-  return Handle("MapLayerMemory", true, [&]() -> absl::Status {
+  return Handle(*context, "MapLayerMemory", true, [&]() -> absl::Status {
     // The handle lets its holder write the layer: the same trust as a
     // region, so the same gate.
-    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*context)));
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     return store_->Export(*layer, response);

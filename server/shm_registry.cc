@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "mhc/status.h"
 #include "server/log.h"
@@ -300,8 +301,14 @@ HostPinning ShmRegistry::Pin(Region& region) {
 
 absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
     const std::string& session_id,
-    const v1::RegisterSystemSharedMemoryRequest& r) {
+    const v1::RegisterSystemSharedMemoryRequest& r,
+    const std::optional<PeerCredentials>& peer) {
   MHC_RETURN_IF_ERROR(CheckName(r.name()));
+  if (!peer.has_value() && options_.require_peer_credentials) {
+    return absl::PermissionDeniedError(
+        "system shared memory needs a caller on a unix socket when "
+        "authentication is on (its user decides which objects it may map)");
+  }
   MHC_RETURN_IF_ERROR(CheckKey(r.key(), options_.key_prefix));
   MHC_RETURN_IF_ERROR(CheckRange(r.offset(), r.byte_size()));
   {
@@ -332,6 +339,15 @@ absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
   if (fstat(region->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
         "key: the object is not a shared-memory file");
+  }
+  // Checked on the opened object, so a rename or a new object under the
+  // key cannot swap what is mapped after the check.
+  if (peer.has_value() && !MayReadWrite(*peer, st)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "key: the caller (uid ", peer->uid,
+        ") may not open this object for reading and writing (owner uid ",
+        st.st_uid, ", group ", st.st_gid, ", mode ",
+        absl::StrFormat("%03o", st.st_mode & 0777), ")"));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (r.offset() > size || r.byte_size() > size - r.offset()) {

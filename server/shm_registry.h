@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "mhc/backend.h"
 #include "mhc/v1/shm.pb.h"
 #include "mhc/v1/tensor.pb.h"
+#include "server/peer_credentials.h"
 
 namespace mhc::server {
 
@@ -50,6 +52,9 @@ struct ShmOptions {
   // Page-lock system regions when a CUDA device is served (--shm_pin_host;
   // MhcServer gives the registry a pinner then).
   bool pin_host = true;
+  // Refuse system regions of callers whose user is unknown (not on a unix
+  // socket); set when authentication is on.
+  bool require_peer_credentials = false;
 };
 
 // Opens other processes' CUDA allocations. Only a daemon serving a CUDA
@@ -259,10 +264,14 @@ class ShmRegistry {
   void CancelAllSessions();
 
   // Registration never fails for want of a page lock: kFailed says that
-  // the region was registered unpinned.
+  // the region was registered unpinned. `peer`: the caller's user when
+  // known; the object is mapped only if that user could open it for
+  // reading and writing itself (PERMISSION_DENIED otherwise), so the
+  // daemon's own rights never stand in for the caller's.
   absl::StatusOr<HostPinning> RegisterSystem(
       const std::string& session_id,
-      const v1::RegisterSystemSharedMemoryRequest& r);
+      const v1::RegisterSystemSharedMemoryRequest& r,
+      const std::optional<PeerCredentials>& peer);
   // Returns the bytes registered (the whole allocation for byte_size 0).
   absl::StatusOr<uint64_t> RegisterCuda(
       const std::string& session_id,

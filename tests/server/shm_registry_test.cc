@@ -94,8 +94,10 @@ TEST(ShmRegistryTest, TruncationDuringUseIsReportedNotFatal) {
   auto id = registry.OpenSession(nullptr);
   ASSERT_TRUE(id.ok());
   Object object(kBytes);
-  ASSERT_TRUE(
-      registry.RegisterSystem(*id, Register("r", object.key(), kBytes)).ok());
+  ASSERT_TRUE(registry
+                  .RegisterSystem(*id, Register("r", object.key(), kBytes),
+                                  std::nullopt)
+                  .ok());
   {
     RegionScope scope(&registry, *id, /*local=*/true);
     auto span = scope.Acquire(Ref("r", kBytes), kBytes, true, "out");
@@ -124,7 +126,9 @@ TEST(ShmRegistryTest, TruncationWithoutAFaultIsReported) {
   ASSERT_TRUE(id.ok());
   Object object(8192);
   ASSERT_TRUE(
-      registry.RegisterSystem(*id, Register("r", object.key(), 8192)).ok());
+      registry
+          .RegisterSystem(*id, Register("r", object.key(), 8192), std::nullopt)
+          .ok());
   RegionScope scope(&registry, *id, true);
   ASSERT_TRUE(scope.Acquire(Ref("r", 8192), 8192, true, "out").ok());
   ASSERT_TRUE(scope.CheckIntact().ok());
@@ -156,8 +160,10 @@ TEST(ShmRegistryTest, RegionInUseOutlivesItsSession) {
   auto id = registry.OpenSession(nullptr);
   ASSERT_TRUE(id.ok());
   Object object(kBytes);
-  ASSERT_TRUE(
-      registry.RegisterSystem(*id, Register("r", object.key(), kBytes)).ok());
+  ASSERT_TRUE(registry
+                  .RegisterSystem(*id, Register("r", object.key(), kBytes),
+                                  std::nullopt)
+                  .ok());
   {
     RegionScope scope(&registry, *id, true);
     auto span = scope.Acquire(Ref("r", kBytes), kBytes, false, "x");
@@ -232,7 +238,7 @@ TEST(ShmRegistryTest, MappingIsPageLockedWhileRegistered) {
   // From mid-page: the lock covers the page-aligned mapping around it.
   auto request = Register("r", object.key(), page + 100);
   request.set_offset(page + 8);
-  auto pinning = registry.RegisterSystem(*id, request);
+  auto pinning = registry.RegisterSystem(*id, request, std::nullopt);
   ASSERT_TRUE(pinning.ok()) << pinning.status();
   EXPECT_EQ(*pinning, HostPinning::kPinned);
   ASSERT_EQ(log->locked.size(), 1u);
@@ -266,8 +272,12 @@ TEST(ShmRegistryTest, PageLockLastsUntilTheLastRequestLeaves) {
   auto id = registry.OpenSession(nullptr);
   ASSERT_TRUE(id.ok());
   Object a(4096), b(4096);
-  ASSERT_TRUE(registry.RegisterSystem(*id, Register("a", a.key(), 4096)).ok());
-  ASSERT_TRUE(registry.RegisterSystem(*id, Register("b", b.key(), 4096)).ok());
+  ASSERT_TRUE(
+      registry.RegisterSystem(*id, Register("a", a.key(), 4096), std::nullopt)
+          .ok());
+  ASSERT_TRUE(
+      registry.RegisterSystem(*id, Register("b", b.key(), 4096), std::nullopt)
+          .ok());
   {
     RegionScope scope(&registry, *id, true);
     ASSERT_TRUE(scope.Acquire(Ref("a", 4096), 4096, true, "y").ok());
@@ -289,8 +299,8 @@ TEST(ShmRegistryTest, FailedPageLockRegistersPageable) {
   auto id = registry.OpenSession(nullptr);
   ASSERT_TRUE(id.ok());
   Object object(4096);
-  auto pinning =
-      registry.RegisterSystem(*id, Register("r", object.key(), 4096));
+  auto pinning = registry.RegisterSystem(*id, Register("r", object.key(), 4096),
+                                         std::nullopt);
   ASSERT_TRUE(pinning.ok()) << pinning.status();
   EXPECT_EQ(*pinning, HostPinning::kFailed);
   EXPECT_EQ(log->pins, 1);
@@ -322,10 +332,12 @@ TEST(ShmRegistryTest, RegistrationFailingAfterThePageLockReleasesIt) {
   ASSERT_TRUE(id.ok());
   session = *id;
   Object object(4096);
-  EXPECT_EQ(registry.RegisterSystem(*id, Register("r", object.key(), 4096))
-                .status()
-                .code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      registry
+          .RegisterSystem(*id, Register("r", object.key(), 4096), std::nullopt)
+          .status()
+          .code(),
+      absl::StatusCode::kNotFound);
   EXPECT_EQ(log->pins, 1);
   EXPECT_EQ(log->unpins, 1);
   EXPECT_EQ(log->bad_unpins, 0);
@@ -337,8 +349,8 @@ TEST(ShmRegistryTest, WithoutPinnerNothingIsLocked) {
   auto id = registry.OpenSession(nullptr);
   ASSERT_TRUE(id.ok());
   Object object(4096);
-  auto pinning =
-      registry.RegisterSystem(*id, Register("r", object.key(), 4096));
+  auto pinning = registry.RegisterSystem(*id, Register("r", object.key(), 4096),
+                                         std::nullopt);
   ASSERT_TRUE(pinning.ok());
   EXPECT_EQ(*pinning, HostPinning::kNotNeeded);
   v1::SharedMemoryStatusResponse status;
@@ -352,10 +364,12 @@ TEST(ShmRegistryTest, OutputsMayNotAliasThroughTwoRegionsOfOneObject) {
   ASSERT_TRUE(id.ok());
   Object object(8192);
   ASSERT_TRUE(
-      registry.RegisterSystem(*id, Register("a", object.key(), 8192)).ok());
+      registry
+          .RegisterSystem(*id, Register("a", object.key(), 8192), std::nullopt)
+          .ok());
   auto b = Register("b", object.key(), 4096);
   b.set_offset(4096);
-  ASSERT_TRUE(registry.RegisterSystem(*id, b).ok());
+  ASSERT_TRUE(registry.RegisterSystem(*id, b, std::nullopt).ok());
   RegionScope scope(&registry, *id, true);
   v1::SharedMemoryRef in = Ref("a", 64);
   in.set_offset(4096 + 32);
@@ -397,7 +411,7 @@ TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
   auto request = Register("r", object.key(), kBytes);
   request.set_offset(4096 + 20);  // mid-page: the whole mapping is locked
   request.set_byte_size(kBytes - 20);
-  auto pinning = registry.RegisterSystem(*id, request);
+  auto pinning = registry.RegisterSystem(*id, request, std::nullopt);
   ASSERT_TRUE(pinning.ok()) << pinning.status();
   ASSERT_EQ(*pinning, HostPinning::kPinned);
   void* data = nullptr;

@@ -44,6 +44,9 @@ ABSL_DECLARE_FLAG(float, learning_rate);
 
 namespace mhc::mhcctl {
 
+// TLS and bearer token from --tls* and --token_file (connect_flags.cc).
+absl::StatusOr<client::ClientOptions> ConnectOptionsFromFlags();
+
 // Exit codes: 0 success, 1 an RPC or a check failed, 2 bad usage.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;

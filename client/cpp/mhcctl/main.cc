@@ -69,7 +69,9 @@ ABSL_FLAG(bool, shm, false,
 
 namespace {
 
-constexpr char kUsage[] = R"(mhcctl --address=ADDR [--json] COMMAND
+constexpr char kUsage[] =
+    R"(mhcctl --address=ADDR [--json] [--tls --tls_ca=F --tls_cert=F --tls_key=F]
+       [--token_file=F] COMMAND
 
 Commands:
   info                      server version, backend, devices, limits
@@ -133,10 +135,15 @@ int main(int argc, char** argv) {
     return mhc::mhcctl::kExitUsage;
   }
   const bool json = absl::GetFlag(FLAGS_json);
-  mhc::client::ClientOptions options;
-  options.timeout = absl::GetFlag(FLAGS_timeout);
+  absl::StatusOr<mhc::client::ClientOptions> options =
+      mhc::mhcctl::ConnectOptionsFromFlags();
+  if (!options.ok()) {
+    mhc::mhcctl::ReportError("connect", options.status(), json);
+    return mhc::mhcctl::kExitUsage;
+  }
+  options->timeout = absl::GetFlag(FLAGS_timeout);
   auto client =
-      mhc::client::Client::Connect(absl::GetFlag(FLAGS_address), options);
+      mhc::client::Client::Connect(absl::GetFlag(FLAGS_address), *options);
   if (!client.ok()) {
     mhc::mhcctl::ReportError("connect", client.status(), json);
     return mhc::mhcctl::kExitUsage;

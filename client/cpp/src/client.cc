@@ -1,10 +1,15 @@
 #include "mhc/client/client.h"
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "mhc/client/compute_method.h"
 #include "mhc/status.h"
 
@@ -41,6 +46,84 @@ absl::StatusOr<std::string> NormalizeAddress(absl::string_view address) {
   return std::string(address);
 }
 
+namespace {
+
+// Adds the bearer token to every call of the channel, health checks and
+// session streams included.
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header)
+      : header_(header) {}
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerTokenFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(const std::string& token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    absl::string_view target, const ClientOptions& options) {
+  const bool client_cert = !options.tls_client_cert_pem.empty() ||
+                           !options.tls_client_key_pem.empty();
+  if (!options.tls) {
+    if (client_cert || !options.tls_root_ca_pem.empty() ||
+        !options.tls_server_name.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS settings (root CA, client certificate, server name) need "
+          "tls = true");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (absl::StartsWith(target, "unix:")) {
+    return absl::InvalidArgumentError(
+        "tls: only for TCP addresses (unix sockets are local and use the "
+        "peer's user instead)");
+  }
+  if (options.tls_client_cert_pem.empty() !=
+      options.tls_client_key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "tls client certificate and key: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls_root_ca_pem;
+  ssl.pem_cert_chain = options.tls_client_cert_pem;
+  ssl.pem_private_key = options.tls_client_key_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadClientFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path));
+  }
+  return text.str();
+}
+
 Client::Client(std::string target, ClientOptions options,
                std::shared_ptr<grpc::Channel> channel)
     : target_(std::move(target)),
@@ -53,11 +136,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     absl::string_view address, ClientOptions options) {
   absl::StatusOr<std::string> target = NormalizeAddress(address);
   if (!target.ok()) return target.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(*target, options);
+  if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(
-      *target, grpc::InsecureChannelCredentials(), args);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  if (!options.bearer_token.empty()) {
+    interceptors.push_back(
+        std::make_unique<BearerTokenFactory>(options.bearer_token));
+  }
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      *target, *credentials, args, std::move(interceptors));
   return std::unique_ptr<Client>(
       new Client(*std::move(target), options, std::move(channel)));
 }

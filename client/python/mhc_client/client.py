@@ -19,7 +19,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple,
 import grpc
 import numpy as np
 
-from . import errors, tensors
+from . import auth, errors, tensors
 from . import native as native_path
 from ._proto import (checkpoint_pb2, health_pb2, health_pb2_grpc, layer_pb2,
                      optimizer_pb2, service_pb2, service_pb2_grpc, shm_pb2,
@@ -214,11 +214,25 @@ class Client(GroupCalls):
             True forces it, False the pure-Python path; None lets the
             environment variable ``MHC_CLIENT_NATIVE`` decide (default
             auto: native for a local daemon when the extension is built).
+        tls: connect with TLS (TCP addresses); implied by the next four.
+        root_certificates: PEM of the CA that signed the daemon's
+            certificate (None: the system's roots).
+        private_key, certificate_chain: PEM of this client's key and
+            certificate, for a daemon that requires client certificates.
+        tls_server_name: the name the daemon's certificate must carry when it
+            is not the address's host.
+        token: bearer token sent with every call (None: the one in the file
+            ``$MHC_TOKEN_FILE`` names, if set).
     """
 
     def __init__(self, address: str, *, timeout: float = 60.0,
                  retries: int = 3, max_message_bytes: int = 1 << 30,
-                 bf16: str = "auto", native: Optional[bool] = None) -> None:
+                 bf16: str = "auto", native: Optional[bool] = None,
+                 tls: bool = False, root_certificates: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None,
+                 certificate_chain: Optional[bytes] = None,
+                 tls_server_name: Optional[str] = None,
+                 token: Optional[str] = None) -> None:
         self.address = address
         self.target = normalize_address(address)
         self.timeout = timeout
@@ -226,7 +240,11 @@ class Client(GroupCalls):
         self.bf16 = bf16
         options = [("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.max_receive_message_length", max_message_bytes)]
-        self._channel = grpc.insecure_channel(self.target, options=options)
+        self._token = auth.resolve_token(token)
+        self._channel = auth.channel(
+            self.target, options, tls=tls, root_certificates=root_certificates,
+            private_key=private_key, certificate_chain=certificate_chain,
+            tls_server_name=tls_server_name, token=self._token)
         self._stub = service_pb2_grpc.MhcStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._session: Optional[Any] = None  # shm.Session while open
@@ -258,7 +276,8 @@ class Client(GroupCalls):
                 self._native_mode == "auto"
                 and (not self.is_local or native_path.load() is None)):
             return False
-        return native_path.Connection(self.target, self._max_message_bytes)
+        return native_path.Connection(self.target, self._max_message_bytes,
+                                      self._token or "")
 
     @property
     def session(self) -> Optional[Any]:

@@ -77,7 +77,8 @@ class Connection:
     """The native path of one :class:`~mhc_client.Client`: a C++ channel to
     the same daemon, and the calls over it."""
 
-    def __init__(self, target: str, max_message_bytes: int) -> None:
+    def __init__(self, target: str, max_message_bytes: int,
+                 bearer_token: str = "") -> None:
         module = load()
         if module is None:
             raise errors.FailedPrecondition(
@@ -86,7 +87,8 @@ class Connection:
         self._methods: Dict[str, int] = {
             name: index for index, name in enumerate(module.methods())}
         try:
-            self._connection = module.Connection(target, max_message_bytes)
+            self._connection = module.Connection(target, max_message_bytes,
+                                                 bearer_token)
         except module.RpcError as error:
             raise _typed(error, "Connect") from None
 

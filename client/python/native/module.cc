@@ -98,16 +98,19 @@ absl::Status CallWithRetries(const Client& client, const ComputeMethod& method,
 }
 
 int ConnectionInit(PyObject* self, PyObject* args, PyObject* kwargs) {
-  static const char* keywords[] = {"target", "max_message_bytes", nullptr};
+  static const char* keywords[] = {"target", "max_message_bytes",
+                                   "bearer_token", nullptr};
   const char* target = nullptr;
   int max_message_bytes = 1 << 30;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|i",
+  const char* bearer_token = "";
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|is",
                                    const_cast<char**>(keywords), &target,
-                                   &max_message_bytes)) {
+                                   &max_message_bytes, &bearer_token)) {
     return -1;
   }
   ClientOptions options;
   options.max_message_bytes = max_message_bytes;
+  options.bearer_token = bearer_token;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(target, options);
   if (!client.ok()) {

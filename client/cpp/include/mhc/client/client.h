@@ -27,7 +27,23 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Largest message sent or received; the daemon's default limit.
   int max_message_bytes = 1 << 30;
+  // TLS to a TCP address (docs/security.md). The PEM texts, not paths:
+  // the CA that signed the daemon's certificate (empty: the system's
+  // roots), and for mutual TLS the client's certificate chain and key.
+  bool tls = false;
+  std::string tls_root_ca_pem;
+  std::string tls_client_cert_pem;
+  std::string tls_client_key_pem;
+  // The name the daemon's certificate must carry when it is not the
+  // address's host (e.g. "localhost" for 127.0.0.1).
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer TOKEN" with every call; empty: none.
+  std::string bearer_token;
 };
+
+// Reads a whole file (a PEM certificate or key, a token file) for
+// ClientOptions; surrounding whitespace is kept.
+absl::StatusOr<std::string> ReadClientFile(const std::string& path);
 
 // Converts a gRPC status to absl, keeping code and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -1,0 +1,67 @@
+#include "server/authorizer.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "mhc/status.h"
+#include "server/rpc_roles.h"
+
+namespace mhc::server {
+
+Authorizer::Authorizer(std::unique_ptr<AuthPolicy> policy,
+                       const ConnectionPeers* peers)
+    : policy_(std::move(policy)), peers_(peers) {}
+
+std::optional<PeerCredentials> Authorizer::Peer(
+    const grpc::ServerContext& context) const {
+  if (peers_ == nullptr) return std::nullopt;
+  return peers_->Find(context.peer());
+}
+
+absl::StatusOr<std::optional<absl::string_view>> BearerToken(
+    const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto [first, last] = metadata.equal_range("authorization");
+  if (first == last) return std::optional<absl::string_view>();
+  if (std::next(first) != last) {
+    return absl::UnauthenticatedError(
+        "more than one 'authorization' metadata entry");
+  }
+  absl::string_view value(first->second.data(), first->second.size());
+  constexpr absl::string_view kScheme = "bearer ";
+  if (value.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
+    return absl::UnauthenticatedError(
+        "'authorization' metadata: expected 'Bearer TOKEN'");
+  }
+  return std::optional<absl::string_view>(
+      absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size())));
+}
+
+absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
+                                   absl::string_view rpc) const {
+  if (policy_ == nullptr) return absl::OkStatus();
+  const std::string method = absl::StrCat(kMhcServicePrefix, rpc);
+  MHC_ASSIGN_OR_RETURN(Role needed, RequiredRole(method));
+  absl::StatusOr<std::optional<absl::string_view>> bearer =
+      BearerToken(context);
+  if (!bearer.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(rpc, ": ", bearer.status().message()));
+  }
+  absl::StatusOr<Caller> caller = policy_->Authenticate(*bearer, Peer(context));
+  if (!caller.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(rpc, ": ", caller.status().message()));
+  }
+  if (caller->role < needed) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(rpc, " needs the ", RoleName(needed), " role; ",
+                     caller->name, " has ", RoleName(caller->role)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::server

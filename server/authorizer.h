@@ -1,0 +1,51 @@
+// Authentication and authorization of one call: who is calling (bearer
+// token, or the user of a unix-socket connection) and whether its role
+// covers the RPC (rpc_roles.h). MhcService::Handle asks before anything
+// else runs, so every mhc.v1.Mhc RPC goes through here.
+#ifndef MHC_SERVER_AUTHORIZER_H_
+#define MHC_SERVER_AUTHORIZER_H_
+
+#include <memory>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/server_context.h"
+#include "server/auth_policy.h"
+#include "server/peer_credentials.h"
+#include "server/unix_listener.h"
+
+namespace mhc::server {
+
+class Authorizer {
+ public:
+  // `policy` null: authentication is off and every caller may call every
+  // RPC (the default). `peers`: the daemon's unix-socket connections.
+  Authorizer(std::unique_ptr<AuthPolicy> policy, const ConnectionPeers* peers);
+
+  bool enabled() const { return policy_ != nullptr; }
+
+  // The user of the call's connection when it is one of this daemon's unix
+  // sockets; nullopt for TCP.
+  std::optional<PeerCredentials> Peer(const grpc::ServerContext& context) const;
+
+  // OK when the caller may call `rpc` (a method name of mhc.v1.Mhc, e.g.
+  // "GetLayer"); UNAUTHENTICATED when it cannot be identified,
+  // PERMISSION_DENIED (naming the role needed) when its role is too small.
+  absl::Status Authorize(const grpc::ServerContext& context,
+                         absl::string_view rpc) const;
+
+ private:
+  const std::unique_ptr<AuthPolicy> policy_;
+  const ConnectionPeers* const peers_;
+};
+
+// The credentials of the call's "authorization: Bearer ..." metadata;
+// nullopt when there is none, UNAUTHENTICATED when it is malformed or
+// repeated.
+absl::StatusOr<std::optional<absl::string_view>> BearerToken(
+    const grpc::ServerContext& context);
+
+}  // namespace mhc::server
+
+#endif  // MHC_SERVER_AUTHORIZER_H_
