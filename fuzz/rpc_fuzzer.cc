@@ -1,22 +1,22 @@
-// Request validation of every unary RPC: the first byte picks the method
-// (its index in mhc.v1.Mhc, modulo the method count), the rest is its
-// request message. The call goes through the MhcService handler, as from
-// gRPC, on a daemon that starts from the same layers every time.
+// Request validation of every unary RPC, a few calls in a row (see
+// call_sequence.h): each goes through the MhcService handler, as from
+// gRPC, on a daemon that starts from the same layers for every input.
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "fuzz/call_sequence.h"
 #include "fuzz/in_process_daemon.h"
 #include "fuzz/rpc_table.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size == 0) return 0;
-  const mhc::fuzz::RpcInvoker* rpc =
-      mhc::fuzz::FindRpc(data[0] % mhc::fuzz::RpcCount());
-  if (rpc == nullptr) return 0;
   mhc::fuzz::InProcessDaemon& daemon = mhc::fuzz::InProcessDaemon::Get();
   daemon.Reset();
-  (*rpc)(daemon.service(),
-         absl::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
+  const absl::string_view input(reinterpret_cast<const char*>(data), size);
+  for (const mhc::fuzz::Call& call :
+       mhc::fuzz::SplitCalls(input, mhc::fuzz::RpcCount())) {
+    const mhc::fuzz::RpcInvoker* rpc = mhc::fuzz::FindRpc(call.method);
+    if (rpc != nullptr) (*rpc)(daemon.service(), call.request);
+  }
   return 0;
 }

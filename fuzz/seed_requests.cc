@@ -119,36 +119,40 @@ v1::TensorRef X(v1::DType act = v1::DTYPE_F32) {
   return Tensor(act, {kTokens, 4, 8}, 11);
 }
 
-// One forward and backward step of layer l0 (n = 4, C = 8), op by op, every
-// intermediate passed by reference.
-v1::ExecuteRequest LayerStep(v1::DType act) {
+// One forward and backward step of an MHC layer, op by op, every
+// intermediate passed by reference. `x_dims`: the trailing dimensions of
+// its activations ([n, C] or [C, n]).
+v1::ExecuteRequest LayerStep(v1::DType act, const std::string& layer = "l0",
+                             const std::vector<int64_t>& x_dims = {4, 8}) {
+  const std::vector<int64_t> x_shape = TokenShape(x_dims);
+  auto activations = [&] { return Tensor(act, x_shape, 11); };
   v1::ExecuteRequest batch;
   v1::Op* op = batch.add_ops();
   op->set_id("pre");
-  op->mutable_pre()->set_layer("l0");
-  *op->mutable_pre()->mutable_x() = X(act);
+  op->mutable_pre()->set_layer(layer);
+  *op->mutable_pre()->mutable_x() = activations();
   op = batch.add_ops();
   op->set_id("post");
   v1::PostRequest* post = op->mutable_post();
-  post->set_layer("l0");
+  post->set_layer(layer);
   *post->mutable_f() = Ref("pre.y");
-  *post->mutable_x() = X(act);
+  *post->mutable_x() = activations();
   *post->mutable_h_post() = Ref("pre.h_post");
   *post->mutable_h_res() = Ref("pre.h_res");
   op = batch.add_ops();
   op->set_id("post_bwd");
   v1::PostBackwardRequest* post_bwd = op->mutable_post_backward();
-  post_bwd->set_layer("l0");
-  *post_bwd->mutable_dx_next() = Tensor(act, {kTokens, 4, 8}, 12);
+  post_bwd->set_layer(layer);
+  *post_bwd->mutable_dx_next() = Tensor(act, x_shape, 12);
   *post_bwd->mutable_f() = Ref("pre.y");
-  *post_bwd->mutable_x() = X(act);
+  *post_bwd->mutable_x() = activations();
   *post_bwd->mutable_h_post() = Ref("pre.h_post");
   *post_bwd->mutable_h_res() = Ref("pre.h_res");
   op = batch.add_ops();
   op->set_id("pre_bwd");
   v1::PreBackwardRequest* pre_bwd = op->mutable_pre_backward();
-  pre_bwd->set_layer("l0");
-  *pre_bwd->mutable_x() = X(act);
+  pre_bwd->set_layer(layer);
+  *pre_bwd->mutable_x() = activations();
   *pre_bwd->mutable_dy() = Ref("post_bwd.df");
   *pre_bwd->mutable_dh_post() = Ref("post_bwd.dh_post");
   *pre_bwd->mutable_dh_res() = Ref("post_bwd.dh_res");
@@ -246,6 +250,62 @@ std::vector<SeedRequest> BatchSeeds() {
       Seed("pre-pieces", "Execute", PrePieces()),
       Seed("head-step", "Execute", HeadStep()),
   };
+}
+
+std::vector<SeedSequence> SequenceSeeds() {
+  std::vector<SeedSequence> sequences;
+  // n = 3, C = 5, stream-minor, every option away from the preset.
+  v1::CreateLayerRequest odd;
+  odd.set_name("odd");
+  v1::LayerSpec& spec = *odd.mutable_spec();
+  spec.set_n(3);
+  spec.set_hidden(5);
+  spec.set_layout(v1::LAYOUT_STREAM_MINOR);
+  spec.set_orientation(v1::ORIENTATION_DEST_ROWS);
+  spec.set_sinkhorn_mode(v1::SINKHORN_MODE_LOG);
+  spec.set_sinkhorn_iterations(3);
+  spec.set_eps_placement(v1::EPS_PLACEMENT_OUTSIDE);
+  spec.set_has_gamma(true);
+  spec.set_has_post_bias(true);
+  spec.set_matmul_precision(v1::MATMUL_PRECISION_IEEE);
+  sequences.push_back(
+      {"create-odd-then-step",
+       {Seed("CreateLayer", "CreateLayer", odd),
+        Seed("Execute", "Execute", LayerStep(v1::DTYPE_BF16, "odd", {5, 3}))}});
+
+  v1::ConvertLayoutRequest convert;
+  convert.set_layer("l0");
+  convert.set_layout(v1::LAYOUT_STREAM_MINOR);
+  sequences.push_back(
+      {"convert-then-step",
+       {Seed("ConvertLayout", "ConvertLayout", convert),
+        Seed("Execute", "Execute", LayerStep(v1::DTYPE_F32, "l0", {8, 4}))}});
+
+  v1::SaveCheckpointRequest save;
+  save.set_name("c");
+  save.set_include_gradients(true);
+  v1::DeleteLayerRequest remove;
+  remove.set_name("l1");
+  v1::LoadCheckpointRequest load;
+  load.set_name("c");
+  load.add_layers("l1");
+  sequences.push_back({"save-delete-load",
+                       {Seed("SaveCheckpoint", "SaveCheckpoint", save),
+                        Seed("DeleteLayer", "DeleteLayer", remove),
+                        Seed("LoadCheckpoint", "LoadCheckpoint", load)}});
+
+  v1::OptimizerStepRequest step;
+  step.add_layers("l0");
+  step.set_learning_rate(0.1f);
+  step.mutable_adamw();
+  step.set_zero_gradients(true);
+  v1::GetParametersRequest params;
+  params.set_layer("l0");
+  sequences.push_back({"step-then-optimize",
+                       {Seed("Execute", "Execute", LayerStep(v1::DTYPE_F32)),
+                        Seed("OptimizerStep", "OptimizerStep", step),
+                        Seed("GetParameters", "GetParameters", params)}});
+  return sequences;
 }
 
 std::vector<SeedRequest> ManagementSeeds() {

@@ -31,6 +31,15 @@ std::vector<SeedRequest> BatchSeeds();
 // Layer management, parameters, optimizer, checkpoints and groups.
 std::vector<SeedRequest> ManagementSeeds();
 
+// Calls that build on each other: ops on a layer of an unusual spec created
+// just before, on a converted layer, a save followed by a load, an
+// optimizer step after a backward pass.
+struct SeedSequence {
+  std::string label;
+  std::vector<SeedRequest> calls;
+};
+std::vector<SeedSequence> SequenceSeeds();
+
 }  // namespace mhc::fuzz
 
 #endif  // MHC_FUZZ_SEED_REQUESTS_H_

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "fuzz/call_sequence.h"
 #include "fuzz/in_process_daemon.h"
 #include "fuzz/rpc_table.h"
 #include "fuzz/seed_requests.h"
@@ -32,6 +33,14 @@ bool WriteFile(const fs::path& path, const std::string& bytes) {
   return static_cast<bool>(out);
 }
 
+bool Call(const char* what, const grpc::Status& status) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "write_seeds: %s refused: %s\n", what,
+                 status.error_message().c_str());
+  }
+  return status.ok();
+}
+
 // Runs `seed` on a fresh daemon; OK when it was accepted.
 grpc::Status Run(const SeedRequest& seed) {
   InProcessDaemon& daemon = InProcessDaemon::Get();
@@ -41,8 +50,23 @@ grpc::Status Run(const SeedRequest& seed) {
 }
 
 std::string RpcInput(const SeedRequest& seed) {
-  return std::string(1, static_cast<char>(RpcIndex(seed.rpc))) +
-         seed.request->SerializeAsString();
+  return EncodeCall(RpcIndex(seed.rpc), seed.request->SerializeAsString());
+}
+
+// Every call on one fresh daemon; true when all were accepted.
+bool RunSequence(const SeedSequence& sequence, std::string* input) {
+  InProcessDaemon& daemon = InProcessDaemon::Get();
+  daemon.Reset();
+  for (const SeedRequest& call : sequence.calls) {
+    const std::string what = absl::StrCat(sequence.label, ": ", call.label);
+    if (!Call(what.c_str(),
+              (*FindRpc(RpcIndex(call.rpc)))(
+                  daemon.service(), call.request->SerializeAsString()))) {
+      return false;
+    }
+    *input += RpcInput(call);
+  }
+  return true;
 }
 
 // A single op as a batch of one.
@@ -59,14 +83,6 @@ std::string OneOpBatch(const SeedRequest& seed) {
         ->CopyFrom(*seed.request);
   }
   return batch.SerializeAsString();
-}
-
-bool Call(const char* what, const grpc::Status& status) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "write_seeds: %s refused: %s\n", what,
-                 status.error_message().c_str());
-  }
-  return status.ok();
 }
 
 // Checkpoints of the fixture layers after a training step: with gradients
@@ -148,6 +164,14 @@ int Main(const fs::path& root) {
       }
       ++batch_seeds;
     }
+  }
+  for (const SeedSequence& sequence : SequenceSeeds()) {
+    std::string input;
+    if (!RunSequence(sequence, &input) ||
+        !WriteFile(root / "rpc" / sequence.label, input)) {
+      return 1;
+    }
+    ++rpc_seeds;
   }
   if (!WriteCheckpoints(root / "checkpoint")) return 1;
   std::printf(
