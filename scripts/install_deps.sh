@@ -15,6 +15,9 @@ PACKAGES=(
   python3-pytest python3-torch curl openssl
   python3-venv python3-pip python3-setuptools python3-wheel patchelf
   prometheus python3-yaml python3-matplotlib
+  # The fuzz harnesses (fuzz/run.sh): clang 14 and its sanitizer and
+  # libFuzzer runtimes (only recommended by clang, so named here).
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -4,6 +4,7 @@
 #
 #   BUILD_DIR   build directory (default: build)
 #   JOBS        parallel build and test jobs (default: number of cores)
+#   FUZZ_SECONDS  seconds each fuzz harness runs (fuzz/run.sh; 0 skips)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -40,6 +41,10 @@ if [[ ${#unformatted[@]} -gt 0 ]]; then
 else
   echo "test.sh: clang-format clean (${#sources[@]} files)"
 fi
+
+# The fuzz harnesses, sanitized, a fixed time each from the committed corpus
+# (their own clang build tree, build-fuzz).
+bash fuzz/run.sh || status=1
 
 ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${JOBS}" || status=1
 

@@ -3,6 +3,7 @@
 // resolved once per process. Conversions dispatch on a flag computed once.
 #include "cpu/fast/vec.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,8 +24,12 @@ namespace {
 bool DetectAvx2() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
+  // F16C from CPUID leaf 1 (ECX): clang before 15 has no "f16c" for
+  // __builtin_cpu_supports, and the fuzz build compiles with clang 14.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+         f16c;
 #else
   return false;
 #endif
