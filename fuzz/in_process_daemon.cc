@@ -101,9 +101,10 @@ InProcessDaemon::InProcessDaemon() : state_dir_(MakeStateDir()) {
   // Shared memory stays disabled (the default): no input may map another
   // process's memory; the shm RPCs are still validated up to that refusal.
   shm_ = std::make_unique<server::ShmRegistry>(options.shm, nullptr, nullptr);
+  authorizer_ = std::make_unique<server::Authorizer>(nullptr, nullptr);
   service_ = std::make_unique<server::MhcService>(
       options, executors, store_.get(), checkpoints_.get(), admission_.get(),
-      metrics_.get(), shm_.get(), groups_.get());
+      metrics_.get(), shm_.get(), groups_.get(), authorizer_.get());
   std::atexit([] {
     std::error_code error;
     std::filesystem::remove_all(Get().state_dir_, error);

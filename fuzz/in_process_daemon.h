@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "server/authorizer.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
 #include "server/groups.h"
@@ -48,6 +49,8 @@ class InProcessDaemon {
   std::unique_ptr<server::GroupRegistry> groups_;
   std::unique_ptr<server::Admission> admission_;
   std::unique_ptr<server::ShmRegistry> shm_;
+  // Authentication off, as a daemon started without --auth_tokens.
+  std::unique_ptr<server::Authorizer> authorizer_;
   std::unique_ptr<server::MhcService> service_;
 };
 

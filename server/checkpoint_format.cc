@@ -14,6 +14,7 @@
 #include "mhc/status.h"
 #include "mhc/types.h"
 #include "server/crc32c.h"
+#include "server/json_text.h"
 
 namespace mhc::server {
 
@@ -31,29 +32,6 @@ constexpr char kChecksumAlgorithm[] = "crc32c";
 
 // Exactly representable in the double a JSON number becomes.
 constexpr double kMaxJsonInteger = 9007199254740992.0;  // 2^53
-
-void AppendJsonString(absl::string_view text, std::string* out) {
-  out->push_back('"');
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
-          out->append(escaped);
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 std::string Hex32(uint32_t value) {
   char text[9];
@@ -167,9 +145,9 @@ absl::StatusOr<std::string> EncodeCheckpointHeader(
   std::string checksums = "{";
   for (const auto& [name, tensor] : header.tensors) {
     if (checksums.size() > 1) checksums.push_back(',');
-    AppendJsonString(name, &checksums);
+    AppendJsonString(&checksums, name);
     checksums.push_back(':');
-    AppendJsonString(Hex32(tensor.crc32c), &checksums);
+    AppendJsonString(&checksums, Hex32(tensor.crc32c));
   }
   checksums.push_back('}');
 
@@ -187,14 +165,14 @@ absl::StatusOr<std::string> EncodeCheckpointHeader(
   for (const auto& [key, value] : metadata) {
     if (!first) json.push_back(',');
     first = false;
-    AppendJsonString(key, &json);
+    AppendJsonString(&json, key);
     json.push_back(':');
-    AppendJsonString(value, &json);
+    AppendJsonString(&json, value);
   }
   json.push_back('}');
   for (const auto& [name, tensor] : header.tensors) {
     json.push_back(',');
-    AppendJsonString(name, &json);
+    AppendJsonString(&json, name);
     absl::StrAppend(&json, ":{\"dtype\":\"F32\",\"shape\":[",
                     absl::StrJoin(tensor.shape, ","), "],\"data_offsets\":[",
                     tensor.begin, ",", tensor.end, "]}");
