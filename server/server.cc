@@ -247,6 +247,8 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   // daemon bind a port that is taken and split its connections with the
   // first; with it off, the second start fails on the taken port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             static_cast<int>(kMaxMetadataBytes));
   for (Listener& listener : listeners) {
     builder.AddListeningPort(listener.address,
                              grpc::InsecureServerCredentials(), &listener.port);
