@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "mhc/status.h"
 #include "server/log.h"
 
@@ -210,6 +211,7 @@ absl::Status Executor::Run(
     metrics_->AddQueueDepth(device_, -1);
     metrics_->RecordQueueWait(device_, SecondsSince(arrived));
   }
+  MHC_RETURN_IF_ERROR(CheckAccepting());
   // Work of an earlier request that failed after it was answered is
   // reported here, to the next request of the device.
   MHC_RETURN_IF_ERROR(CheckDevice());
@@ -240,8 +242,16 @@ absl::Status Executor::Run(
 absl::Status Executor::WithDevice(
     absl::FunctionRef<absl::Status(Backend&)> fn) {
   absl::MutexLock lock(&mu_);
+  MHC_RETURN_IF_ERROR(CheckAccepting());
   MHC_RETURN_IF_ERROR(CheckDevice());
   return Finish(fn(*backend_));
+}
+
+absl::Status Executor::CheckAccepting() const {
+  if (!refusing_.load()) return absl::OkStatus();
+  return absl::UnavailableError(
+      "mhcd is draining and --drain_timeout has passed; the request did not "
+      "run, retry on another instance");
 }
 
 absl::Status Executor::Finish(absl::Status status) {
@@ -257,10 +267,35 @@ absl::Status Executor::Finish(absl::Status status) {
   return status;
 }
 
+namespace {
+
+absl::Status DrainingError(std::atomic<int64_t>* last_refusal_ns) {
+  last_refusal_ns->store(absl::ToUnixNanos(absl::Now()));
+  return absl::UnavailableError(
+      "mhcd is draining (shutting down); retry on another instance");
+}
+
+}  // namespace
+
+bool Admission::AwaitIdle(absl::Time deadline) const {
+  // Polled: a drain happens once, and a few milliseconds do not matter.
+  while (inflight_.load() > 0) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+void Admission::AwaitQuiet(absl::Duration quiet, absl::Time deadline) const {
+  while (absl::Now() < deadline &&
+         absl::Now() - absl::FromUnixNanos(last_refusal_ns_.load()) < quiet) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 absl::StatusOr<Admission::Ticket> Admission::TryEnter() {
   if (draining_.load()) {
-    return absl::UnavailableError(
-        "mhcd is draining (shutting down); retry on another instance");
+    return DrainingError(&last_refusal_ns_);
   }
   int previous = inflight_.fetch_add(1);
   if (previous >= max_inflight_) {
@@ -268,6 +303,12 @@ absl::StatusOr<Admission::Ticket> Admission::TryEnter() {
     return absl::ResourceExhaustedError(absl::StrCat(
         "too many requests in flight (limit --max_inflight=", max_inflight_,
         "); retry later"));
+  }
+  // Checked again after counting: a drain that began in between either
+  // sees this request in AwaitIdle or this request sees the drain.
+  if (draining_.load()) {
+    inflight_.fetch_sub(1);
+    return DrainingError(&last_refusal_ns_);
   }
   return Ticket(this);
 }

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mhc/backend.h"
 #include "server/metrics.h"
 
@@ -106,6 +107,11 @@ class Executor {
   // Exclusive use of the backend without a workspace (parameter access).
   absl::Status WithDevice(absl::FunctionRef<absl::Status(Backend&)> fn);
 
+  // From now on, work that gets the device answers UNAVAILABLE without
+  // running: a drain past its deadline ends the requests still queued
+  // instead of letting the gRPC server cancel them mid-way.
+  void RefuseQueuedWork() { refusing_.store(true); }
+
   // Records the kernel times the device has finished since the last
   // request, unless a request holds the device (it records them itself).
   void PollTimings();
@@ -144,6 +150,9 @@ class Executor {
   // FAILED once the device's work failed; checks the device without
   // waiting for it.
   absl::Status CheckDevice() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE after RefuseQueuedWork, checked once a request has the
+  // device.
+  absl::Status CheckAccepting() const;
 
   // Grows `buffer` (of `*capacity` bytes) to hold at least `bytes`.
   absl::Status EnsureBuffer(const char* what, size_t bytes, void** buffer,
@@ -170,6 +179,7 @@ class Executor {
   Metrics* metrics_ = nullptr;
   DeterminismAudit* audit_ = nullptr;
   double copy_bandwidth_ = 0;
+  std::atomic<bool> refusing_{false};
 };
 
 class Admission {
@@ -205,11 +215,19 @@ class Admission {
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
   int inflight() const { return inflight_.load(); }
+  // Waits until no admitted request is left or `deadline` passes; true
+  // when none is left.
+  bool AwaitIdle(absl::Time deadline) const;
+  // Waits until no request has been refused for draining for `quiet`, or
+  // until `deadline`.
+  void AwaitQuiet(absl::Duration quiet, absl::Time deadline) const;
 
  private:
   const int max_inflight_;
   std::atomic<int> inflight_{0};
   std::atomic<bool> draining_{false};
+  // absl::ToUnixNanos of the last refusal for draining.
+  mutable std::atomic<int64_t> last_refusal_ns_{0};
 };
 
 }  // namespace mhc::server

@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/flags.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -16,6 +18,10 @@ namespace {
 
 using mhc::server::Log;
 using mhc::server::LogLevel;
+
+// How far past --drain_timeout a drain may run before the process exits
+// regardless: the tail of the last kernels and the teardown.
+constexpr absl::Duration kExitSlack = absl::Milliseconds(900);
 
 int Fail(const absl::Status& status) {
   Log(LogLevel::kError, status.message());
@@ -77,6 +83,16 @@ int main(int argc, char** argv) {
     sigwait(&signals, &signal_number);
     Log(LogLevel::kInfo,
         absl::StrCat("received signal ", signal_number, ", draining"));
+    // The drain ends every call it can; a handler stuck in a kernel cannot
+    // be interrupted, so it does not get to hold the exit past the promise
+    // of --drain_timeout (the orchestrator would kill the process anyway).
+    std::thread([drain_timeout] {
+      absl::SleepFor(drain_timeout + kExitSlack);
+      Log(LogLevel::kError,
+          "drain: still running past --drain_timeout; exiting without "
+          "waiting for the requests left");
+      std::_Exit(1);
+    }).detach();
     raw->Drain(drain_timeout);
   });
   (*server)->Wait();

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/metrics_http.h"
 #include "server/process_metrics.h"
 #include "server/status_util.h"
 
@@ -394,6 +395,10 @@ Metrics::Metrics(const BuildInfo& build)
       .Set(1);
 }
 
+Metrics::~Metrics() {
+  StopMetricsHttp(std::move(exposer_), http_host_, http_port_);
+}
+
 absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
   size_t colon = listen.rfind(':');
   if (colon == std::string::npos) {
@@ -402,8 +407,8 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
   }
   std::string host = listen.substr(0, colon);
   try {
-    exposer_ =
-        std::make_unique<prometheus::Exposer>(listen, 2, ProbeCallbacks());
+    exposer_ = std::make_unique<prometheus::Exposer>(MetricsHttpOptions(listen),
+                                                     ProbeCallbacks());
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "--metrics_listen: cannot listen on ", listen, ": ", e.what()));
@@ -417,6 +422,8 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& listen) {
         absl::StrCat("--metrics_listen: no port bound for ", listen));
   }
   probe_route_ = std::make_unique<ProbeRoute>(ports.front(), readiness_);
+  http_host_ = host;
+  http_port_ = ports.front();
   return absl::StrCat(host, ":", ports.front());
 }
 

@@ -50,6 +50,7 @@ struct KernelSample {
 class Metrics {
  public:
   explicit Metrics(const BuildInfo& build);
+  ~Metrics();
 
   // Starts the HTTP endpoint (/metrics, and the probes /healthz and
   // /readyz, see probes.h); returns "host:port" with the bound port (port
@@ -176,6 +177,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* checkpoint_seconds_;
   prometheus::Family<prometheus::Gauge>* checkpoint_last_success_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string http_host_;
+  int http_port_ = 0;
   // Declared after the exposer, so routed away first when destroyed.
   std::unique_ptr<ProbeRoute> probe_route_;
 };

@@ -18,6 +18,8 @@ constexpr std::pair<const char*, Role> kRoles[] = {
     {"ListLayers", Role::kRead},
     {"GetParameters", Role::kRead},
     {"GetGradients", Role::kRead},
+    {"StreamParameters", Role::kRead},
+    {"StreamGradients", Role::kRead},
     {"SharedMemoryStatus", Role::kRead},
     {"GetGroup", Role::kRead},
     {"ListCheckpoints", Role::kRead},

@@ -20,6 +20,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "mhc/status.h"
+#include "server/log.h"
 
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
@@ -42,6 +43,13 @@ namespace mhc::server {
 namespace {
 
 constexpr char kServiceName[] = "mhc.v1.Mhc";
+// How far past its deadline a drain may run to let the requests running
+// at the deadline answer and calling clients go quiet; and how long
+// clients get to close their connections after the last call ended.
+constexpr absl::Duration kDrainOverrun = absl::Milliseconds(500);
+constexpr absl::Duration kConnectionGrace = absl::Milliseconds(500);
+// How long no call may have been refused before the gRPC server shuts down.
+constexpr absl::Duration kClientsQuiet = absl::Milliseconds(250);
 
 struct Listener {
   std::string address;
@@ -256,6 +264,8 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   // daemon bind a port that is taken and split its connections with the
   // first; with it off, the second start fails on the taken port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             static_cast<int>(kMaxMetadataBytes));
   // Unix sockets are accepted by the daemon itself, which learns each
   // peer's user before handing the connection to gRPC (unix_listener.h).
   for (Listener& listener : listeners) {
@@ -334,14 +344,39 @@ MhcServer::~MhcServer() {
 }
 
 void MhcServer::Drain(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   metrics_->readiness().SetNotReady("draining");
   admission_->BeginDrain();
   shm_->CancelAllSessions();
   service_->EndStreams();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(false);
+  // Admitted unary calls run to their end before the gRPC server shuts
+  // down, since its shutdown deadline cancels whatever still runs. Past
+  // the drain deadline, requests still queued for a device are refused
+  // with UNAVAILABLE and the ones running get a moment to answer.
+  const absl::Time overrun_end = deadline + kDrainOverrun;
+  if (!admission_->AwaitIdle(deadline)) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("drain: ", admission_->inflight(),
+                     " requests still in flight at --drain_timeout; "
+                     "refusing the ones not yet running"));
+    for (const auto& executor : executors_) executor->RefuseQueuedWork();
+    admission_->AwaitIdle(overrun_end);
+  }
+  // Clients still calling are answered UNAVAILABLE until they stop (or the
+  // time is up): a call that arrives after the gRPC server began its
+  // shutdown is cancelled by it instead, which clients do not retry.
+  admission_->AwaitQuiet(kClientsQuiet,
+                         absl::Now() < deadline ? deadline : overrun_end);
+  // Only connections are left: clients that follow the GOAWAY close theirs
+  // at once; one that does not (a client that never polls its channel)
+  // would hold the exit until the deadline, so it is cut after a short
+  // grace.
   StopUnixListeners();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time now = absl::Now();
+  server_->Shutdown(absl::ToChronoTime(
+      std::max(now, std::min(deadline, now + kConnectionGrace))));
 }
 
 void MhcServer::StopUnixListeners() {

@@ -71,8 +71,10 @@ class MhcServer {
   const std::string& restored_checkpoint() const { return restored_; }
 
   // Health goes NOT_SERVING (and /readyz 503), new requests get
-  // UNAVAILABLE, and the server stops accepting; in-flight requests get until
-  // `timeout` to finish. Returns when the server has shut down.
+  // UNAVAILABLE, sessions and ExecuteStreams are ended; admitted unary
+  // requests get until `timeout` to finish (past it, those still queued for
+  // a device are refused), then the server shuts down without waiting for
+  // idle connections. Returns when the server has shut down.
   void Drain(absl::Duration timeout);
   // Blocks until the server has shut down.
   void Wait();

@@ -136,6 +136,7 @@ grpc::Status MhcService::GetServerInfo(grpc::ServerContext* context,
     limits->set_max_sinkhorn_iterations(kMaxSinkhornIterations);
     limits->set_max_batch_ops(options_.limits.max_batch_ops);
     limits->set_max_parameter_bytes(options_.limits.max_parameter_bytes);
+    limits->set_max_metadata_bytes(kMaxMetadataBytes);
     response->set_draining(admission_->draining());
     return absl::OkStatus();
   });

@@ -24,6 +24,10 @@
 
 namespace mhc::server {
 
+// Request metadata (headers) a call may carry, set explicitly in place of
+// gRPC's 8 KiB default so that credentials and tracing headers fit.
+inline constexpr uint64_t kMaxMetadataBytes = uint64_t{64} << 10;
+
 struct ServiceOptions {
   RequestLimits limits;
   uint64_t max_message_bytes = uint64_t{1} << 30;
@@ -83,6 +87,13 @@ class MhcService final : public v1::Mhc::Service {
   MHC_UNARY(SetParameters, SetParametersRequest, LayerInfo);
   MHC_UNARY(GetGradients, GetGradientsRequest, GetGradientsResponse);
   MHC_UNARY(ZeroGradients, ZeroGradientsRequest, ZeroGradientsResponse);
+  // service_transfer.cc
+  grpc::Status StreamParameters(
+      grpc::ServerContext* context, const v1::GetParametersRequest* request,
+      grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status StreamGradients(
+      grpc::ServerContext* context, const v1::GetGradientsRequest* request,
+      grpc::ServerWriter<v1::TensorChunk>* writer) override;
   MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
   MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
   // service_optimizer.cc
@@ -163,6 +174,16 @@ class MhcService final : public v1::Mhc::Service {
                      const grpc::ServerContext& context,
                      const google::protobuf::Message& request,
                      google::protobuf::Message* response);
+  // The layer's parameters or gradients as TensorChunks.
+  grpc::Status StreamTensors(
+      const grpc::ServerContext& context, absl::string_view rpc,
+      const std::string& layer_name,
+      const google::protobuf::RepeatedPtrField<std::string>& names,
+      uint64_t max_chunk_bytes, bool gradients,
+      grpc::ServerWriter<v1::TensorChunk>* writer);
+  // Data bytes per TensorChunk: each piece fits --max_message_bytes and
+  // the client's `client_max` (0: no wish).
+  uint64_t ChunkBytes(uint64_t client_max) const;
   // The shared-memory view of one request: its session and transport.
   RegionScope Regions(const grpc::ServerContext& context);
   // Region gauges after registrations change.

@@ -168,9 +168,16 @@ std::string Daemon::Stdout() const {
 }
 
 absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
-                                    const std::string& path) {
+                                    const std::string& path,
+                                    absl::Duration timeout) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket");
+  if (timeout != absl::InfiniteDuration()) {
+    // Bounds connect, each write and each read.
+    const timeval limit = absl::ToTimeval(timeout);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -195,7 +202,13 @@ absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
   while ((got = read(fd, buffer, sizeof(buffer))) > 0) {
     response.append(buffer, static_cast<size_t>(got));
   }
+  const int read_error = got < 0 ? errno : 0;
   close(fd);
+  if (read_error == EAGAIN || read_error == EWOULDBLOCK) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("HttpGet ", path, ": no answer within ",
+                     absl::FormatDuration(timeout)));
+  }
   return response;
 }
 

@@ -60,8 +60,11 @@ class Daemon {
 };
 
 // GET http://host:port/path over a plain socket; the whole response.
-absl::StatusOr<std::string> HttpGet(const std::string& host, int port,
-                                    const std::string& path);
+// DEADLINE_EXCEEDED when connecting or any read waits longer than
+// `timeout`.
+absl::StatusOr<std::string> HttpGet(
+    const std::string& host, int port, const std::string& path,
+    absl::Duration timeout = absl::InfiniteDuration());
 
 // Runs a command line, returns (exit code, stdout).
 absl::StatusOr<std::pair<int, std::string>> RunCommand(

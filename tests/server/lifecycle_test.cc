@@ -165,8 +165,7 @@ TEST(ServerLifecycleTest, DrainEndsIdleStreams) {
       << ended;
   MHC_ASSERT_OK_AND_ASSIGN(int code, daemon->Wait(absl::Seconds(40)));
   EXPECT_EQ(code, 0);
-  // Far under the drain timeout; the metrics endpoint alone takes about
-  // two seconds to stop.
+  // Far under the drain timeout (generous for a loaded machine).
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 

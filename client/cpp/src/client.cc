@@ -1,5 +1,6 @@
 #include "mhc/client/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "grpcpp/support/client_interceptor.h"
 #include "mhc/client/compute_method.h"
 #include "mhc/status.h"
+#include "tensor_chunks.h"
 
 namespace mhc::client {
 
@@ -281,6 +283,64 @@ absl::StatusOr<v1::GetGradientsResponse> Client::GetGradients(
   for (const std::string& name : names) r.add_names(name);
   return Call<v1::GetGradientsRequest, v1::GetGradientsResponse>(
       &v1::Mhc::Stub::GetGradients, r);
+}
+
+namespace {
+
+// The largest piece a client with `max_message_bytes` can receive, leaving
+// room for the piece's name and shape.
+uint64_t MaxChunkBytes(int max_message_bytes) {
+  constexpr uint64_t kHeadroom = 64 << 10;
+  const uint64_t limit = static_cast<uint64_t>(std::max(max_message_bytes, 0));
+  return limit > 2 * kHeadroom ? limit - kHeadroom
+                               : std::max<uint64_t>(limit / 2, 4);
+}
+
+// Reads a StreamParameters/StreamGradients answer to its end.
+absl::Status ReadChunks(grpc::ClientReader<v1::TensorChunk>& reader,
+                        TensorChunkAssembler& assembler) {
+  v1::TensorChunk chunk;
+  absl::Status assembled;
+  while (reader.Read(&chunk)) {
+    if (assembled.ok()) assembled = assembler.Add(chunk);
+  }
+  grpc::Status status = reader.Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (!assembled.ok()) return assembled;
+  return assembler.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Parameters> Client::StreamParameters(
+    const std::string& layer, const std::vector<std::string>& names) {
+  v1::GetParametersRequest r;
+  r.set_layer(layer);
+  for (const std::string& name : names) r.add_names(name);
+  r.set_max_chunk_bytes(MaxChunkBytes(options_.max_message_bytes));
+  grpc::ClientContext context;
+  Prepare(context);
+  auto reader = stub_->StreamParameters(&context, r);
+  TensorChunkAssembler assembler;
+  MHC_RETURN_IF_ERROR(ReadChunks(*reader, assembler));
+  return std::move(assembler.parameters());
+}
+
+absl::StatusOr<v1::GetGradientsResponse> Client::StreamGradients(
+    const std::string& layer, const std::vector<std::string>& names) {
+  v1::GetGradientsRequest r;
+  r.set_layer(layer);
+  for (const std::string& name : names) r.add_names(name);
+  r.set_max_chunk_bytes(MaxChunkBytes(options_.max_message_bytes));
+  grpc::ClientContext context;
+  Prepare(context);
+  auto reader = stub_->StreamGradients(&context, r);
+  TensorChunkAssembler assembler;
+  MHC_RETURN_IF_ERROR(ReadChunks(*reader, assembler));
+  v1::GetGradientsResponse response;
+  *response.mutable_gradients() = std::move(assembler.parameters());
+  response.set_gradient_tokens(assembler.gradient_tokens());
+  return response;
 }
 
 absl::StatusOr<v1::ZeroGradientsResponse> Client::ZeroGradients(

@@ -19,7 +19,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple,
 import grpc
 import numpy as np
 
-from . import auth, errors, tensors
+from . import auth, errors, tensors, transfer
 from . import native as native_path
 from ._proto import (checkpoint_pb2, health_pb2, health_pb2_grpc, layer_pb2,
                      optimizer_pb2, service_pb2, service_pb2_grpc, shm_pb2,
@@ -250,6 +250,8 @@ class Client(GroupCalls):
         self._session: Optional[Any] = None  # shm.Session while open
         self._closed = False
         self._max_message_bytes = max_message_bytes
+        # The daemon's --max_message_bytes, asked once when first needed.
+        self._daemon_message_limit: Optional[int] = None
         self._native_mode = native_path.mode(native)
         # The native connection; False once decided against, None undecided.
         self._native: Any = None
@@ -319,17 +321,20 @@ class Client(GroupCalls):
 
     def _call(self, rpc: str, request: Any, *, timeout: Optional[float] = None,
               retry: bool = False, stub: Any = None,
-              metadata: Sequence[Tuple[str, str]] = ()) -> Any:
+              metadata: Sequence[Tuple[str, str]] = (),
+              consume: Optional[Callable[[Any], Any]] = None) -> Any:
         """Calls `rpc`; `metadata` goes out next to the session id (e.g. the
-        stream-order events of :mod:`mhc_client.cuda_events`)."""
+        stream-order events of :mod:`mhc_client.cuda_events`). `consume`
+        reads a streamed answer (its errors count as the call's)."""
         method: Callable[..., Any] = getattr(stub or self._stub, rpc)
         attempts = self.retries if retry else 1
         delay = 0.05
         for attempt in range(attempts):
             try:
-                return method(request,
-                              timeout=self.timeout if timeout is None else timeout,
-                              metadata=self._metadata(metadata))
+                answer = method(request,
+                                timeout=self.timeout if timeout is None else timeout,
+                                metadata=self._metadata(metadata))
+                return consume(answer) if consume is not None else answer
             except grpc.RpcError as error:
                 code = error.code() if hasattr(error, "code") else None
                 if code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < attempts:
@@ -419,11 +424,16 @@ class Client(GroupCalls):
 
     def get_parameters(self, layer: str,
                        names: Sequence[str] = ()) -> Dict[str, np.ndarray]:
-        """The layer's fp32 parameters by name (all of them by default)."""
-        response = self._call(
-            "GetParameters",
-            layer_pb2.GetParametersRequest(layer=layer, names=list(names)),
-            retry=True)
+        """The layer's fp32 parameters by name (all of them by default).
+
+        A layer too large for one message (this client's or the daemon's
+        ``max_message_bytes``) is read in pieces (``StreamParameters``).
+        """
+        request = layer_pb2.GetParametersRequest(layer=layer, names=list(names))
+        if self._too_large_for_one_message(layer):
+            request.max_chunk_bytes = self._max_chunk_bytes()
+            return self._stream_tensors("StreamParameters", request)[0]
+        response = self._call("GetParameters", request, retry=True)
         return {k: tensors.from_tensor_ref(v) for k, v in response.tensors.items()}
 
     def set_parameters(self, layer: str,
@@ -434,15 +444,42 @@ class Client(GroupCalls):
         return LayerInfo.from_proto(self._call("SetParameters", request))
 
     def get_gradients(self, layer: str, names: Sequence[str] = ()) -> Gradients:
-        """Accumulated parameter gradients; ``.tokens`` says over how many."""
-        response = self._call(
-            "GetGradients",
-            layer_pb2.GetGradientsRequest(layer=layer, names=list(names)),
-            retry=True)
+        """Accumulated parameter gradients; ``.tokens`` says over how many.
+
+        Large layers are read in pieces, as in :meth:`get_parameters`.
+        """
+        request = layer_pb2.GetGradientsRequest(layer=layer, names=list(names))
+        if self._too_large_for_one_message(layer):
+            request.max_chunk_bytes = self._max_chunk_bytes()
+            gradients, tokens = self._stream_tensors("StreamGradients", request)
+            out = Gradients(gradients)
+            out.tokens = tokens
+            return out
+        response = self._call("GetGradients", request, retry=True)
         out = Gradients({k: tensors.from_tensor_ref(v)
                          for k, v in response.gradients.tensors.items()})
         out.tokens = response.gradient_tokens
         return out
+
+    def _message_limit(self) -> int:
+        """The smaller of this client's and the daemon's message limits."""
+        if self._daemon_message_limit is None:
+            limit = self.server_info().limits.get("max_message_bytes", 0)
+            self._daemon_message_limit = limit or self._max_message_bytes
+        return min(self._max_message_bytes, self._daemon_message_limit)
+
+    def _too_large_for_one_message(self, layer: str) -> bool:
+        data = self.get_layer(layer).parameter_count * 4
+        return data + transfer.MESSAGE_HEADROOM > self._message_limit()
+
+    def _max_chunk_bytes(self) -> int:
+        """The largest piece this client can receive."""
+        return transfer.max_chunk_bytes(self._max_message_bytes)
+
+    def _stream_tensors(self, rpc: str, request: Any
+                        ) -> Tuple[Dict[str, np.ndarray], int]:
+        """A StreamParameters/StreamGradients answer, put back together."""
+        return self._call(rpc, request, retry=True, consume=transfer.assemble)
 
     def zero_gradients(self, layer: str) -> None:
         self._call("ZeroGradients", layer_pb2.ZeroGradientsRequest(layer=layer))

@@ -66,6 +66,16 @@ class MhcStub(object):
                 request_serializer=mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.SerializeToString,
                 response_deserializer=mhc_dot_v1_dot_layer__pb2.GetGradientsResponse.FromString,
                 )
+        self.StreamParameters = channel.unary_stream(
+                '/mhc.v1.Mhc/StreamParameters',
+                request_serializer=mhc_dot_v1_dot_layer__pb2.GetParametersRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_layer__pb2.TensorChunk.FromString,
+                )
+        self.StreamGradients = channel.unary_stream(
+                '/mhc.v1.Mhc/StreamGradients',
+                request_serializer=mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_layer__pb2.TensorChunk.FromString,
+                )
         self.ZeroGradients = channel.unary_unary(
                 '/mhc.v1.Mhc/ZeroGradients',
                 request_serializer=mhc_dot_v1_dot_layer__pb2.ZeroGradientsRequest.SerializeToString,
@@ -319,6 +329,21 @@ class MhcServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetGradients(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamParameters(self, request, context):
+        """GetParameters and GetGradients in pieces that each fit a message, for
+        layers larger than --max_message_bytes: one snapshot of the layer, sent
+        tensor by tensor (see TensorChunk).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamGradients(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -622,6 +647,16 @@ def add_MhcServicer_to_server(servicer, server):
                     servicer.GetGradients,
                     request_deserializer=mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.FromString,
                     response_serializer=mhc_dot_v1_dot_layer__pb2.GetGradientsResponse.SerializeToString,
+            ),
+            'StreamParameters': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamParameters,
+                    request_deserializer=mhc_dot_v1_dot_layer__pb2.GetParametersRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_layer__pb2.TensorChunk.SerializeToString,
+            ),
+            'StreamGradients': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamGradients,
+                    request_deserializer=mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_layer__pb2.TensorChunk.SerializeToString,
             ),
             'ZeroGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.ZeroGradients,
@@ -978,6 +1013,40 @@ class Mhc(object):
         return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/GetGradients',
             mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.SerializeToString,
             mhc_dot_v1_dot_layer__pb2.GetGradientsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/mhc.v1.Mhc/StreamParameters',
+            mhc_dot_v1_dot_layer__pb2.GetParametersRequest.SerializeToString,
+            mhc_dot_v1_dot_layer__pb2.TensorChunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamGradients(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/mhc.v1.Mhc/StreamGradients',
+            mhc_dot_v1_dot_layer__pb2.GetGradientsRequest.SerializeToString,
+            mhc_dot_v1_dot_layer__pb2.TensorChunk.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -113,6 +113,13 @@ class Client {
       const v1::SetParametersRequest& r);
   absl::StatusOr<v1::GetGradientsResponse> GetGradients(
       const std::string& layer, const std::vector<std::string>& names = {});
+  // GetParameters and GetGradients for layers larger than the message
+  // limit (theirs or the daemon's --max_message_bytes): the same answer,
+  // assembled from the pieces of StreamParameters/StreamGradients.
+  absl::StatusOr<v1::Parameters> StreamParameters(
+      const std::string& layer, const std::vector<std::string>& names = {});
+  absl::StatusOr<v1::GetGradientsResponse> StreamGradients(
+      const std::string& layer, const std::vector<std::string>& names = {});
   absl::StatusOr<v1::ZeroGradientsResponse> ZeroGradients(
       const std::string& layer);
   absl::StatusOr<v1::LayerInfo> ConvertLayout(const std::string& layer,
