@@ -19,10 +19,10 @@ __path__ = extend_path(__path__, __name__)  # type: ignore[name-defined]
 
 from . import errors, tensors  # noqa: E402
 from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402
-                     CheckpointInfo, Client, Device, Gradients, HeadResult,
-                     OptimizerStepResult, PostBackwardResult, PreResult,
-                     ProjectionResult, ScaleBackwardResult, ScaleResult,
-                     ServerInfo, normalize_address)
+                     Client, Device, Gradients, HeadResult, PostBackwardResult,
+                     PreResult, ProjectionResult, ScaleBackwardResult,
+                     ScaleResult, ServerInfo, normalize_address)
+from .training import CheckpointInfo, OptimizerStepResult  # noqa: E402
 from .groups import CollectiveResult, GroupInfo  # noqa: E402
 from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: E402
                      Internal, InvalidArgument, MhcError, NotFound,
