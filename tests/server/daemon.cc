@@ -232,4 +232,34 @@ absl::StatusOr<std::pair<int, std::string>> RunCommand(
   return std::make_pair(code, out);
 }
 
+absl::StatusOr<HoldingPeer> StartHoldingPeer(const std::string& peer_binary,
+                                             const std::string& address) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    execl(peer_binary.c_str(), peer_binary.c_str(), "hold", address.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  close(out[0]);
+  std::vector<std::string> words = absl::StrSplit(line, ' ');
+  if (pid < 0 || words.size() != 3 || words[0] != "held") {
+    close(in[1]);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat(
+        peer_binary, " hold: expected 'held SESSION KEY', got '", line, "'"));
+  }
+  return HoldingPeer{pid, in[1], words[1], words[2]};
+}
+
 }  // namespace mhc::testing

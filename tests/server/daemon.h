@@ -70,6 +70,19 @@ absl::StatusOr<std::string> HttpGet(
 absl::StatusOr<std::pair<int, std::string>> RunCommand(
     const std::vector<std::string>& argv);
 
+// A client process (shm_peer `hold`) that opened a session and registered a
+// region in it, then waits: it exits when `stdin_fd` is closed.
+struct HoldingPeer {
+  pid_t pid = -1;
+  int stdin_fd = -1;
+  std::string session_id;
+  std::string shm_key;  // the region's object, without the leading '/'
+};
+
+// Starts `peer_binary hold ADDRESS` and reads its "held SESSION KEY" line.
+absl::StatusOr<HoldingPeer> StartHoldingPeer(const std::string& peer_binary,
+                                             const std::string& address);
+
 }  // namespace mhc::testing
 
 #endif  // MHC_TESTS_SERVER_DAEMON_H_

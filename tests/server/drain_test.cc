@@ -174,34 +174,16 @@ void DrainUnderLoad(absl::Duration drain_timeout, int64_t tokens) {
 TEST(DrainTest, SessionOfAClientThatNeverReadsDoesNotHoldTheExit) {
   MHC_ASSERT_OK_AND_ASSIGN(
       auto daemon, Daemon::Start({"--drain_timeout=30s", "--allow_shm"}));
-  int in[2], out[2];
-  ASSERT_EQ(pipe2(in, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  pid_t peer = fork();
-  if (peer == 0) {
-    dup2(in[0], STDIN_FILENO);
-    dup2(out[1], STDOUT_FILENO);
-    execl(MHC_SHM_PEER_PATH, MHC_SHM_PEER_PATH, "hold",
-          daemon->address().c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  std::string line;
-  char c;
-  while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-  close(out[0]);
-  std::vector<std::string> words = absl::StrSplit(line, ' ');
-  ASSERT_EQ(words.size(), 3u) << line;
-  ASSERT_EQ(words[0], "held") << line;
+  MHC_ASSERT_OK_AND_ASSIGN(
+      HoldingPeer peer, StartHoldingPeer(MHC_SHM_PEER_PATH, daemon->address()));
 
   const absl::Time signalled = absl::Now();
   daemon->Signal(SIGTERM);
   absl::StatusOr<int> code = daemon->Wait(absl::Seconds(60));
   const absl::Duration exit_time = absl::Now() - signalled;
-  close(in[1]);  // the peer exits once its stdin closes
-  waitpid(peer, nullptr, 0);
-  shm_unlink(absl::StrCat("/", words[2]).c_str());
+  close(peer.stdin_fd);  // the peer exits once its stdin closes
+  waitpid(peer.pid, nullptr, 0);
+  shm_unlink(absl::StrCat("/", peer.shm_key).c_str());
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   std::cout << "exit " << absl::FormatDuration(exit_time)

@@ -138,26 +138,9 @@ TEST_F(ShmTest, MhcctlRunWithShmPassesItsChecks) {
 // A client process dies holding a session: its region is released, and its
 // session id no longer works.
 TEST_F(ShmTest, SessionEndReleasesItsRegions) {
-  int in[2], out[2];
-  ASSERT_EQ(pipe2(in, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(in[0], STDIN_FILENO);
-    dup2(out[1], STDOUT_FILENO);
-    execl(MHC_SHM_PEER_PATH, MHC_SHM_PEER_PATH, "hold",
-          daemon_->address().c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  std::string line;
-  char c;
-  while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-  close(out[0]);
-  std::vector<std::string> words = absl::StrSplit(line, ' ');
-  ASSERT_EQ(words.size(), 3u) << line;
-  ASSERT_EQ(words[0], "held") << line;
+  MHC_ASSERT_OK_AND_ASSIGN(
+      HoldingPeer peer,
+      StartHoldingPeer(MHC_SHM_PEER_PATH, daemon_->address()));
   EXPECT_EQ(UsageOf(daemon_->pid()).maps, 1);
 
   // Another session cannot see or touch it, and a stolen id is refused
@@ -166,17 +149,17 @@ TEST_F(ShmTest, SessionEndReleasesItsRegions) {
   EXPECT_EQ(client_->UnregisterSharedMemory("held").status().code(),
             Code::kPermissionDenied);
 
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  close(in[1]);
+  kill(peer.pid, SIGKILL);
+  waitpid(peer.pid, nullptr, 0);
+  close(peer.stdin_fd);
   absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (UsageOf(daemon_->pid()).maps != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(ToString(UsageOf(daemon_->pid())), ToString(ShmUsage{}));
   // The object itself belonged to the dead process; remove it here.
-  shm_unlink(absl::StrCat("/", words[2]).c_str());
-  client_->set_session_id(words[1]);
+  shm_unlink(absl::StrCat("/", peer.shm_key).c_str());
+  client_->set_session_id(peer.session_id);
   EXPECT_EQ(client_->SharedMemoryStatus().status().code(), Code::kNotFound);
   EXPECT_EQ(client_->UnregisterSharedMemory("held").status().code(),
             Code::kNotFound);
