@@ -3,7 +3,8 @@ tiny Aggregate whose tensors are in a shared-memory region (so only the
 request travels). Rows: the generated stub as a unary RPC and as messages
 of one persistent ExecuteStream sent in lockstep, beside a unary
 GetServerInfo; then `Client.compute_in_place` (what the torch layer calls)
-by the pure-Python path and by the native extension (mhc_client._native);
+by the pure-Python path and by the native extension (mhc_client._native)
+over gRPC and through the session's call ring;
 then a whole call of the torch layer's transport on host tensors (arena
 path: copies in and out included) by each path. Medians over --calls calls
 after a warm-up, in microseconds. Compare with the C++ client's round trip
@@ -17,6 +18,7 @@ skipped, with the reason, when the extension does not load.
 """
 
 import argparse
+import os
 import queue
 import statistics
 import time
@@ -133,12 +135,14 @@ def main():
         except BaseException:
             client.delete_layer(layer)
             raise
-    paths = [("pure Python", False)]
+    paths = [("pure Python", False, "off")]
     reason = native.unavailable_reason()
     if reason is None:
-        paths.append(("native", True))
+        paths += [("native, gRPC", True, "off"),
+                  ("native, call ring", True, "on")]
     try:
-        for label, use_native in paths:
+        for label, use_native, ring in paths:
+            os.environ[native.CALL_RING_ENV] = ring
             with Client(args.address, native=use_native) as client:
                 rows.append((f"Aggregate on shm, compute_in_place, {label}",
                              in_place_row(client, layer, args.calls)))
@@ -147,6 +151,8 @@ def main():
                                  transport_row(client, layer, args.calls)))
                 except ImportError:
                     pass  # no torch
+                if ring == "on" and not client.native.stats()["ring_calls"]:
+                    raise SystemExit("the call ring was not used")
     finally:
         with Client(args.address) as client:
             client.delete_layer(layer)

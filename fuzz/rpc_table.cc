@@ -89,6 +89,7 @@ std::map<std::string, Rpc> UnaryRpcs() {
       MHC_FUZZ_RPC(UnregisterSharedMemory),
       MHC_FUZZ_RPC(SharedMemoryStatus),
       MHC_FUZZ_RPC(RegisterCudaEvents),
+      MHC_FUZZ_RPC(OpenCallRing),
       MHC_FUZZ_RPC(CreateGroup),
       MHC_FUZZ_RPC(JoinGroup),
       MHC_FUZZ_RPC(GetGroup),

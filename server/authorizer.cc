@@ -42,9 +42,13 @@ absl::StatusOr<std::optional<absl::string_view>> BearerToken(
 
 absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
                                    absl::string_view rpc) const {
-  if (policy_ == nullptr) return absl::OkStatus();
-  const std::string method = absl::StrCat(kMhcServicePrefix, rpc);
-  MHC_ASSIGN_OR_RETURN(Role needed, RequiredRole(method));
+  MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller, Identify(context, rpc));
+  return Check(caller, rpc);
+}
+
+absl::StatusOr<std::optional<Caller>> Authorizer::Identify(
+    const grpc::ServerContext& context, absl::string_view rpc) const {
+  if (policy_ == nullptr) return std::optional<Caller>();
   absl::StatusOr<std::optional<absl::string_view>> bearer =
       BearerToken(context);
   if (!bearer.ok()) {
@@ -56,10 +60,19 @@ absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
     return absl::UnauthenticatedError(
         absl::StrCat(rpc, ": ", caller.status().message()));
   }
-  if (caller->role < needed) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(rpc, " needs the ", RoleName(needed), " role; ",
-                     caller->name, " has ", RoleName(caller->role)));
+  return std::optional<Caller>(*std::move(caller));
+}
+
+absl::Status Authorizer::Check(const std::optional<Caller>& caller,
+                               absl::string_view rpc) const {
+  if (policy_ == nullptr) return absl::OkStatus();
+  const std::string method = absl::StrCat(kMhcServicePrefix, rpc);
+  MHC_ASSIGN_OR_RETURN(Role needed, RequiredRole(method));
+  if (!caller.has_value() || caller->role < needed) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, " needs the ", RoleName(needed), " role; ",
+        caller.has_value() ? caller->name : std::string("the caller"), " has ",
+        RoleName(caller.has_value() ? caller->role : Role::kNone)));
   }
   return absl::OkStatus();
 }

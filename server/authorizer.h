@@ -35,6 +35,14 @@ class Authorizer {
   absl::Status Authorize(const grpc::ServerContext& context,
                          absl::string_view rpc) const;
 
+  // Authorize in two steps, for calls that arrive outside gRPC on behalf of
+  // a caller identified once (the call ring): who is calling (nullopt when
+  // authentication is off), then whether that caller may call `rpc`.
+  absl::StatusOr<std::optional<Caller>> Identify(
+      const grpc::ServerContext& context, absl::string_view rpc) const;
+  absl::Status Check(const std::optional<Caller>& caller,
+                     absl::string_view rpc) const;
+
  private:
   const std::unique_ptr<AuthPolicy> policy_;
   const ConnectionPeers* const peers_;

@@ -278,6 +278,12 @@ Metrics::Metrics(const BuildInfo& build)
                            "limit); those regions use slower pageable copies.")
                        .Register(*registry_)
                        .Add({});
+  call_rings_ = &prometheus::BuildGauge()
+                     .Name("mhcd_call_rings")
+                     .Help("Open call rings: sessions whose compute calls come "
+                           "through shared memory instead of gRPC messages.")
+                     .Register(*registry_)
+                     .Add({});
   ipc_mappings_ =
       &prometheus::BuildGauge()
            .Name("mhcd_cuda_ipc_mappings")

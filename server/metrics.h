@@ -104,6 +104,8 @@ class Metrics {
   // Client device memory mapped by CUDA IPC: distinct allocations (regions
   // over one allocation share its mapping) and their bytes.
   void SetCudaIpcMappings(double mappings, double bytes);
+  // Sessions whose compute calls come through a call ring.
+  void SetCallRings(double rings) { call_rings_->Set(rings); }
   // A request's thread waited for the device (`reason`: "request" for a
   // request answered after its work finished).
   void RecordHostSync(absl::string_view device, absl::string_view reason,
@@ -163,6 +165,7 @@ class Metrics {
   prometheus::Counter* pin_failures_;
   prometheus::Gauge* ipc_mappings_;
   prometheus::Gauge* ipc_mapped_bytes_;
+  prometheus::Gauge* call_rings_;
   prometheus::Family<prometheus::Counter>* host_syncs_;
   prometheus::Family<prometheus::Histogram>* group_seconds_;
   prometheus::Family<prometheus::Counter>* group_bytes_;

@@ -49,6 +49,7 @@ constexpr std::pair<const char*, Role> kRoles[] = {
     {"RegisterCudaSharedMemory", Role::kCompute},
     {"UnregisterSharedMemory", Role::kCompute},
     {"RegisterCudaEvents", Role::kCompute},
+    {"OpenCallRing", Role::kCompute},
     {"MapLayerMemory", Role::kCompute},
 
     {"CreateLayer", Role::kAdmin},

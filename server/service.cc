@@ -44,7 +44,14 @@ grpc::Status MhcService::Handle(const grpc::ServerContext& context,
                                 absl::string_view rpc, bool admit,
                                 absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
-  absl::Status status = authorizer_->Authorize(context, rpc);
+  return ToGrpcStatus(
+      Serve(rpc, admit, authorizer_->Authorize(context, rpc), start, body));
+}
+
+absl::Status MhcService::Serve(absl::string_view rpc, bool admit,
+                               absl::Status authorized, absl::Time start,
+                               absl::FunctionRef<absl::Status()> body) {
+  absl::Status status = std::move(authorized);
   if (status.ok()) {
     absl::StatusOr<Admission::Ticket> ticket = Admission::Ticket(nullptr);
     if (admit) ticket = admission_->TryEnter();
@@ -66,10 +73,9 @@ grpc::Status MhcService::Handle(const grpc::ServerContext& context,
       metrics_->AddInflight(-1);
     }
   }
-  grpc::Status result = ToGrpcStatus(status);
-  metrics_->RecordRequest(rpc, result.error_code(),
+  metrics_->RecordRequest(rpc, static_cast<grpc::StatusCode>(status.code()),
                           absl::ToDoubleSeconds(absl::Now() - start));
-  return result;
+  return status;
 }
 
 void MhcService::UpdateLayerMetrics() {

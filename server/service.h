@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/functional/function_ref.h"
@@ -13,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "mhc/v1/service.grpc.pb.h"
 #include "server/authorizer.h"
+#include "server/call_ring.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
 #include "server/groups.h"
@@ -62,6 +64,16 @@ class OpenStreams {
   // Each open stream and whether it waits for a batch.
   std::map<grpc::ServerContext*, bool> idle_ ABSL_GUARDED_BY(mu_);
 };
+
+// A compute RPC by name: Execute (no kind) or a single op.
+struct ComputeRpc {
+  absl::string_view name;
+  std::optional<OpKind> kind;
+  const google::protobuf::Message* request;   // default instances
+  const google::protobuf::Message* response;
+};
+// nullptr when `name` is no compute RPC (service_ops.cc).
+const ComputeRpc* FindComputeRpc(absl::string_view name);
 
 #define MHC_UNARY(Rpc, Req, Resp)                                        \
   grpc::Status Rpc(grpc::ServerContext* context, const v1::Req* request, \
@@ -134,7 +146,10 @@ class MhcService final : public v1::Mhc::Service {
 
   // Ends the open ExecuteStream calls for a drain: idle ones now, busy ones
   // after their batch. New streams end at once.
-  void EndStreams() { streams_.EndAll(); }
+  void EndStreams() {
+    streams_.EndAll();
+    call_rings_.CloseAll();
+  }
 
   // Layer count and parameter/gradient/optimizer memory after layers or
   // their optimizer state came or went (also after --restore).
@@ -155,6 +170,8 @@ class MhcService final : public v1::Mhc::Service {
             SharedMemoryStatusResponse);
   MHC_UNARY(RegisterCudaEvents, RegisterCudaEventsRequest,
             RegisterCudaEventsResponse);
+  // service_call_ring.cc
+  MHC_UNARY(OpenCallRing, OpenCallRingRequest, OpenCallRingResponse);
 
   // Data-parallel groups (service_groups.cc).
   MHC_UNARY(CreateGroup, CreateGroupRequest, GroupInfo);
@@ -170,6 +187,13 @@ class MhcService final : public v1::Mhc::Service {
   // mapping, metrics.
   grpc::Status Handle(const grpc::ServerContext& context, absl::string_view rpc,
                       bool admit, absl::FunctionRef<absl::Status()> body);
+  // Handle's work after authorization, for calls from gRPC or a call ring.
+  absl::Status Serve(absl::string_view rpc, bool admit, absl::Status authorized,
+                     absl::Time start, absl::FunctionRef<absl::Status()> body);
+  // One call taken from a session's call ring (service_call_ring.cc).
+  absl::Status RingCall(const std::string& session_id,
+                        const std::optional<Caller>& caller,
+                        const RingCallRequest& call, std::string* response);
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
                      const grpc::ServerContext& context,
                      const google::protobuf::Message& request,
@@ -201,6 +225,7 @@ class MhcService final : public v1::Mhc::Service {
   OpRunner runner_;
   OptimizerRunner optimizer_;
   OpenStreams streams_;
+  CallRings call_rings_;
 };
 
 #undef MHC_UNARY

@@ -76,7 +76,11 @@ grpc::Status MhcService::OpenSession(
     while (stream->Read(&ignored)) {
     }
   }
+  // Regions first: a ring opened concurrently sees the session gone (see
+  // OpenCallRing).
   shm_->CloseSession(id);
+  call_rings_.Close(id);
+  metrics_->SetCallRings(call_rings_.size());
   PublishSharedMemory();
   return grpc::Status::OK;
 }
@@ -157,6 +161,46 @@ grpc::Status MhcService::MapLayerMemory(
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
                          store_->Find(request->layer(), "layer"));
     return store_->Export(*layer, response);
+  });
+}
+
+grpc::Status MhcService::OpenCallRing(
+    grpc::ServerContext* context, const v1::OpenCallRingRequest* request,
+    v1::OpenCallRingResponse* response) {
+  return Handle(*context, "OpenCallRing", false, [&]() -> absl::Status {
+    MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+    if (admission_->draining()) {
+      return absl::UnavailableError("OpenCallRing: the daemon is draining");
+    }
+    const std::string session = SessionId(*context);
+    if (session.empty()) {
+      return absl::FailedPreconditionError(
+          "OpenCallRing: a ring belongs to a session; send its id "
+          "(mhc-session-id)");
+    }
+    // Ring calls act for the caller that opened the ring.
+    MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller,
+                         authorizer_->Identify(*context, "OpenCallRing"));
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                         shm_->Find(session, request->region(), "region"));
+    MHC_ASSIGN_OR_RETURN(
+        std::unique_ptr<CallRing> ring,
+        CallRing::Start(
+            std::move(region),
+            [this, session, caller](const RingCallRequest& call,
+                                    std::string* answer) {
+              return RingCall(session, caller, call, answer);
+            },
+            shm_->options().call_ring_spin));
+    response->set_area_bytes(ring->area_bytes());
+    MHC_RETURN_IF_ERROR(call_rings_.Add(session, std::move(ring)));
+    // The session may have ended since Find; its close found no ring.
+    if (!shm_->HasSession(session)) {
+      call_rings_.Close(session);
+      return absl::NotFoundError("OpenCallRing: the session ended");
+    }
+    metrics_->SetCallRings(call_rings_.size());
+    return absl::OkStatus();
   });
 }
 

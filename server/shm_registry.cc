@@ -197,6 +197,11 @@ void ShmRegistry::CancelAllSessions() {
   }
 }
 
+bool ShmRegistry::HasSession(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.count(id) > 0;
+}
+
 int ShmRegistry::session_count() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(sessions_.size());

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mhc/backend.h"
 #include "mhc/v1/shm.pb.h"
 #include "mhc/v1/tensor.pb.h"
@@ -55,6 +56,9 @@ struct ShmOptions {
   // Refuse system regions of callers whose user is unknown (not on a unix
   // socket); set when authentication is on.
   bool require_peer_credentials = false;
+  // How long a call ring's thread polls for the next request before it
+  // sleeps (--shm_call_ring_spin_us).
+  absl::Duration call_ring_spin = absl::Microseconds(50);
 };
 
 // Opens other processes' CUDA allocations. Only a daemon serving a CUDA
@@ -158,6 +162,12 @@ class Region {
   bool Shrunk() const;
   // SYSTEM: the mapping is page-locked for device copies.
   bool pinned() const { return pinner_ != nullptr; }
+  // The first registered byte in this process (host or device memory).
+  char* data() const { return data_; }
+  // SYSTEM: the object's open descriptor (-1 for CUDA).
+  int descriptor() const { return fd_; }
+  // Gives back the hold ShmRegistry::Find took.
+  void Release() { uses_.fetch_sub(1); }
   // Host memory the page lock holds (the whole mapping), 0 when unpinned.
   uint64_t pinned_bytes() const { return pinned() ? map_bytes_ : 0; }
 
@@ -298,6 +308,7 @@ class ShmRegistry {
                                                absl::string_view field);
 
   int session_count() const;
+  bool HasSession(const std::string& id) const;
   // Regions and registered bytes of `kind` across all sessions.
   std::pair<int, uint64_t> Totals(v1::SharedMemoryKind kind) const;
   // Registered regions that are page-locked, and the host bytes locked.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "mhc/client/call_ring.h"
 #include "mhc/client/client.h"
 #include "mhc/client/shm.h"
 #include "mhc/client/tensor.h"
@@ -172,18 +173,55 @@ int Hold(Client& client) {
   return 0;
 }
 
+// Opens a session and a call ring, then runs Pre on layer `layer` through
+// the ring until killed; prints "ringing SESSION" after the first call.
+int Ring(Client& client, const std::string& layer, int64_t n, int64_t c) {
+  auto session = mhc::client::Session::Open(client);
+  if (!session.ok()) return Fail("OpenSession", session.status());
+  auto ring = mhc::client::CallRing::Open(client);
+  if (!ring.ok()) return Fail("OpenCallRing", ring.status());
+  client.set_call_ring(*ring);
+  constexpr int64_t m = 64;
+  const uint64_t bytes = static_cast<uint64_t>(m * n * c) * sizeof(float);
+  auto object = SharedMemoryObject::Create(
+      mhc::client::UniqueShmKey("mhcd_peer_", "ring_x"), bytes);
+  if (!object.ok()) return Fail("create object", object.status());
+  absl::Status registered =
+      client.RegisterSystemSharedMemory("x", (*object)->key(), 0, bytes);
+  if (!registered.ok()) return Fail("register", registered);
+  mhc::v1::PreRequest pre;
+  pre.set_layer(layer);
+  *pre.mutable_x() =
+      mhc::client::ShmTensorRef(mhc::DType::kF32, {m, n, c}, "x", 0);
+  for (uint64_t call = 0;; ++call) {
+    auto answer = client.Pre(pre);
+    if (!answer.ok()) return Fail("Pre", answer.status());
+    if (call == 0) {
+      if ((*ring)->calls() != 1) {
+        std::cout << "FAIL the call did not go through the ring" << std::endl;
+        return 1;
+      }
+      std::cout << "ringing " << (*session)->id() << std::endl;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 2) {
-    std::cerr << "usage: shm_peer equal|hold ADDRESS ..." << std::endl;
+    std::cerr << "usage: shm_peer equal|hold|ring ADDRESS ..." << std::endl;
     return 2;
   }
   auto client = Client::Connect(args[1]);
   if (!client.ok()) return Fail("connect", client.status());
   if (args[0] == "hold") return Hold(**client);
   int64_t n = 0, c = 0, m = 0;
+  if (args[0] == "ring" && args.size() == 5 && absl::SimpleAtoi(args[3], &n) &&
+      absl::SimpleAtoi(args[4], &c)) {
+    return Ring(**client, args[2], n, c);
+  }
   if (args[0] != "equal" || args.size() != 6 ||
       !absl::SimpleAtoi(args[3], &n) || !absl::SimpleAtoi(args[4], &c) ||
       !absl::SimpleAtoi(args[5], &m)) {

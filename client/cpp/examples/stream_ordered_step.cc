@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "mhc/client/call_ring.h"
 #include "mhc/client/client.h"
 #include "mhc/client/shm.h"
 #include "mhc/status.h"
@@ -35,6 +36,9 @@ ABSL_FLAG(int64_t, hidden, 4096, "C, the width of one stream");
 ABSL_FLAG(int, n, 4, "streams");
 ABSL_FLAG(int, steps, 20, "timed training steps");
 ABSL_FLAG(int, warmup, 3, "steps before the timed ones");
+ABSL_FLAG(bool, call_ring, true,
+          "send the compute calls through the session's call ring "
+          "(mhc/client/call_ring.h) instead of gRPC messages");
 
 namespace {
 
@@ -181,6 +185,11 @@ absl::Status Run() {
   // Each call: record `ready` after this stream's work, name it and the
   // daemon's event, then make this stream wait for the daemon's work.
   client->set_stream_order({/*wait_event=*/0, /*signal_event=*/0});
+  if (absl::GetFlag(FLAGS_call_ring)) {
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<mhc::client::CallRing> ring,
+                         mhc::client::CallRing::Open(*client));
+    client->set_call_ring(std::move(ring));
+  }
   auto ordered = [&](auto&& call) -> absl::Status {
     MHC_RETURN_IF_ERROR(Cuda(cudaEventRecord(ready, stream), "record"));
     MHC_RETURN_IF_ERROR(call());

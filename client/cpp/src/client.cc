@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "mhc/client/call_ring.h"
 #include "mhc/client/compute_method.h"
 #include "mhc/status.h"
 #include "tensor_chunks.h"
@@ -193,10 +194,31 @@ void Client::Prepare(grpc::ClientContext& context,
   }
 }
 
+bool Client::TryCallRing(absl::string_view method,
+                         const google::protobuf::Message& request,
+                         google::protobuf::Message& response,
+                         const CallOptions& options,
+                         absl::Status* status) const {
+  const std::shared_ptr<CallRing> ring = std::atomic_load(&call_ring_);
+  if (ring == nullptr ||
+      options.session_id.value_or(session_id_) != ring->session_id() ||
+      !ring->usable()) {
+    return false;
+  }
+  bool sent = false;
+  *status = ring->Call(method, request, response, options.stream_order,
+                       options.timeout.value_or(options_.timeout), &sent);
+  return sent;
+}
+
 absl::Status Client::Compute(const ComputeMethod& method,
                              const google::protobuf::Message& request,
                              google::protobuf::Message& response,
                              const CallOptions& options) const {
+  absl::Status status;
+  if (TryCallRing(method.name(), request, response, options, &status)) {
+    return status;
+  }
   grpc::ClientContext context;
   Prepare(context, options);
   return method.Invoke(*stub_, context, request, response);
@@ -377,10 +399,19 @@ absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints() {
       &v1::Mhc::Stub::ListCheckpoints, v1::ListCheckpointsRequest());
 }
 
-// The compute RPCs are all unary with the same shape of call.
-#define MHC_CLIENT_UNARY(Name, Request, Response)                    \
-  absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {  \
-    return Call<v1::Request, v1::Response>(&v1::Mhc::Stub::Name, r); \
+// The compute RPCs are all unary with the same shape of call, through the
+// call ring when one is open.
+#define MHC_CLIENT_UNARY(Name, Request, Response)                          \
+  absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {        \
+    v1::Response response;                                                 \
+    absl::Status status;                                                   \
+    if (TryCallRing(#Name, r, response,                                    \
+                    CallOptions{stream_order_, std::nullopt, std::nullopt}, \
+                    &status)) {                                            \
+      if (!status.ok()) return status;                                     \
+      return response;                                                     \
+    }                                                                      \
+    return Call<v1::Request, v1::Response>(&v1::Mhc::Stub::Name, r);       \
   }
 
 MHC_CLIENT_UNARY(Projection, ProjectionRequest, ProjectionResponse)
@@ -406,9 +437,14 @@ MHC_CLIENT_UNARY(ExpandBackward, ExpandBackwardRequest, ExpandBackwardResponse)
 MHC_CLIENT_UNARY(Head, HeadRequest, HeadResponse)
 MHC_CLIENT_UNARY(HeadBackward, HeadBackwardRequest, HeadBackwardResponse)
 MHC_CLIENT_UNARY(Execute, ExecuteRequest, ExecuteResponse)
-MHC_CLIENT_UNARY(OptimizerStep, OptimizerStepRequest, OptimizerStepResponse)
 
 #undef MHC_CLIENT_UNARY
+
+absl::StatusOr<v1::OptimizerStepResponse> Client::OptimizerStep(
+    const v1::OptimizerStepRequest& r) {
+  return Call<v1::OptimizerStepRequest, v1::OptimizerStepResponse>(
+      &v1::Mhc::Stub::OptimizerStep, r);
+}
 
 absl::StatusOr<std::vector<v1::ExecuteResponse>> Client::ExecuteStream(
     const std::vector<v1::ExecuteRequest>& batches) {
@@ -487,6 +523,14 @@ absl::StatusOr<std::vector<std::string>> Client::RegisterCudaEvents(
           &v1::Mhc::Stub::RegisterCudaEvents, r)));
   return std::vector<std::string>(response.raw_handles().begin(),
                                   response.raw_handles().end());
+}
+
+absl::Status Client::OpenCallRing(const std::string& region) {
+  v1::OpenCallRingRequest r;
+  r.set_region(region);
+  return Call<v1::OpenCallRingRequest, v1::OpenCallRingResponse>(
+             &v1::Mhc::Stub::OpenCallRing, r)
+      .status();
 }
 
 absl::StatusOr<v1::LayerMemory> Client::MapLayerMemory(

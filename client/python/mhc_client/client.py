@@ -11,6 +11,7 @@ anything; everything else is tried exactly once.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple,
@@ -797,7 +798,25 @@ class Client(GroupCalls, TrainingCalls):
         if self._session is not None and not self._session.closed:
             return self._session
         self._session = Session(self)
+        self._open_call_ring(self._session)
         return self._session
+
+    def _open_call_ring(self, session: Any) -> None:
+        """Sends the native path's compute calls of `session` through a call
+        ring, when the daemon takes one (it is an optimisation: any refusal
+        leaves the calls on gRPC)."""
+        connection = self.native
+        if connection is None or os.environ.get(
+                native_path.CALL_RING_ENV, "").strip().lower() in ("off", "0"):
+            return
+        try:
+            connection.open_call_ring(session.id, session.key_prefix)
+        except (errors.Unimplemented, errors.FailedPrecondition,
+                errors.PermissionDenied, errors.InvalidArgument,
+                errors.ResourceExhausted, errors.Internal):
+            return
+        session.call_ring = True
+        session.on_close(connection.close_call_ring)
 
     def _forget_session(self, session: Any) -> None:
         if self._session is session:

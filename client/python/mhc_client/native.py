@@ -17,6 +17,10 @@ variable ``MHC_CLIENT_NATIVE``:
 * ``off`` / ``0``: pure Python.
 
 Remote daemons and inline tensors always take the pure-Python path.
+
+On the native path a session also opens a call ring (unless
+``MHC_CLIENT_CALL_RING=off``): the compute calls of that session then go
+through shared memory and a futex instead of gRPC messages.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ import grpc
 from . import errors
 
 ENV = "MHC_CLIENT_NATIVE"
+# "off" keeps the native path's compute calls on gRPC (see
+# Connection.open_call_ring).
+CALL_RING_ENV = "MHC_CLIENT_CALL_RING"
+CALL_RING_AREA_BYTES = 64 << 10
 _MODES = {"auto": "auto", "": "auto", "on": "on", "1": "on", "true": "on",
           "off": "off", "0": "off", "false": "off"}
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -105,8 +113,24 @@ class Connection:
         except self._error as error:
             raise _typed(error, rpc) from None
 
+    def open_call_ring(self, session_id: str, key_prefix: str,
+                       area_bytes: int = CALL_RING_AREA_BYTES) -> None:
+        """Sends this connection's compute calls of session `session_id`
+        through a call ring of that session (shm.proto, "Call ring"): a
+        shared-memory object whose key starts with `key_prefix`, registered
+        as region ``call_ring``. Its compute calls then skip gRPC."""
+        try:
+            self._connection.open_call_ring(session_id, key_prefix, area_bytes)
+        except self._error as error:
+            raise _typed(error, "OpenCallRing") from None
+
+    def close_call_ring(self) -> None:
+        """Compute calls go over gRPC again."""
+        self._connection.close_call_ring()
+
     def stats(self) -> Dict[str, int]:
-        """Calls, failures, retries and the largest request (bytes) so far."""
+        """Calls, failures, retries, the largest request (bytes) and the
+        calls sent through the open call ring so far."""
         return self._connection.stats()
 
     def reset_stats(self) -> None:

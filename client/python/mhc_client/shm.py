@@ -282,6 +282,11 @@ class HostArena:
         return self.region
 
 
+# The region a native client's call ring takes in its session (see
+# mhc_client.native); the C++ client names it the same.
+CALL_RING_REGION = "call_ring"
+
+
 class Session:
     """An open shared-memory session of a :class:`~mhc_client.Client`.
 
@@ -311,6 +316,9 @@ class Session:
         self.cuda_registrations = 0
         self.cuda_unregistrations = 0
         self._lock = threading.Lock()
+        self._on_close: List[Any] = []
+        # Whether region CALL_RING_REGION carries this session's calls.
+        self.call_ring = False
         self._stop: "queue.Queue[None]" = queue.Queue()
         self._stream = client._stub.OpenSession(self._requests())
         try:
@@ -461,7 +469,8 @@ class Session:
         """How many CUDA allocations stay registered at most: the session's
         region quota less a margin and the host regions."""
         margin = max(1, min(8, self.max_regions // 8))
-        return max(1, self.max_regions - margin - len(self._regions))
+        return max(1, self.max_regions - margin - len(self._regions)
+                   - int(self.call_ring))
 
     def cuda_region_names(self) -> Set[str]:
         with self._cuda_lock:
@@ -629,12 +638,19 @@ class Session:
         if self.closed:
             raise errors.FailedPrecondition("the shared-memory session is closed")
 
+    def on_close(self, callback: Any) -> None:
+        """Calls `callback()` when the session closes, before its stream
+        ends."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
         """Ends the session: the daemon unregisters its regions; objects
         created here are unmapped and unlinked. Idempotent."""
         if self.closed:
             return
         self.closed = True
+        for callback in self._on_close:
+            callback()
         self._finalizer()  # half-closes the stream and drains it
         for region in list(self._regions.values()):
             region.closed = True

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/arena.h"
+#include "mhc/client/call_ring.h"
 #include "mhc/client/client.h"
 #include "mhc/client/compute_method.h"
 #include "request.h"
@@ -43,6 +44,8 @@ struct Stats {
 struct ConnectionState {
   // Copied by each call, so close() never frees a client in use.
   std::shared_ptr<Client> client;
+  // The session's call ring, when one is open (see open_call_ring).
+  std::shared_ptr<CallRing> ring;
   Stats stats;
 };
 
@@ -192,15 +195,54 @@ PyObject* Compute(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// open_call_ring(session_id, key_prefix, area_bytes): makes a ring of the
+// session the way of this connection's compute calls (mhc/client/call_ring.h).
+PyObject* OpenRing(PyObject* self, PyObject* args) {
+  const char* session_id = nullptr;
+  const char* key_prefix = nullptr;
+  unsigned long long area_bytes = 0;
+  if (!PyArg_ParseTuple(args, "ssK", &session_id, &key_prefix, &area_bytes)) {
+    return nullptr;
+  }
+  ConnectionState* state = StateOf(self);
+  if (state == nullptr || state->client == nullptr) {
+    return Raise(
+        absl::FailedPreconditionError("the native connection is closed"));
+  }
+  std::shared_ptr<Client> client = state->client;
+  absl::StatusOr<std::shared_ptr<CallRing>> ring;
+  Py_BEGIN_ALLOW_THREADS;
+  client->set_session_id(session_id);
+  ring = CallRing::Open(*client, area_bytes, key_prefix);
+  Py_END_ALLOW_THREADS;
+  if (!ring.ok()) return Raise(ring.status());
+  state->ring = *ring;
+  client->set_call_ring(*std::move(ring));
+  Py_RETURN_NONE;
+}
+
+// Later calls go over gRPC; the daemon drops the ring with the session.
+PyObject* CloseRing(PyObject* self, PyObject*) {
+  ConnectionState* state = StateOf(self);
+  if (state != nullptr && state->client != nullptr) {
+    state->client->set_call_ring(nullptr);
+  }
+  if (state != nullptr) state->ring.reset();
+  Py_RETURN_NONE;
+}
+
 PyObject* StatsDict(PyObject* self, PyObject*) {
   if (StateOf(self) == nullptr) return PyDict_New();
   const Stats& s = StateOf(self)->stats;
+  const std::shared_ptr<CallRing>& ring = StateOf(self)->ring;
   return Py_BuildValue(
-      "{sKsKsKsK}", "calls", static_cast<unsigned long long>(s.calls.load()),
+      "{sKsKsKsKsK}", "calls", static_cast<unsigned long long>(s.calls.load()),
       "failures", static_cast<unsigned long long>(s.failures.load()), "retries",
       static_cast<unsigned long long>(s.retries.load()),
       "largest_request_bytes",
-      static_cast<unsigned long long>(s.largest_request_bytes.load()));
+      static_cast<unsigned long long>(s.largest_request_bytes.load()),
+      "ring_calls",
+      static_cast<unsigned long long>(ring != nullptr ? ring->calls() : 0));
 }
 
 PyObject* ResetStats(PyObject* self, PyObject*) {
@@ -216,6 +258,7 @@ PyObject* ResetStats(PyObject* self, PyObject*) {
 
 // Later calls fail; calls in flight finish on their copy of the client.
 PyObject* Close(PyObject* self, PyObject*) {
+  CloseRing(self, nullptr);
   if (StateOf(self) != nullptr) StateOf(self)->client.reset();
   Py_RETURN_NONE;
 }
@@ -226,8 +269,14 @@ PyMethodDef connection_methods[] = {
      METH_FASTCALL,
      "compute(method, layer, tensors, outputs, flags, session_id, "
      "wait_event, signal_event, timeout_s, attempts): one compute call"},
+    {"open_call_ring", OpenRing, METH_VARARGS,
+     "open_call_ring(session_id, key_prefix, area_bytes): compute calls of "
+     "that session go through a shared-memory call ring"},
+    {"close_call_ring", CloseRing, METH_NOARGS,
+     "compute calls go over gRPC again"},
     {"stats", StatsDict, METH_NOARGS,
-     "calls, failures, retries and largest_request_bytes so far"},
+     "calls, failures, retries, largest_request_bytes and ring_calls (of the "
+     "open ring) so far"},
     {"reset_stats", ResetStats, METH_NOARGS, "zeroes the stats"},
     {"close", Close, METH_NOARGS, "drops the channel (later calls fail)"},
     {nullptr, nullptr, 0, nullptr}};

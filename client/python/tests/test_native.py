@@ -191,3 +191,32 @@ def test_forcing_a_missing_extension_fails(daemon, monkeypatch):
         Client(daemon.address, native=True)
     with Client(daemon.address) as client:  # auto falls back
         assert client.native is None
+
+
+@pytest.mark.parametrize("ring", ["on", "off"])
+def test_call_ring_carries_the_compute_calls(daemon, layer_name, monkeypatch,
+                                             ring):
+    """With a session the native path's compute calls go through the call
+    ring (shm.proto, "Call ring") unless MHC_CLIENT_CALL_RING=off; either
+    way the outputs are the pure path's, bit for bit, and errors keep
+    their type."""
+    _need_native()
+    monkeypatch.setenv(native.CALL_RING_ENV, ring)
+    with Client(daemon.address, native=False) as pure, \
+            Client(daemon.address, native=True) as fast:
+        pure.create_layer(layer_name, HIDDEN, n=N, seed=5)
+        want = _pre_backward(pure, layer_name, skip_parameter_gradients=True)
+        for _ in range(3):
+            got = _pre_backward(fast, layer_name,
+                                skip_parameter_gradients=True)
+            np.testing.assert_array_equal(got, want)
+        with pytest.raises(errors.NotFound):
+            _pre_backward(fast, "no-such-layer")
+        stats = fast.native.stats()
+        assert stats["calls"] == 4
+        assert stats["ring_calls"] == (4 if ring == "on" else 0)
+        # The ring ends with its session; the next session has its own.
+        fast.open_session().close()
+        got = _pre_backward(fast, layer_name, skip_parameter_gradients=True)
+        np.testing.assert_array_equal(got, want)
+        assert fast.native.stats()["ring_calls"] == (1 if ring == "on" else 0)

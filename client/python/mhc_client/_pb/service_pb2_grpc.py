@@ -241,6 +241,11 @@ class MhcStub(object):
                 request_serializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.SerializeToString,
                 response_deserializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.FromString,
                 )
+        self.OpenCallRing = channel.unary_unary(
+                '/mhc.v1.Mhc/OpenCallRing',
+                request_serializer=mhc_dot_v1_dot_shm__pb2.OpenCallRingRequest.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_shm__pb2.OpenCallRingResponse.FromString,
+                )
         self.CreateGroup = channel.unary_unary(
                 '/mhc.v1.Mhc/CreateGroup',
                 request_serializer=mhc_dot_v1_dot_group__pb2.CreateGroupRequest.SerializeToString,
@@ -563,6 +568,12 @@ class MhcServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenCallRing(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateGroup(self, request, context):
         """Data-parallel groups over NCCL (see group.proto); CUDA devices only.
         """
@@ -822,6 +833,11 @@ def add_MhcServicer_to_server(servicer, server):
                     servicer.RegisterCudaEvents,
                     request_deserializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.FromString,
                     response_serializer=mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.SerializeToString,
+            ),
+            'OpenCallRing': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenCallRing,
+                    request_deserializer=mhc_dot_v1_dot_shm__pb2.OpenCallRingRequest.FromString,
+                    response_serializer=mhc_dot_v1_dot_shm__pb2.OpenCallRingResponse.SerializeToString,
             ),
             'CreateGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateGroup,
@@ -1608,6 +1624,23 @@ class Mhc(object):
         return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/RegisterCudaEvents',
             mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsRequest.SerializeToString,
             mhc_dot_v1_dot_shm__pb2.RegisterCudaEventsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def OpenCallRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/OpenCallRing',
+            mhc_dot_v1_dot_shm__pb2.OpenCallRingRequest.SerializeToString,
+            mhc_dot_v1_dot_shm__pb2.OpenCallRingResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10mhc/v1/shm.proto\x12\x06mhc.v1\"\x14\n\x12OpenSessionRequest\"J\n\x0cSessionEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_regions\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\"a\n!RegisterSystemSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\"$\n\"RegisterSystemSharedMemoryResponse\"i\n\x1fRegisterCudaSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nraw_handle\x18\x02 \x01(\x0c\x12\x11\n\tdevice_id\x18\x03 \x01(\x05\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\"5\n RegisterCudaSharedMemoryResponse\x12\x11\n\tbyte_size\x18\x01 \x01(\x04\"-\n\x1dUnregisterSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"6\n\x1eUnregisterSharedMemoryResponse\x12\x14\n\x0cunregistered\x18\x01 \x03(\t\"\xa6\x01\n\x18SharedMemoryRegionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.mhc.v1.SharedMemoryKind\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\x12\x11\n\tdevice_id\x18\x05 \x01(\x05\x12\x0e\n\x06in_use\x18\x06 \x01(\x05\x12\x0e\n\x06pinned\x18\x07 \x01(\x08\")\n\x19SharedMemoryStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x86\x01\n\x1aSharedMemoryStatusResponse\x12\x31\n\x07regions\x18\x01 \x03(\x0b\x32 .mhc.v1.SharedMemoryRegionStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0bmax_regions\x18\x03 \x01(\x05\x12\x11\n\tmax_bytes\x18\x04 \x01(\x04\"C\n\x19RegisterCudaEventsRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\x05\x12\x13\n\x0braw_handles\x18\x02 \x03(\x0c\"1\n\x1aRegisterCudaEventsResponse\x12\x13\n\x0braw_handles\x18\x01 \x03(\x0c*r\n\x10SharedMemoryKind\x12\"\n\x1eSHARED_MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19SHARED_MEMORY_KIND_SYSTEM\x10\x01\x12\x1b\n\x17SHARED_MEMORY_KIND_CUDA\x10\x02\x42\x03\xf8\x01\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10mhc/v1/shm.proto\x12\x06mhc.v1\"\x14\n\x12OpenSessionRequest\"J\n\x0cSessionEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_regions\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\"a\n!RegisterSystemSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\"$\n\"RegisterSystemSharedMemoryResponse\"i\n\x1fRegisterCudaSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nraw_handle\x18\x02 \x01(\x0c\x12\x11\n\tdevice_id\x18\x03 \x01(\x05\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\"5\n RegisterCudaSharedMemoryResponse\x12\x11\n\tbyte_size\x18\x01 \x01(\x04\"-\n\x1dUnregisterSharedMemoryRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"6\n\x1eUnregisterSharedMemoryResponse\x12\x14\n\x0cunregistered\x18\x01 \x03(\t\"\xa6\x01\n\x18SharedMemoryRegionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.mhc.v1.SharedMemoryKind\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x11\n\tbyte_size\x18\x04 \x01(\x04\x12\x11\n\tdevice_id\x18\x05 \x01(\x05\x12\x0e\n\x06in_use\x18\x06 \x01(\x05\x12\x0e\n\x06pinned\x18\x07 \x01(\x08\")\n\x19SharedMemoryStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x86\x01\n\x1aSharedMemoryStatusResponse\x12\x31\n\x07regions\x18\x01 \x03(\x0b\x32 .mhc.v1.SharedMemoryRegionStatus\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x13\n\x0bmax_regions\x18\x03 \x01(\x05\x12\x11\n\tmax_bytes\x18\x04 \x01(\x04\"C\n\x19RegisterCudaEventsRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\x05\x12\x13\n\x0braw_handles\x18\x02 \x03(\x0c\"%\n\x13OpenCallRingRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"*\n\x14OpenCallRingResponse\x12\x12\n\narea_bytes\x18\x01 \x01(\x04\"1\n\x1aRegisterCudaEventsResponse\x12\x13\n\x0braw_handles\x18\x01 \x03(\x0c*r\n\x10SharedMemoryKind\x12\"\n\x1eSHARED_MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19SHARED_MEMORY_KIND_SYSTEM\x10\x01\x12\x1b\n\x17SHARED_MEMORY_KIND_CUDA\x10\x02\x42\x03\xf8\x01\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mhc.v1.shm_pb2', globals())
@@ -21,8 +21,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'\370\001\001'
-  _SHAREDMEMORYKIND._serialized_start=997
-  _SHAREDMEMORYKIND._serialized_end=1111
+  _SHAREDMEMORYKIND._serialized_start=1080
+  _SHAREDMEMORYKIND._serialized_end=1194
   _OPENSESSIONREQUEST._serialized_start=28
   _OPENSESSIONREQUEST._serialized_end=48
   _SESSIONEVENT._serialized_start=50
@@ -47,6 +47,10 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SHAREDMEMORYSTATUSRESPONSE._serialized_end=875
   _REGISTERCUDAEVENTSREQUEST._serialized_start=877
   _REGISTERCUDAEVENTSREQUEST._serialized_end=944
-  _REGISTERCUDAEVENTSRESPONSE._serialized_start=946
-  _REGISTERCUDAEVENTSRESPONSE._serialized_end=995
+  _OPENCALLRINGREQUEST._serialized_start=946
+  _OPENCALLRINGREQUEST._serialized_end=983
+  _OPENCALLRINGRESPONSE._serialized_start=985
+  _OPENCALLRINGRESPONSE._serialized_end=1027
+  _REGISTERCUDAEVENTSRESPONSE._serialized_start=1029
+  _REGISTERCUDAEVENTSRESPONSE._serialized_end=1078
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@
 #ifndef MHC_CLIENT_CLIENT_H_
 #define MHC_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -72,6 +73,7 @@ struct CallOptions {
 };
 
 class ComputeMethod;
+class CallRing;
 
 class Client {
  public:
@@ -196,10 +198,25 @@ class Client {
   // returns the daemon's, as many.
   absl::StatusOr<std::vector<std::string>> RegisterCudaEvents(
       int device_id, const std::vector<std::string>& raw_handles);
+  // Makes system region `region` of the session its call ring (see
+  // mhc/client/call_ring.h, which calls this).
+  absl::Status OpenCallRing(const std::string& region);
+  // Sends Compute calls of the ring's session through `ring` while it is
+  // usable (null: gRPC only). Safe while other threads call.
+  void set_call_ring(std::shared_ptr<CallRing> ring) {
+    std::atomic_store(&call_ring_, std::move(ring));
+  }
 
  private:
   Client(std::string target, ClientOptions options,
          std::shared_ptr<grpc::Channel> channel);
+
+  // Sends a compute call through the call ring when one of the call's
+  // session is usable; false when the call is still to be sent by gRPC.
+  bool TryCallRing(absl::string_view method,
+                   const google::protobuf::Message& request,
+                   google::protobuf::Message& response,
+                   const CallOptions& options, absl::Status* status) const;
 
   // Prepares a context with this client's deadline and stream order.
   void Prepare(grpc::ClientContext& context) const;
@@ -212,6 +229,7 @@ class Client {
   ClientOptions options_;
   std::string session_id_;
   StreamOrder stream_order_;
+  std::shared_ptr<CallRing> call_ring_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Mhc::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;

@@ -1,0 +1,90 @@
+// mhc::client::CallRing: compute calls to a daemon on this node through a
+// shared-memory ring of the client's session instead of gRPC messages (see
+// shm.proto, "Call ring"). A call then costs a memory copy of its small
+// request and a futex wake each way.
+//
+//   auto session = Session::Open(*client);          // mhc/client/shm.h
+//   auto ring = CallRing::Open(*client);
+//   client->set_call_ring(*ring);                    // Compute() uses it
+//
+// The ring carries the compute RPCs (single ops and Execute) with the same
+// messages and answers. Anything else, and a call whose messages do not fit
+// the ring, goes over gRPC as before. One call runs at a time; concurrent
+// callers take turns.
+#ifndef MHC_CLIENT_CALL_RING_H_
+#define MHC_CLIENT_CALL_RING_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message.h"
+#include "mhc/client/client.h"
+
+namespace mhc::client {
+
+class CallRing {
+ public:
+  static constexpr uint64_t kDefaultAreaBytes = uint64_t{64} << 10;
+
+  // Creates a ring: a shared-memory object whose key starts with
+  // `key_prefix` (the daemon's --shm_key_prefix), registered as region
+  // "call_ring" of the client's open session and opened as its ring.
+  static absl::StatusOr<std::shared_ptr<CallRing>> Open(
+      Client& client, uint64_t area_bytes = kDefaultAreaBytes,
+      const std::string& key_prefix = "mhcd_");
+  // Maps ring object `key` that this process created, registered and
+  // opened for session `session_id` by other means (the Python client).
+  static absl::StatusOr<std::shared_ptr<CallRing>> Attach(
+      const std::string& key, const std::string& session_id);
+  ~CallRing();
+  CallRing(const CallRing&) = delete;
+  CallRing& operator=(const CallRing&) = delete;
+
+  const std::string& session_id() const { return session_id_; }
+  // Calls sent through the ring so far.
+  uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  // False once the daemon closed the ring or a call left it in an unknown
+  // state (timeout, daemon gone): callers go back to gRPC.
+  bool usable() const;
+
+  // Runs compute RPC `method` (its name, e.g. "Pre"). `*sent` says whether
+  // the daemon may have run it: when false, nothing ran and the call may
+  // go over gRPC instead. Waits at most `timeout` (DEADLINE_EXCEEDED then,
+  // and the ring is unusable since the daemon may still answer).
+  absl::Status Call(absl::string_view method,
+                    const google::protobuf::Message& request,
+                    google::protobuf::Message& response,
+                    const StreamOrder& order, absl::Duration timeout,
+                    bool* sent);
+
+ private:
+  CallRing() = default;
+  // Waits for the answer to request `seq`.
+  absl::Status AwaitAnswer(uint32_t seq, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the daemon still holds the object's lock (it serves the ring).
+  bool DaemonAlive() const;
+
+  std::string key_;
+  std::string session_id_;
+  bool owned_ = false;  // created here: unlinked when destroyed
+  int fd_ = -1;
+  void* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t area_bytes_ = 0;
+  std::atomic<uint64_t> calls_{0};
+  mutable absl::Mutex mu_;
+  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace mhc::client
+
+#endif  // MHC_CLIENT_CALL_RING_H_

@@ -1,0 +1,224 @@
+#include "mhc/client/call_ring.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "mhc/call_ring.h"
+
+namespace mhc::client {
+namespace {
+
+namespace ring = ::mhc::call_ring;
+
+// The client polls this long for an answer before it sleeps: most compute
+// calls are answered once their work is queued, sooner than a futex
+// sleep and wake-up would take.
+constexpr int64_t kSpinNs = 100'000;
+// Between sleeps the client checks that the daemon still serves the ring.
+constexpr int64_t kSleepNs = 10'000'000;
+constexpr char kRegionName[] = "call_ring";
+
+absl::Status Errno(absl::string_view what) {
+  return absl::InternalError(
+      absl::StrCat("call ring: ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Open(
+    Client& client, uint64_t area_bytes, const std::string& key_prefix) {
+  if (client.session_id().empty()) {
+    return absl::FailedPreconditionError(
+        "call ring: open a session first (mhc/client/shm.h)");
+  }
+  if (area_bytes < ring::kMinAreaBytes || area_bytes > ring::kMaxAreaBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("call ring: area_bytes must be in [", ring::kMinAreaBytes,
+                     ", ", ring::kMaxAreaBytes, "]"));
+  }
+  static std::atomic<uint64_t> counter{0};
+  std::shared_ptr<CallRing> created(new CallRing());
+  created->key_ = absl::StrCat(key_prefix, getpid(), "_", counter.fetch_add(1),
+                               "_call_ring");
+  created->session_id_ = client.session_id();
+  created->bytes_ = ring::RegionBytes(area_bytes);
+  created->area_bytes_ = area_bytes;
+  const std::string path = absl::StrCat("/", created->key_);
+  created->fd_ = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                          0600);
+  if (created->fd_ < 0) return Errno("shm_open");
+  created->owned_ = true;
+  if (ftruncate(created->fd_, static_cast<off_t>(created->bytes_)) != 0) {
+    return Errno("ftruncate");
+  }
+  created->base_ = mmap(nullptr, created->bytes_, PROT_READ | PROT_WRITE,
+                        MAP_SHARED, created->fd_, 0);
+  if (created->base_ == MAP_FAILED) {
+    created->base_ = nullptr;
+    return Errno("mmap");
+  }
+  auto* header = static_cast<ring::RingHeader*>(created->base_);
+  header->magic = ring::kMagic;
+  header->version = ring::kVersion;
+  header->area_bytes = area_bytes;
+  if (absl::Status registered = client.RegisterSystemSharedMemory(
+          kRegionName, created->key_, 0, created->bytes_);
+      !registered.ok()) {
+    return registered;
+  }
+  if (absl::Status opened = client.OpenCallRing(kRegionName); !opened.ok()) {
+    client.UnregisterSharedMemory(kRegionName).IgnoreError();
+    return opened;
+  }
+  return created;
+}
+
+absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Attach(
+    const std::string& key, const std::string& session_id) {
+  std::shared_ptr<CallRing> attached(new CallRing());
+  attached->key_ = key;
+  attached->session_id_ = session_id;
+  const std::string path = absl::StrCat("/", key);
+  attached->fd_ = shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (attached->fd_ < 0) return Errno("shm_open");
+  struct stat st = {};
+  if (fstat(attached->fd_, &st) != 0) return Errno("fstat");
+  if (st.st_size < static_cast<off_t>(ring::RegionBytes(ring::kMinAreaBytes))) {
+    return absl::InvalidArgumentError("call ring: the object is too small");
+  }
+  attached->bytes_ = static_cast<uint64_t>(st.st_size);
+  attached->base_ = mmap(nullptr, attached->bytes_, PROT_READ | PROT_WRITE,
+                         MAP_SHARED, attached->fd_, 0);
+  if (attached->base_ == MAP_FAILED) {
+    attached->base_ = nullptr;
+    return Errno("mmap");
+  }
+  const auto* header = static_cast<const ring::RingHeader*>(attached->base_);
+  if (header->magic != ring::kMagic || header->version != ring::kVersion ||
+      ring::RegionBytes(header->area_bytes) > attached->bytes_) {
+    return absl::InvalidArgumentError(
+        "call ring: the object holds no ring of this version");
+  }
+  if (ring::Load(ring::State(attached->base_)) != ring::kStateServing) {
+    return absl::FailedPreconditionError(
+        "call ring: the daemon does not serve this ring (OpenCallRing)");
+  }
+  attached->area_bytes_ = header->area_bytes;
+  absl::MutexLock lock(&attached->mu_);
+  attached->seq_ = ring::Load(ring::ResponseSeq(attached->base_));
+  return attached;
+}
+
+CallRing::~CallRing() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+  if (fd_ >= 0) close(fd_);
+  if (owned_) shm_unlink(absl::StrCat("/", key_).c_str());
+}
+
+bool CallRing::usable() const {
+  absl::MutexLock lock(&mu_);
+  return !broken_ && ring::Load(ring::State(base_)) == ring::kStateServing;
+}
+
+bool CallRing::DaemonAlive() const {
+  if (flock(fd_, LOCK_EX | LOCK_NB) != 0) return true;  // the daemon's lock
+  flock(fd_, LOCK_UN);
+  return false;
+}
+
+absl::Status CallRing::Call(absl::string_view method,
+                            const google::protobuf::Message& request,
+                            google::protobuf::Message& response,
+                            const StreamOrder& order, absl::Duration timeout,
+                            bool* sent) {
+  *sent = false;
+  absl::MutexLock lock(&mu_);
+  if (broken_ || ring::Load(ring::State(base_)) != ring::kStateServing) {
+    return absl::UnavailableError("call ring: closed");
+  }
+  ring::RingRequest header{};
+  const size_t payload = request.ByteSizeLong();
+  if (method.size() >= sizeof(header.method) ||
+      payload > area_bytes_ - sizeof(header)) {
+    return absl::ResourceExhaustedError(
+        "call ring: the request does not fit the ring");
+  }
+  std::memcpy(header.method, method.data(), method.size());
+  header.wait_event = order.wait_event;
+  header.signal_event = order.signal_event;
+  header.payload_bytes = static_cast<uint32_t>(payload);
+  char* area = ring::RequestArea(base_);
+  std::memcpy(area, &header, sizeof(header));
+  if (!request.SerializeToArray(area + sizeof(header),
+                                static_cast<int>(payload))) {
+    return absl::InvalidArgumentError("call ring: the request did not serialize");
+  }
+  const uint32_t seq = seq_ + 1;
+  ring::Store(ring::RequestSeq(base_), seq);
+  ring::FutexWake(ring::RequestSeq(base_));
+  *sent = true;
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  absl::Status answered = AwaitAnswer(seq, absl::Now() + timeout);
+  if (!answered.ok()) {
+    broken_ = true;  // the daemon may still answer, into a reused area
+    return answered;
+  }
+  seq_ = seq;
+  ring::RingResponse reply;
+  const char* out = ring::ResponseArea(base_, area_bytes_);
+  std::memcpy(&reply, out, sizeof(reply));
+  const uint64_t room = area_bytes_ - sizeof(reply);
+  if (reply.message_bytes > room || reply.payload_bytes > room) {
+    broken_ = true;
+    return absl::InternalError("call ring: malformed answer");
+  }
+  if (reply.code != 0) {
+    absl::Status status(
+        static_cast<absl::StatusCode>(reply.code),
+        absl::string_view(out + sizeof(reply), reply.message_bytes));
+    // Closed before it ran: the caller may send it again over gRPC.
+    if (status.code() == absl::StatusCode::kUnavailable &&
+        ring::Load(ring::State(base_)) == ring::kStateClosed) {
+      *sent = false;
+    }
+    return status;
+  }
+  if (!response.ParseFromArray(out + sizeof(reply),
+                               static_cast<int>(reply.payload_bytes))) {
+    return absl::InternalError("call ring: the answer did not parse");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CallRing::AwaitAnswer(uint32_t seq, absl::Time deadline) {
+  uint32_t* answered = ring::ResponseSeq(base_);
+  const uint32_t before = seq - 1;
+  if (ring::SpinWhile(answered, before, kSpinNs) != before) return {};
+  while (ring::Load(answered) == before) {
+    if (ring::Load(ring::State(base_)) == ring::kStateClosed ||
+        !DaemonAlive()) {
+      // The daemon answers before it marks the ring closed.
+      if (ring::Load(answered) != before) break;
+      return absl::UnavailableError(
+          "call ring: the daemon stopped serving the ring during the call; "
+          "it may or may not have run");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "call ring: no answer before the deadline; the call may still run");
+    }
+    ring::FutexWait(answered, before, kSleepNs);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::client
