@@ -12,10 +12,8 @@ import dataclasses
 from typing import Dict, Optional
 
 from . import errors
+from ._daemon_tables import PRESETS
 from ._proto import layer_pb2
-
-PRESETS = ("deepseek_v4", "tilekernels", "transformer_engine", "megatron",
-           "liger")
 
 # enum field -> (proto prefix, {python name: proto value})
 _ENUMS: Dict[str, Dict[str, int]] = {
