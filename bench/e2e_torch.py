@@ -35,6 +35,7 @@ import re
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -42,8 +43,8 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_reference as ref  # noqa: E402  (the baseline's math, not a copy)
 
-CONFIGS = [(1, 512, 1024), (1, 4096, 4096), (4, 4096, 4096), (4, 8192, 7168),
-           (8, 2048, 2560)]
+CONFIGS = [tuple(c) for c in json.loads(
+    (Path(__file__).resolve().parent / "configs.json").read_text())["e2e"]]
 CHECK_CONFIG = (2, 48, 256)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRESET = "deepseek_v4"

@@ -1,8 +1,9 @@
 """Eager PyTorch implementation of one mHC layer (pre + post), the
 in-house baseline that bench/gpu_bench.cc is compared with: layer forward and
-forward+backward (backward by autograd) at the 13 benchmark configs,
-eager and torch.compile, timed with CUDA events, L2 flushed before every
-repetition, median. Prints JSON lines in mhc_gpu_bench's schema.
+forward+backward (backward by autograd) at the benchmark configs
+(bench/configs.json), eager and torch.compile, timed with CUDA events, L2
+flushed before every repetition, median. Prints JSON lines in
+mhc_gpu_bench's schema.
 
     python3 bench/torch_reference.py [--configs=all|first|I,J] [--reps=10]
         [--no-compile] [--compile-budget-s=180]
@@ -14,15 +15,14 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 N_STREAMS = 4
-CONFIGS = [(1, 2048, 12288), (1, 4096, 6656), (1, 4096, 8192), (1, 8192, 4096),
-           (1, 8192, 8192), (1, 8192, 16384), (2, 4096, 5120), (3, 8192, 2048),
-           (4, 2048, 4096), (4, 4096, 4096), (4, 8192, 4096), (4, 8192, 7168),
-           (8, 2048, 2560)]
+CONFIGS = [tuple(c) for c in json.loads(
+    (Path(__file__).resolve().parent / "configs.json").read_text())["layer"]]
 # deepseek_v4 preset (SPEC section 5).
 T_SK, EPS_SK, EPS_RMS, EPS_PRE, POST_MULT = 20, 1e-6, 1e-6, 1e-6, 2.0
 
