@@ -1,8 +1,8 @@
 """End-to-end benchmark of the torch layer through the daemon, as a user runs
 it: `mhc_client.torch.MhcLayer` (identity sublayer, bf16 activations, preset
 deepseek_v4) forward and forward+backward, against the same layer computed
-in this process by the eager reference (bench/torch_reference.py pre/post
-with autograd), and against the daemon's own kernel time for those steps
+in this process by the eager reference (mhc_client.eager with autograd,
+mixing in fp32), and against the daemon's own kernel time for those steps
 (its Prometheus histogram mhcd_kernel_duration_seconds).
 
 A step is `out = layer(x); out.backward(g)` with x [B, T, n, C] and a fixed
@@ -29,21 +29,17 @@ own choice). Needs mhc_client and its generated stubs on PYTHONPATH.
 
 import argparse
 import json
-import math
-import os
 import re
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_reference as ref  # noqa: E402  (the baseline's math, not a copy)
-
-CONFIGS = [(1, 512, 1024), (1, 4096, 4096), (4, 4096, 4096), (4, 8192, 7168),
-           (8, 2048, 2560)]
+CONFIGS = [tuple(c) for c in json.loads(
+    (Path(__file__).resolve().parent / "configs.json").read_text())["e2e"]]
 CHECK_CONFIG = (2, 48, 256)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRESET = "deepseek_v4"
@@ -159,46 +155,10 @@ def is_oom(e):
 
 
 def reference_params(layer, device, dtype=torch.float32):
-    """The daemon layer's parameters as the reference's (phi, gamma, alpha,
-    beta), leaves that take gradients; gamma is ones when the spec has none."""
-    p = {k: getattr(layer, k).detach().to(device=device, dtype=dtype).clone()
-         for k in layer.param_names}
-    if "gamma" not in p:
-        p["gamma"] = torch.ones(p["phi"].shape[1], device=device, dtype=dtype)
-    for k in ("phi", "alpha", "beta"):
-        p[k].requires_grad_(True)
-    if "gamma" in layer.param_names:
-        p["gamma"].requires_grad_(True)
-    return p
-
-
-def reference_layer(x, p, sublayer):
-    """torch_reference.pre -> sublayer -> torch_reference.post on [..., n, C]."""
-    lead, n, c = x.shape[:-2], x.shape[-2], x.shape[-1]
-    xm = x.reshape(-1, n, c)
-    y, h_post, h_res = ref.pre(xm, p["phi"], p["gamma"], p["alpha"], p["beta"])
-    return ref.post(sublayer(y), xm, h_post, h_res).reshape(*lead, n, c)
-
-
-def spec_mismatch(spec):
-    """Fields of the daemon's spec that torch_reference's fixed deepseek_v4
-    constants do not cover (empty when the baseline is the same layer)."""
-    want = {"layout": "stream_major", "orientation": "source_rows",
-            "sinkhorn_mode": "linear", "sinkhorn_iterations": ref.T_SK,
-            "eps_sk": ref.EPS_SK, "eps_rms": ref.EPS_RMS,
-            "eps_pre": ref.EPS_PRE, "post_mult": ref.POST_MULT,
-            "eps_placement": "inside", "dynamic": True, "has_post_bias": False}
-    bad = []
-    for key, value in want.items():
-        got = getattr(spec, key, None)
-        if got is None:
-            continue  # unset: the preset's default, which is deepseek_v4's
-        if isinstance(value, float) and isinstance(got, float):
-            if not math.isclose(got, value, rel_tol=1e-6):
-                bad.append(f"{key}={got}")
-        elif got != value:
-            bad.append(f"{key}={got}")
-    return bad
+    """The daemon layer's parameters as leaves of their own that take
+    gradients."""
+    return {k: getattr(layer, k).detach().to(device=device, dtype=dtype)
+            .clone().requires_grad_(True) for k in layer.param_names}
 
 
 def make_layer(client, c, n, device, seed, transport="auto"):
@@ -226,7 +186,7 @@ def rel_err(a, b):
 
 def check_path(client, transport, n, dtype, device, seed=11):
     """Output and gradients of the daemon layer against float64 autograd of
-    torch_reference on the same (rounded) inputs, over three steps: the
+    mhc_client.eager on the same (rounded) inputs, over three steps: the
     second repeats the first (steady state), the third follows an in-place
     parameter update like an optimizer's."""
     from mhc_client import eager
@@ -236,11 +196,6 @@ def check_path(client, transport, n, dtype, device, seed=11):
     rec = {"check": True, "config": f"{b},{t},{c}", "M": b * t, "n": n,
            "transport": transport, "dtype": str(dtype).split(".")[-1]}
     try:
-        bad = spec_mismatch(layer.spec)
-        if bad:
-            rec.update(ok=False, error="spec differs from torch_reference: "
-                       + ", ".join(bad))
-            return rec
         k = n * c
         with torch.no_grad():  # away from the near-identity initialisation
             layer.phi.copy_(torch.randn(layer.phi.shape, generator=gen) * 2 / k ** 0.5)
@@ -267,7 +222,7 @@ def check_path(client, transport, n, dtype, device, seed=11):
 
             p64 = reference_params(layer, "cpu", torch.float64)
             x64 = x.detach().cpu().double().requires_grad_(True)
-            out64 = reference_layer(x64, p64, nn.Identity())
+            out64 = eager.layer(x64, p64, layer.spec, nn.Identity())
             out64.backward(g.detach().cpu().double())
             e = {"out": rel_err(out, out64), "out_no_grad": rel_err(out_nograd, out64),
                  "dx": rel_err(x.grad, x64.grad)}
@@ -278,14 +233,6 @@ def check_path(client, transport, n, dtype, device, seed=11):
                 e["d" + name] = (1e9 if grad is None
                                  else rel_err(grad, p64[name].grad))
                 limits["d" + name] = TOL_PARAM
-            if step == 0:
-                # The baseline's fixed constants against the spec-driven
-                # reference of the client package: the same layer.
-                params = {kk: vv.detach() for kk, vv in p64.items()
-                          if kk in layer.param_names}
-                e["ref_vs_eager"] = rel_err(
-                    out64, eager.layer(x64.detach(), params, layer.spec, nn.Identity()))
-                limits["ref_vs_eager"] = 1e-10
             errs.append({kk: float(f"{vv:.3g}") for kk, vv in e.items()})
             for kk, vv in e.items():
                 worst = max(worst, vv / limits[kk])
@@ -300,16 +247,21 @@ def check_path(client, transport, n, dtype, device, seed=11):
 
 
 def eager_times(x, g, layer, device, args):
+    from mhc_client import eager
     p = reference_params(layer, device)
-    sub = nn.Identity()
+
+    def run():
+        # The mixing in fp32; the sublayer's input and the output in x's dtype.
+        return eager.layer(x, p, layer.spec, nn.Identity(),
+                           compute_dtype=torch.float32)
 
     def fwd():
         with torch.no_grad():
-            reference_layer(x, p, sub)
+            run()
 
     def step():
         x.grad = None
-        reference_layer(x, p, sub).backward(g)
+        run().backward(g)
 
     try:
         n_fwd = warm_up(fwd, device, args.warmup, args.steps, args.budget_s)

@@ -1,13 +1,13 @@
-// The GPU benchmark: every op forward and backward and the
-// whole layer (pre + post) forward and forward+backward, at the 13 configs
-// (n = 4, bf16 activations, deepseek_v4, deterministic), through the Backend
-// interface of the CUDA backend. Medians of event-timed repetitions with L2
-// flushed before each; every op's outputs on the first tokens are checked
-// against the float64 reference backend on the same inputs in the same run.
-// One JSON line per measurement, then a table (us and % of copy bandwidth).
-// First, the timing floor under the same flush: two events with nothing
-// between them, and with one empty kernel between them; an op's time
-// minus the latter is what its kernels add.
+// The GPU benchmark: every op forward and backward and the whole layer (pre +
+// post) forward and forward+backward, at the layer configs of
+// bench/configs.json (n = 4, bf16 activations, deepseek_v4, deterministic),
+// through the Backend interface of the CUDA backend. Medians of event-timed
+// repetitions with L2 flushed before each; every op's outputs on the first
+// tokens are checked against the float64 reference backend on the same
+// inputs in the same run. One JSON line per measurement, then a table (us
+// and % of copy bandwidth). First, the timing floor under the same flush:
+// two events with nothing between them, and with one empty kernel between
+// them; an op's time minus the latter is what its kernels add.
 //
 //   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/bench_configs.h"
 #include "bench/bench_flags.h"
 #include "bench/gpu_cases.h"
 #include "bench/gpu_timing.h"
@@ -42,8 +43,8 @@
 #include "mhc/dtype.h"
 
 ABSL_FLAG(std::string, configs, "all",
-          "configs: all, first, or indices I,J,... into the 13 benchmark "
-          "configs");
+          "configs: all, first, or indices I,J,... into the layer configs of "
+          "bench/configs.json");
 ABSL_FLAG(int32_t, reps, 20, "timed repetitions per measurement (median)");
 ABSL_FLAG(std::string, ops, "all",
           "op families: all, or a,b of projection, scale, sinkhorn, "
@@ -63,16 +64,6 @@ namespace {
 
 constexpr int kWarmup = 3;
 constexpr int64_t kCheckTokens = 8;
-
-struct Config {
-  int64_t B, T, C;
-};
-constexpr Config kConfigs[] = {
-    {1, 2048, 12288}, {1, 4096, 6656},  {1, 4096, 8192}, {1, 8192, 4096},
-    {1, 8192, 8192},  {1, 8192, 16384}, {2, 4096, 5120}, {3, 8192, 2048},
-    {4, 2048, 4096},  {4, 4096, 4096},  {4, 8192, 4096}, {4, 8192, 7168},
-    {8, 2048, 2560}};
-constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Distance in bf16 steps between two values that are exact in bf16.
 int64_t BfUlps(double a, double b) {

@@ -1,12 +1,15 @@
 """Eager PyTorch implementation of one mHC layer (pre + post), the
 in-house baseline that bench/gpu_bench.cc is compared with: layer forward and
-forward+backward (backward by autograd) at the 13 benchmark configs,
-eager and torch.compile, timed with CUDA events, L2 flushed before every
-repetition, median. Prints JSON lines in mhc_gpu_bench's schema.
+forward+backward (backward by autograd) at the benchmark configs
+(bench/configs.json), eager and torch.compile, timed with CUDA events, L2
+flushed before every repetition, median. Prints JSON lines in
+mhc_gpu_bench's schema. The math is mhc_client.eager's (preset deepseek_v4
+with gamma), in fp32 for bf16 activations; it needs the client package's
+dependencies (grpcio, protobuf, numpy).
 
     python3 bench/torch_reference.py [--configs=all|first|I,J] [--reps=10]
         [--no-compile] [--compile-budget-s=180]
-    python3 bench/torch_reference.py --selftest   # CPU, vs float64 numpy
+    python3 bench/torch_reference.py --selftest   # CPU: gradients, bf16
 """
 
 import argparse
@@ -14,85 +17,30 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
 
+HERE = Path(__file__).resolve().parent
+# This checkout's client package when no other is importable.
+sys.path.append(str(HERE.parent / "client" / "python"))
+from mhc_client import LayerSpec, eager  # noqa: E402
+
 N_STREAMS = 4
-CONFIGS = [(1, 2048, 12288), (1, 4096, 6656), (1, 4096, 8192), (1, 8192, 4096),
-           (1, 8192, 8192), (1, 8192, 16384), (2, 4096, 5120), (3, 8192, 2048),
-           (4, 2048, 4096), (4, 4096, 4096), (4, 8192, 4096), (4, 8192, 7168),
-           (8, 2048, 2560)]
-# deepseek_v4 preset (SPEC section 5).
-T_SK, EPS_SK, EPS_RMS, EPS_PRE, POST_MULT = 20, 1e-6, 1e-6, 1e-6, 2.0
-
-
-def pre(x, phi, gamma, alpha, beta):
-    """x [M, n, C] -> y [M, C] (x's dtype), H_post [M, n], H_res [M, n, n]."""
-    m, n, c = x.shape
-    v = x.reshape(m, n * c).float() if x.dtype != torch.float64 else x.reshape(
-        m, n * c)
-    h = v @ (phi * gamma).t()  # gamma folded into phi
-    ms = (v * v).mean(dim=-1, keepdim=True)
-    r = torch.rsqrt(ms + EPS_RMS)
-    gate = torch.cat([alpha[0:1].expand(n), alpha[1:2].expand(n),
-                      alpha[2:3].expand(n * n)])
-    z = h * r * gate + beta
-    h_pre = torch.sigmoid(z[:, :n]) + EPS_PRE
-    h_post = POST_MULT * torch.sigmoid(z[:, n:2 * n])
-    p = torch.softmax(z[:, 2 * n:].reshape(m, n, n), dim=-1) + EPS_SK
-    p = p / (p.sum(dim=-2, keepdim=True) + EPS_SK)
-    for _ in range(T_SK - 1):
-        p = p / (p.sum(dim=-1, keepdim=True) + EPS_SK)
-        p = p / (p.sum(dim=-2, keepdim=True) + EPS_SK)
-    y = (h_pre.unsqueeze(-1) * v.reshape(m, n, c)).sum(dim=1)
-    return y.to(x.dtype), h_post, p
-
-
-def post(f, x, h_post, h_res):
-    """x_next[j][c] = H_post[j] f[c] + sum_i H_res[i][j] x[i][c]."""
-    xf = x.float() if x.dtype != torch.float64 else x
-    ff = f.float() if f.dtype != torch.float64 else f
-    out = h_post.unsqueeze(-1) * ff.unsqueeze(1) + torch.einsum(
-        "mij,mic->mjc", h_res, xf)
-    return out.to(x.dtype)
+CONFIGS = [tuple(c) for c in
+           json.loads((HERE / "configs.json").read_text())["layer"]]
+SPEC = LayerSpec(n=N_STREAMS, has_gamma=True).resolved("deepseek_v4")
 
 
 def layer(x, f, phi, gamma, alpha, beta):
-    y, h_post, h_res = pre(x, phi, gamma, alpha, beta)
-    return y, post(f, x, h_post, h_res)
-
-
-def numpy_layer(x, f, phi, gamma, alpha, beta):
-    """Independent float64 loop-style forward straight from the math."""
-    m, n, c = x.shape
-    y = np.zeros((m, c))
-    x_next = np.zeros((m, n, c))
-    for t in range(m):
-        v = x[t].reshape(-1)
-        h = (phi * gamma[None, :]) @ v
-        r = 1.0 / np.sqrt(np.mean(v * v) + EPS_RMS)
-        z = np.empty_like(h)
-        for g in range(len(h)):
-            group = 0 if g < n else (1 if g < 2 * n else 2)
-            z[g] = alpha[group] * h[g] * r + beta[g]
-        sig = 1.0 / (1.0 + np.exp(-z))
-        h_pre = sig[:n] + EPS_PRE
-        h_post = POST_MULT * sig[n:2 * n]
-        a = z[2 * n:].reshape(n, n)
-        e = np.exp(a - a.max(axis=1, keepdims=True))
-        p = e / e.sum(axis=1, keepdims=True) + EPS_SK
-        p = p / (p.sum(axis=0, keepdims=True) + EPS_SK)
-        for _ in range(T_SK - 1):
-            p = p / (p.sum(axis=1, keepdims=True) + EPS_SK)
-            p = p / (p.sum(axis=0, keepdims=True) + EPS_SK)
-        for i in range(n):
-            y[t] += h_pre[i] * x[t, i]
-        for j in range(n):
-            x_next[t, j] = h_post[j] * f[t]
-            for i in range(n):
-                x_next[t, j] += p[i, j] * x[t, i]
-    return y, x_next
+    """(y, x_next) of x [M, n, C] and f [M, C] in x's dtype, computed in
+    fp32 (float64 inputs stay float64)."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xc = x.to(compute)
+    params = {"phi": phi, "gamma": gamma, "alpha": alpha, "beta": beta}
+    y, _, h_post, h_res = eager.pre(xc, params, SPEC)
+    x_next = eager.post(f.to(compute), xc, h_post, h_res, SPEC)
+    return y.to(x.dtype), x_next.to(x.dtype)
 
 
 def make_inputs(m, c, device, dtype, seed=0, requires_grad=False):
@@ -124,19 +72,10 @@ def make_inputs(m, c, device, dtype, seed=0, requires_grad=False):
 
 
 def selftest():
-    """Forward vs the numpy loops in float64; backward vs finite differences;
-    the bf16 / fp32 path (what is timed) vs float64."""
+    """Backward (autograd) vs float64 finite differences; the bf16 / fp32
+    path (what is timed) vs float64. The forward math itself is checked
+    against the daemon's float64 reference by the client's tests."""
     torch.manual_seed(0)
-    m, c = 5, 7
-    t = make_inputs(m, c, "cpu", torch.float64)
-    y, x_next = layer(**t)
-    ny, nx = numpy_layer(*(t[k].detach().numpy()
-                           for k in ("x", "f", "phi", "gamma", "alpha", "beta")))
-    err = max(np.abs(y.detach().numpy() - ny).max(),
-              np.abs(x_next.detach().numpy() - nx).max())
-    print(f"forward float64 vs numpy: max abs diff {err:.3e}")
-    assert err < 1e-12, err
-
     small = make_inputs(3, 2, "cpu", torch.float64, seed=1, requires_grad=True)
     inputs = tuple(small[k] for k in ("x", "f", "phi", "gamma", "alpha", "beta"))
     ok = torch.autograd.gradcheck(

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace mhc {
 
@@ -54,9 +55,8 @@ absl::StatusOr<LayerSpec> PresetSpec(absl::string_view name, int n,
     spec.orientation = Orientation::kDestRows;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("preset: unknown name '", name,
-                     "'; expected one of deepseek_v4, tilekernels, "
-                     "transformer_engine, megatron, liger"));
+        absl::StrCat("preset: unknown name '", name, "'; expected one of ",
+                     absl::StrJoin(PresetNames(), ", ")));
   }
   return spec;
 }

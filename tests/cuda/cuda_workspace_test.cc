@@ -1,6 +1,6 @@
 // The CUDA backend's workspace against the memory contract: the scratch a
 // request needs (WorkspaceBytes) is at most 5 % of the bytes of the tensors
-// it reads and writes, at the 13 configs of the GPU benchmark, for every
+// it reads and writes, at the layer configs of the GPU benchmark, for every
 // preset and activation dtype. The backward of the pre / head and of the
 // projection at n other than 1, 2 and 4 holds parameter-sized operands (phi'
 // rounded once, a dphi partial) and the fused residual terms of a channel
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bench/bench_configs.h"
 #include "cuda/cuda_harness.h"
 #include "gtest/gtest.h"
 #include "mhc/cuda.h"
@@ -18,15 +19,6 @@
 
 namespace mhc::testing {
 namespace {
-
-struct Shape {
-  int64_t tokens, hidden;
-};
-// (batch x sequence, hidden) of the GPU benchmark's configs.
-constexpr Shape kShapes[] = {
-    {2048, 12288}, {4096, 6656},  {4096, 8192},  {8192, 4096}, {8192, 8192},
-    {8192, 16384}, {8192, 5120},  {24576, 2048}, {8192, 4096}, {16384, 4096},
-    {32768, 4096}, {32768, 7168}, {16384, 2560}};
 
 // Bytes of the per-token tensors of one request of op (the pre / head
 // backward without dx_next, the smaller of its two forms).
@@ -72,8 +64,9 @@ double WorstShare(Backend& cuda, int n, bool backward, std::string* where) {
       OpKind::kHeadForward,       OpKind::kHeadBackward};
   double worst = 0.0;
   for (const std::string& preset : PresetNames()) {
-    for (const Shape& shape : kShapes) {
-      absl::StatusOr<LayerSpec> mhc = PresetSpec(preset, n, shape.hidden);
+    for (const bench::Config& config : bench::kConfigs) {
+      const int64_t tokens = config.B * config.T;
+      absl::StatusOr<LayerSpec> mhc = PresetSpec(preset, n, config.C);
       if (!mhc.ok()) continue;
       LayerSpec head = *mhc;
       head.kind = LayerKind::kHead;
@@ -84,14 +77,13 @@ double WorstShare(Backend& cuda, int n, bool backward, std::string* where) {
           const bool is_head =
               op == OpKind::kHeadForward || op == OpKind::kHeadBackward;
           const LayerSpec& spec = is_head ? head : *mhc;
-          const double share =
-              cuda.WorkspaceBytes(op, spec, shape.tokens, dtype) /
-              ActivationBytes(op, spec, shape.tokens, dtype);
+          const double share = cuda.WorkspaceBytes(op, spec, tokens, dtype) /
+                               ActivationBytes(op, spec, tokens, dtype);
           if (share > worst) {
             worst = share;
             *where = absl::StrCat(OpFamilyName(op), " ", OpDirectionName(op),
-                                  " ", preset, " n=", n, " M=", shape.tokens,
-                                  " C=", shape.hidden, " ", DTypeName(dtype));
+                                  " ", preset, " n=", n, " M=", tokens,
+                                  " C=", config.C, " ", DTypeName(dtype));
           }
         }
       }

@@ -35,6 +35,7 @@ import zipfile
 
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 needed = {"mhc_client/__init__.py", "mhc_client/py.typed",
+          "mhc_client/_daemon_tables.py",
           "mhc_client/_pb/__init__.py", "mhc_client/_pb/service_pb2.py",
           "mhc_client/_pb/service_pb2_grpc.py", "mhc_client/_pb/health_pb2.py"}
 missing = sorted(needed - names)

@@ -27,7 +27,7 @@ from ._proto import (health_pb2, health_pb2_grpc, layer_pb2, service_pb2,
 from .cuda_events import SIGNAL_EVENT_METADATA_KEY, WAIT_EVENT_METADATA_KEY
 from .groups import GroupCalls
 from .training import TrainingCalls
-from .ops import ACTIVATION_FIELDS, OPS, OpDef, Ref, op_def
+from .ops import OPS, OpDef, Ref, op_def
 from .spec import LayerInfo, LayerSpec, enum_value
 
 SESSION_METADATA_KEY = "mhc-session-id"
@@ -486,13 +486,12 @@ class Client(GroupCalls, TrainingCalls):
 
     # ------------------------------------------------------------ compute
 
-    def _tensor_ref(self, field: str, value: Any,
-                    act_dtype: tensors.DTypeLike) -> tensor_pb2.TensorRef:
+    def _tensor_ref(self, value: Any,
+                    dtype: tensors.DTypeLike) -> tensor_pb2.TensorRef:
         if isinstance(value, tensor_pb2.TensorRef):
             return value
         if isinstance(value, Ref):
             return value.to_proto()
-        dtype = act_dtype if field in ACTIVATION_FIELDS else tensors.F32
         if self._session is not None and isinstance(value, np.ndarray):
             ref = self._session.tensor_ref(value, dtype)
             if ref is not None:
@@ -508,7 +507,7 @@ class Client(GroupCalls, TrainingCalls):
         request = spec.request(layer=layer)
         act_dtype = dtype
         if act_dtype is None:
-            for name in ("x", "f", "e", "dx", "dy", "dx_next"):
+            for name in spec.activation_inputs:
                 value = fields.get(name)
                 if isinstance(value, np.ndarray):
                     act_dtype = tensors.encode(value)[0]
@@ -517,8 +516,8 @@ class Client(GroupCalls, TrainingCalls):
             if value is None:
                 continue
             if name in spec.tensor_inputs:
-                getattr(request, name).CopyFrom(
-                    self._tensor_ref(name, value, act_dtype))
+                wire = act_dtype if name in spec.activation_inputs else tensors.F32
+                getattr(request, name).CopyFrom(self._tensor_ref(value, wire))
             elif name == "lead_shape":
                 request.lead_shape.extend(int(d) for d in value)
             elif name in spec.request.DESCRIPTOR.fields_by_name:

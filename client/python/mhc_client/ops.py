@@ -1,22 +1,20 @@
-"""The compute operators' request/response shapes, read from the protos.
+"""The compute operators' request/response shapes, from the daemon's op table.
 
 One table drives direct calls (``Client.pre``...) and ``Execute`` batches:
-the request message of each op and which of its tensor fields are
-activations (dtype of the request: bf16/fp16/fp32) versus fp32 mixing
-values, so the client converts each argument to the right wire dtype.
+the request message of each op, its tensor slots in the daemon's order, and
+which of them are activations (dtype of the request: bf16/fp16/fp32) versus
+fp32 mixing values, so the client converts each argument to the right wire
+dtype. ``_daemon_tables`` is generated from the daemon's sources.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Type
+from typing import Dict, List, NamedTuple, Optional, Tuple, Type
 
 from google.protobuf.message import Message
 
-from ._proto import ops_pb2, service_pb2, tensor_pb2
-
-# Activation-shaped tensors; every other tensor field is fp32.
-ACTIVATION_FIELDS = frozenset(
-    {"x", "y", "f", "e", "dx", "dy", "df", "de", "dx_next", "x_next"})
+from . import _daemon_tables
+from ._proto import ops_pb2, tensor_pb2
 
 
 class OpDef(NamedTuple):
@@ -24,32 +22,25 @@ class OpDef(NamedTuple):
     rpc: str             # Mhc method, e.g. "PostBackward"
     request: Type[Message]
     response: Type[Message]
-    tensor_inputs: List[str]
+    tensor_inputs: List[str]   # in the daemon's slot order
     outputs: List[str]
     # Backward ops that add parameter gradients must not be retried.
     mutates: bool
+    # Inputs sent in the request's activation dtype (the others are fp32),
+    # in slot order.
+    activation_inputs: Tuple[str, ...]
 
 
 def _build() -> Dict[str, OpDef]:
-    service = service_pb2.DESCRIPTOR.services_by_name["Mhc"]
-    by_input: Dict[str, List[str]] = {}
-    for method in service.methods:
-        by_input.setdefault(method.input_type.name, []).append(method.name)
     table: Dict[str, OpDef] = {}
-    for field in service_pb2.Op.DESCRIPTOR.oneofs_by_name["op"].fields:
-        request_desc = field.message_type
-        # PostRequest serves both Post and ExpandCombine: Op.post is Post.
-        rpc = "".join(part.capitalize() for part in field.name.split("_"))
-        method = service.methods_by_name[rpc]
-        request = getattr(ops_pb2, request_desc.name)
-        response = getattr(ops_pb2, method.output_type.name)
-        inputs = [f.name for f in request_desc.fields
-                  if f.message_type is not None
-                  and f.message_type.name == "TensorRef"]
-        outputs = [f.name for f in method.output_type.fields]
-        mutates = "skip_parameter_gradients" in request_desc.fields_by_name
-        table[field.name] = OpDef(field.name, rpc, request, response, inputs,
-                                  outputs, mutates)
+    for kind, entry in _daemon_tables.OPS.items():
+        table[kind] = OpDef(
+            kind, entry["rpc"], getattr(ops_pb2, entry["request"]),
+            getattr(ops_pb2, entry["response"]),
+            [name for name, _ in entry["inputs"]],
+            [name for name, _ in entry["outputs"]], entry["accumulates"],
+            tuple(name for name, dtype in entry["inputs"]
+                  if dtype == "activation"))
     # ExpandCombine is Post under another name (not an Op kind of its own).
     post, post_bwd = table["post"], table["post_backward"]
     table["expand_combine"] = post._replace(kind="expand_combine",

@@ -12,10 +12,8 @@ import dataclasses
 from typing import Dict, Optional
 
 from . import errors
+from ._daemon_tables import PRESET_SPECS, PRESETS
 from ._proto import layer_pb2
-
-PRESETS = ("deepseek_v4", "tilekernels", "transformer_engine", "megatron",
-           "liger")
 
 # enum field -> (proto prefix, {python name: proto value})
 _ENUMS: Dict[str, Dict[str, int]] = {
@@ -101,6 +99,13 @@ class LayerSpec:
             if proto.HasField(field):
                 setattr(spec, field, getattr(proto, field))
         return spec
+
+    def resolved(self, preset: str = PRESETS[0]) -> "LayerSpec":
+        """This spec with every field left None taken from `preset`, as the
+        daemon resolves a CreateLayer request (itself when none is)."""
+        open_fields = {name: value for name, value in PRESET_SPECS[preset].items()
+                       if getattr(self, name) is None}
+        return dataclasses.replace(self, **open_fields) if open_fields else self
 
     @property
     def streams(self) -> int:

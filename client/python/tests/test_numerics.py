@@ -1,18 +1,69 @@
-"""Every compute RPC against the float64 references (SPEC section 7)."""
+"""Every compute RPC against float64 autograd of mhc_client.eager, and that
+reference against the daemon's float64 reference backend."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Iterator, Tuple
 
 import numpy as np
 import pytest
 import torch
 
-import reference as ref
+from conftest import Daemon, _binary
 from mhc_client import Batch, Client, LayerSpec, Ref, eager, errors, tensors
 
 FP32_TOL = 1e-5
 LOW_TOL = 1e-2
+# The reference backend computes in float64; only its fp32 outputs and
+# fp32 gradient accumulators stand between it and the eager reference.
+REFERENCE_TOL = 1e-6
+
+
+def rel_error(got: Any, want: Any) -> float:
+    """max |got - want| / max |want| (0 for empty tensors)."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if want.size == 0:
+        return 0.0
+    scale = max(np.abs(want).max(), 1e-30)
+    return float(np.abs(got - want).max() / scale)
+
+
+def _float64(value: Any) -> Any:
+    """numpy arrays (and dicts of them) as float64 tensors; others as given."""
+    if isinstance(value, dict):
+        return {k: _float64(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return torch.tensor(np.asarray(value, np.float64))
+    return value
+
+
+def oracle(fn: Any, *args: Any) -> Any:
+    """eager `fn` in float64 on numpy arguments; numpy results."""
+    out = fn(*(_float64(a) for a in args))
+    return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+
+
+def post_backward(dx_next: Any, f: Any, x: Any, h_post: Any, h_res: Any,
+                  spec: LayerSpec, bias: Any = None) -> Tuple[np.ndarray, ...]:
+    """(df, dx, dh_post, dh_res): float64 autograd of eager.post."""
+    leaves = [torch.tensor(np.asarray(a, np.float64), requires_grad=True)
+              for a in (f, x, h_post, h_res)]
+    eager.post(*leaves, spec, _float64(bias)).backward(_float64(np.asarray(dx_next)))
+    return tuple(leaf.grad.numpy() for leaf in leaves)
+
+
+@pytest.fixture(scope="module")
+def reference_client() -> Iterator[Client]:
+    """A client of a daemon on the float64 reference backend, the oracle."""
+    daemon = Daemon(_binary(), ["--backend=reference"])
+    try:
+        with Client(daemon.address, timeout=60) as client:
+            client.wait_for_ready(30)
+            yield client
+    finally:
+        daemon.stop()
 
 
 def _x(rng: np.random.Generator, spec: LayerSpec, lead=(13,)) -> np.ndarray:
@@ -45,48 +96,54 @@ def test_pre_post_match_fp64_reference(client, layer_name, rng, preset):
     params = _params(client, layer_name)
     x = _x(rng, spec, lead=(2, 7))
     y, h_pre, h_post, h_res = client.pre(layer_name, x)
-    want = ref.pre(x, params, spec)
+    want = oracle(eager.pre, x, params, spec)
     for got, exp in zip((y, h_pre, h_post, h_res), want):
         assert got.shape == exp.shape and got.dtype == np.float32
-        assert ref.rel_error(got, exp) <= FP32_TOL
+        assert rel_error(got, exp) <= FP32_TOL
     np.testing.assert_allclose(h_res.sum(-2), 1.0, atol=1e-5)
     f = rng.standard_normal(y.shape).astype(np.float32)
     x_next = client.post(layer_name, f, x, h_post, h_res)
-    assert ref.rel_error(x_next, ref.post(f, x, h_post, h_res, spec)) <= FP32_TOL
+    assert rel_error(x_next, oracle(eager.post, f, x, h_post, h_res, spec)) <= FP32_TOL
 
 
-def test_eager_torch_matches_numpy_reference(client, layer_name, rng):
-    """The two references agree to float64 rounding (LINEAR and LOG)."""
-    for preset in ("deepseek_v4", "transformer_engine"):
-        spec = client.create_layer(layer_name, 6, n=3, preset=preset, seed=2,
-                                   has_gamma=True, has_post_bias=True).spec
-        client.delete_layer(layer_name)
-        params = _random_parameters(rng, spec)
-        x = _x(rng, spec)
-        tp = {k: torch.from_numpy(v).double() for k, v in params.items()}
-        got = eager.pre(torch.from_numpy(x).double(), tp, spec)
-        for a, b in zip(got, ref.pre(x, params, spec)):
-            np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-12)
-        f = rng.standard_normal(got[0].shape)
-        xn = eager.post(torch.from_numpy(f), torch.from_numpy(x).double(), got[2], got[3],
-                        spec, tp["bias"])
-        np.testing.assert_allclose(
-            xn.numpy(), ref.post(f, x, got[2].numpy(), got[3].numpy(), spec, params["bias"]),
-            rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("preset", ["deepseek_v4", "transformer_engine"])
+def test_eager_matches_the_reference_backend(reference_client, layer_name, rng, preset):
+    """The eager reference against the C++ float64 one, LINEAR and LOG, with
+    gamma and bias: forward, then a layer's backward."""
+    client = reference_client
+    spec = client.create_layer(layer_name, 6, n=3, preset=preset, seed=2,
+                               has_gamma=True, has_post_bias=True).spec
+    client.set_parameters(layer_name, _random_parameters(rng, spec))
+    params = _params(client, layer_name)
+    x = _x(rng, spec)
+    got = client.pre(layer_name, x)
+    for a, b in zip(got, oracle(eager.pre, x, params, spec)):
+        assert rel_error(a, b) <= REFERENCE_TOL
+    f = rng.standard_normal(got.y.shape).astype(np.float32)
+    x_next = client.post(layer_name, f, x, got.h_post, got.h_res)
+    want = oracle(eager.post, f, x, got.h_post, got.h_res, spec, params["bias"])
+    assert rel_error(x_next, want) <= REFERENCE_TOL
+    client.delete_layer(layer_name)
+    for name, (got_value, want_value) in _layer_backward(
+            client, layer_name, rng, 13, "f32", preset).items():
+        assert rel_error(got_value, want_value) <= REFERENCE_TOL, name
 
 
 def test_log_sinkhorn_equals_linear_without_eps(rng):
-    a = rng.standard_normal((5, 4, 4))
+    a = torch.tensor(rng.standard_normal((5, 4, 4)))
     lin = LayerSpec(hidden=1, n=4, sinkhorn_mode="linear", sinkhorn_iterations=30, eps_sk=0.0)
     log = LayerSpec(hidden=1, n=4, sinkhorn_mode="log", sinkhorn_iterations=30)
-    np.testing.assert_allclose(ref.sinkhorn(a, lin), ref.sinkhorn(a, log), atol=1e-12)
+    np.testing.assert_allclose(eager.sinkhorn(a, lin).numpy(), eager.sinkhorn(a, log).numpy(),
+                               atol=1e-12)
 
 
-@pytest.mark.parametrize("tokens", [0, 1, 13])
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
-def test_layer_backward_matches_autograd(client, layer_name, rng, tokens, dtype):
-    """PostBackward(skip_dx) + PreBackward(dx_next) vs float64 autograd."""
-    spec = client.create_layer(layer_name, 24, n=4, seed=3, has_gamma=True,
+def _layer_backward(client: Client, layer_name: str, rng: np.random.Generator,
+                    tokens: int, dtype: str, preset: str = "deepseek_v4"
+                    ) -> Dict[str, Any]:
+    """PostBackward(skip_dx) + PreBackward(dx_next) on a new layer, and float64
+    autograd of the same chain on exactly the daemon's inputs: name -> (got,
+    want) for df, dx and every parameter gradient."""
+    spec = client.create_layer(layer_name, 24, n=4, preset=preset, seed=3, has_gamma=True,
                                has_post_bias=True, matmul_precision="ieee").spec
     client.set_parameters(layer_name, _random_parameters(rng, spec))
     params = _params(client, layer_name)
@@ -102,7 +159,6 @@ def test_layer_backward_matches_autograd(client, layer_name, rng, tokens, dtype)
                              dtype=dtype)
     grads = client.get_gradients(layer_name)
     assert grads.tokens == tokens
-    # float64 autograd of the same chain, on exactly the daemon's inputs.
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     ty, _, thp, thr = eager.pre(tx, tp, spec)
@@ -111,13 +167,22 @@ def test_layer_backward_matches_autograd(client, layer_name, rng, tokens, dtype)
     ty_grad = torch.tensor(tensors.to_float32(dy), dtype=torch.float64)
     loss = (out * torch.tensor(dx_next, dtype=torch.float64)).sum() + (ty * ty_grad).sum()
     loss.backward()
+    want_df = post_backward(dx_next, f, x, h_post, h_res, spec, params["bias"])[0]
+    pairs = {"df": (tensors.to_float32(pb.df), want_df),
+             "dx": (tensors.to_float32(dx), tx.grad.numpy())}
+    for name in ("phi", "alpha", "beta", "gamma", "bias"):
+        pairs["d" + name] = (grads[name], tp[name].grad.numpy())
+    return pairs
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 13])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_layer_backward_matches_autograd(client, layer_name, rng, tokens, dtype):
+    """PostBackward(skip_dx) + PreBackward(dx_next) vs float64 autograd."""
     tol = FP32_TOL if dtype == "f32" else LOW_TOL
     grad_tol = 1e-4 if dtype == "f32" else LOW_TOL
-    want_df = ref.post_backward(dx_next, f, x, h_post, h_res, spec, params["bias"])[0]
-    assert ref.rel_error(tensors.to_float32(pb.df), want_df) <= tol
-    assert ref.rel_error(tensors.to_float32(dx), tx.grad.numpy()) <= tol
-    for name in ("phi", "alpha", "beta", "gamma", "bias"):
-        assert ref.rel_error(grads[name], tp[name].grad.numpy()) <= grad_tol, name
+    for name, (got, want) in _layer_backward(client, layer_name, rng, tokens, dtype).items():
+        assert rel_error(got, want) <= (tol if name in ("df", "dx") else grad_tol), name
 
 
 def test_pre_backward_from_the_kept_projection(client, layer_name, rng):
@@ -147,9 +212,9 @@ def test_post_backward_dx_and_dest_rows(client, layer_name, rng):
     y, _, h_post, h_res = client.pre(layer_name, x)
     dxn = rng.standard_normal(x.shape).astype(np.float32)
     pb = client.post_backward(layer_name, dxn, y, x, h_post, h_res)
-    want = ref.post_backward(dxn, y, x, h_post, h_res, spec)
+    want = post_backward(dxn, y, x, h_post, h_res, spec)
     for got, exp in zip(pb, want):
-        assert ref.rel_error(got, exp) <= FP32_TOL
+        assert rel_error(got, exp) <= FP32_TOL
 
 
 def test_single_kernels_compose_to_pre(client, layer_name, rng):
@@ -159,22 +224,22 @@ def test_single_kernels_compose_to_pre(client, layer_name, rng):
     params = _params(client, layer_name)
     x = _x(rng, spec, (3, 4))
     h, ms = client.projection(layer_name, x)
-    want_h, want_ms = ref.projection(x, params, spec)
-    assert ref.rel_error(h, want_h) <= FP32_TOL and ref.rel_error(ms, want_ms) <= FP32_TOL
+    want_h, want_ms = oracle(eager.projection, x, params, spec)
+    assert rel_error(h, want_h) <= FP32_TOL and rel_error(ms, want_ms) <= FP32_TOL
     sc = client.scale(layer_name, h=h, mean_square=ms)
     h_res = client.sinkhorn(layer_name, sc.logits)
     y = client.aggregate(layer_name, x, sc.h_pre)
-    want = ref.pre(x, params, spec)
-    assert ref.rel_error(y, want[0]) <= FP32_TOL
-    assert ref.rel_error(h_res, want[3]) <= FP32_TOL
+    want = oracle(eager.pre, x, params, spec)
+    assert rel_error(y, want[0]) <= FP32_TOL
+    assert rel_error(h_res, want[3]) <= FP32_TOL
     # Sinkhorn backward against autograd of the eager Sinkhorn.
     dh_res = rng.standard_normal(h_res.shape).astype(np.float32)
     dlogits = client.sinkhorn_backward(layer_name, sc.logits, dh_res)
     a = torch.tensor(sc.logits, dtype=torch.float64, requires_grad=True)
     eager.sinkhorn(a, spec).backward(torch.tensor(dh_res, dtype=torch.float64))
-    assert ref.rel_error(dlogits, a.grad.numpy()) <= 1e-4
+    assert rel_error(dlogits, a.grad.numpy()) <= 1e-4
     ab = client.aggregate_backward(layer_name, x, sc.h_pre, y)
-    assert ref.rel_error(ab.dh_pre, np.einsum("...c,...ic->...i", y, x)) <= FP32_TOL
+    assert rel_error(ab.dh_pre, np.einsum("...c,...ic->...i", y, x)) <= FP32_TOL
 
 
 def test_expand_and_head(client, layer_name, rng):
@@ -184,18 +249,18 @@ def test_expand_and_head(client, layer_name, rng):
     assert params["phi"].shape == (4, 28) and params["alpha"].shape == (1,)
     x = _x(rng, spec, (6,))
     y, mix = client.head(layer_name, x)
-    want_y, want_mix = ref.head(x, params, spec)
-    assert ref.rel_error(y, want_y) <= FP32_TOL and ref.rel_error(mix, want_mix) <= FP32_TOL
+    want_y, want_mix = oracle(eager.head, x, params, spec)
+    assert rel_error(y, want_y) <= FP32_TOL and rel_error(mix, want_mix) <= FP32_TOL
     dx = client.head_backward(layer_name, x, y)
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     eager.head(tx, tp, spec)[0].backward(torch.tensor(y, dtype=torch.float64))
-    assert ref.rel_error(dx, tx.grad.numpy()) <= FP32_TOL
+    assert rel_error(dx, tx.grad.numpy()) <= FP32_TOL
     client.delete_layer(layer_name)
     spec = client.create_layer(layer_name, 7, n=4, seed=6).spec
     e = rng.standard_normal((6, 7)).astype(np.float32)
     xe = client.expand(layer_name, e)
-    np.testing.assert_array_equal(xe, ref.expand(e, spec).astype(np.float32))
+    np.testing.assert_array_equal(xe, oracle(eager.expand, e, spec).astype(np.float32))
     np.testing.assert_allclose(client.expand_backward(layer_name, xe), 4 * e, rtol=1e-6)
 
 
@@ -204,15 +269,15 @@ def test_wide_odd_hidden_and_static_layer(client, layer_name, rng):
     x = _x(rng, spec, (2,))
     params = _params(client, layer_name)
     got = client.pre(layer_name, x)
-    for a, b in zip(got, ref.pre(x, params, spec)):
-        assert ref.rel_error(a, b) <= FP32_TOL
+    for a, b in zip(got, oracle(eager.pre, x, params, spec)):
+        assert rel_error(a, b) <= FP32_TOL
     client.delete_layer(layer_name)
     spec = client.create_layer(layer_name, 1, n=2, seed=7, dynamic=False).spec
     assert set(client.get_parameters(layer_name)) == {"beta"}
     x = _x(rng, spec, (3,))
     got = client.pre(layer_name, x)
-    for a, b in zip(got, ref.pre(x, _params(client, layer_name), spec)):
-        assert ref.rel_error(a, b) <= FP32_TOL
+    for a, b in zip(got, oracle(eager.pre, x, _params(client, layer_name), spec)):
+        assert rel_error(a, b) <= FP32_TOL
 
 
 def test_execute_batch_matches_single_calls(client, layer_name, rng):

@@ -1,0 +1,170 @@
+// Writes the Python client's copy of the daemon's op table and presets, the
+// committed module client/python/mhc_client/_daemon_tables.py, so that the
+// client's op slots and preset names have their one home here. ctest
+// python_tables_current runs --check against the committed file.
+//
+//   mhc_python_tables                prints the module
+//   mhc_python_tables --write=FILE   writes it
+//   mhc_python_tables --check=FILE   exits 1 when FILE differs from it
+#include <charconv>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "convert/spec_convert.h"
+#include "mhc/types.h"
+#include "mhc/v1/service.pb.h"
+#include "server/op_defs.h"
+
+namespace mhc::server {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+
+std::string Quoted(absl::string_view text) {
+  return absl::StrCat("\"", text, "\"");
+}
+
+// Python's repr of the double: the shortest text that reads back the same.
+std::string PythonFloat(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  std::string text(buffer, result.ptr);
+  if (text.find_first_of(".en") == std::string::npos) text += ".0";
+  return text;
+}
+
+// Enum members as the client spells them: LAYOUT_STREAM_MAJOR -> stream_major.
+std::string PythonEnumName(const google::protobuf::EnumValueDescriptor& value) {
+  const absl::string_view prefix =
+      absl::StripSuffix(value.type()->value(0)->name(), "UNSPECIFIED");
+  return absl::AsciiStrToLower(absl::StripPrefix(value.name(), prefix));
+}
+
+std::string PythonValue(const google::protobuf::Message& message,
+                        const FieldDescriptor& field) {
+  const auto* reflection = message.GetReflection();
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return Quoted(PythonEnumName(*reflection->GetEnum(message, &field)));
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return PythonFloat(reflection->GetFloat(message, &field));
+    case FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(reflection->GetInt32(message, &field));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return reflection->GetBool(message, &field) ? "True" : "False";
+    default:
+      std::cerr << "mhc_python_tables: no Python form for LayerSpec."
+                << field.name() << std::endl;
+      std::exit(2);
+  }
+}
+
+void WritePresets(std::ostream& out) {
+  std::vector<std::string> quoted;
+  for (const std::string& name : PresetNames()) quoted.push_back(Quoted(name));
+  out << "# Preset names, the default first.\n"
+      << "PRESETS = (" << absl::StrJoin(quoted, ", ") << ")\n\n"
+      << "# Every LayerSpec field of each preset but n and hidden.\n"
+      << "PRESET_SPECS = {\n";
+  for (const std::string& name : PresetNames()) {
+    const v1::LayerSpec spec = SpecToProto(*PresetSpec(name, 4, 1));
+    out << "    " << Quoted(name) << ": {\n";
+    const auto* descriptor = spec.GetDescriptor();
+    for (int i = 0; i < descriptor->field_count(); ++i) {
+      const FieldDescriptor& field = *descriptor->field(i);
+      if (field.name() == "n" || field.name() == "hidden") continue;
+      out << "        " << Quoted(field.name()) << ": "
+          << PythonValue(spec, field) << ",\n";
+    }
+    out << "    },\n";
+  }
+  out << "}\n\n";
+}
+
+void WriteSlots(std::ostream& out, const char* key,
+                const std::vector<SlotDef>& slots) {
+  out << "        " << Quoted(key) << ": (\n";
+  for (const SlotDef& slot : slots) {
+    out << "            (" << Quoted(slot.name) << ", "
+        << Quoted(slot.activation ? "activation" : "f32") << "),\n";
+  }
+  out << "        ),\n";
+}
+
+void WriteOps(std::ostream& out) {
+  out << "# Op oneof field -> its RPC, messages and tensor slots in the "
+         "daemon's\n"
+      << "# order, each an activation (the request's dtype) or f32; "
+         "\"accumulates\":\n"
+      << "# adds into the layer's gradients (not safe to retry).\n"
+      << "OPS = {\n";
+  const auto* oneof = v1::Op::descriptor()->FindOneofByName("op");
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    const OpDef* def = FindOpDefByOpField(oneof->field(i)->number());
+    if (def == nullptr) continue;
+    out << "    " << Quoted(def->op_field) << ": {\n"
+        << "        \"rpc\": " << Quoted(def->rpc) << ",\n"
+        << "        \"request\": " << Quoted(def->request->name()) << ",\n"
+        << "        \"response\": " << Quoted(def->response->name()) << ",\n";
+    WriteSlots(out, "inputs", def->inputs);
+    WriteSlots(out, "outputs", def->outputs);
+    out << "        \"accumulates\": " << (def->accumulates ? "True" : "False")
+        << ",\n    },\n";
+  }
+  out << "}\n";
+}
+
+std::string Module() {
+  std::ostringstream out;
+  out << "\"\"\"The daemon's op table and presets, for the client.\n\n"
+      << "Generated by mhc_python_tables (server/python_tables.cc) from the\n"
+      << "daemon's own definitions; do not edit. ctest python_tables_current\n"
+      << "fails while this file differs from what they generate.\n\"\"\"\n\n";
+  WritePresets(out);
+  WriteOps(out);
+  return out.str();
+}
+
+int Run(int argc, char** argv) {
+  const std::string module = Module();
+  if (argc == 1) {
+    std::cout << module;
+    return 0;
+  }
+  const std::string arg = argc == 2 ? argv[1] : "";
+  if (absl::StartsWith(arg, "--write=")) {
+    std::ofstream file(arg.substr(8), std::ios::binary);
+    file << module;
+    return file.good() ? 0 : 1;
+  }
+  if (absl::StartsWith(arg, "--check=")) {
+    const std::string path = arg.substr(8);
+    std::ifstream file(path, std::ios::binary);
+    std::stringstream committed;
+    committed << file.rdbuf();
+    if (committed.str() == module) {
+      std::cout << "mhc_python_tables: " << path << " is current" << std::endl;
+      return 0;
+    }
+    std::cerr << "mhc_python_tables: " << path << " is stale; regenerate it "
+              << "with `mhc_python_tables --write=" << path
+              << "` and commit the result" << std::endl;
+    return 1;
+  }
+  std::cerr << "usage: mhc_python_tables [--write=FILE | --check=FILE]"
+            << std::endl;
+  return 2;
+}
+
+}  // namespace
+}  // namespace mhc::server
+
+int main(int argc, char** argv) { return mhc::server::Run(argc, argv); }
