@@ -42,7 +42,7 @@ def _effective_phi(params: Params, spec: LayerSpec) -> torch.Tensor:
 
 
 def sinkhorn(logits: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
-    """H_res from raw logits A [..., n, n] (SPEC section 3)."""
+    """H_res from raw logits A [..., n, n] (docs/SPEC.md section 3)."""
     iterations = spec.sinkhorn_iterations or 20
     if spec.sinkhorn_mode == "log":
         f = torch.zeros_like(logits[..., :, 0])

@@ -101,7 +101,7 @@ def post(f: np.ndarray, x: np.ndarray, h_post: np.ndarray, h_res: np.ndarray,
 def post_backward(dx_next: np.ndarray, f: np.ndarray, x: np.ndarray,
                   h_post: np.ndarray, h_res: np.ndarray, spec: LayerSpec,
                   bias: np.ndarray = None):
-    """(df, dx, dh_post, dh_res) per SPEC section 4."""
+    """(df, dx, dh_post, dh_res) per docs/SPEC.md section 4."""
     d = _major(np.asarray(dx_next, np.float64), spec)
     xs = _major(np.asarray(x, np.float64), spec)
     r = np.asarray(h_res, np.float64)

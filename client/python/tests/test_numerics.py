@@ -1,4 +1,4 @@
-"""Every compute RPC against the float64 references (SPEC section 7)."""
+"""Every compute RPC against the float64 references (docs/SPEC.md section 7)."""
 
 from __future__ import annotations
 
