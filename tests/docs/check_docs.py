@@ -82,12 +82,30 @@ LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
 CODE = re.compile(r'`([^`\s]+)`')
 
 
+def paragraphs(text):
+    """(first line number, text) of each run of non-empty prose lines, the
+    lines joined by spaces, so that a link split across lines is one."""
+    block, start = [], 0
+    for number, line in prose_lines(text):
+        if line.strip():
+            if not block:
+                start = number
+            block.append(line.strip())
+        elif block:
+            yield start, ' '.join(block)
+            block = []
+    if block:
+        yield start, ' '.join(block)
+
+
 def check_markdown(path):
     with open(path, encoding='utf-8') as f:
         text = f.read()
-    for number, line in prose_lines(text):
+    # The changelog names files that later changes removed.
+    history = os.path.basename(path) == 'CHANGELOG.md'
+    for number, para in paragraphs(text):
         where = f'{rel(path)}:{number}'
-        without_code = re.sub(r'`[^`]*`', '', line)
+        without_code = re.sub(r'`[^`]*`', '', para)
         for target in LINK.findall(without_code):
             if re.match(r'[a-z]+:', target):
                 continue
@@ -101,9 +119,7 @@ def check_markdown(path):
                 errors.append(f'{where}: link leaves the repository: {target}')
             elif anchor and dest.endswith('.md') and anchor not in anchors(dest):
                 errors.append(f'{where}: no heading #{anchor} in {rel(dest)}')
-        # The changelog names files that later changes removed.
-        history = os.path.basename(path) == 'CHANGELOG.md'
-        for token in [] if history else CODE.findall(line):
+        for token in [] if history else CODE.findall(para):
             token = token.rstrip('.,:;')
             first = token.split('/')[0]
             if first not in REPO_DIRS or '/' not in token:
