@@ -119,8 +119,9 @@ struct CaseInfo {
   std::vector<Check> checks;
 };
 
-// Tolerances of SPEC section 7: one ulp for element-wise bf16 results, 1e-2
-// for anything downstream of the (tf32) projection, fp32 mixing math tight.
+// Tolerances of docs/SPEC.md section 7: one ulp for element-wise bf16 results,
+// 1e-2 for anything downstream of the (tf32) projection, fp32 mixing math
+// tight.
 inline const CaseInfo& Info(int c) {
   static const std::vector<CaseInfo>* infos = new std::vector<CaseInfo>{
       {"projection", "forward", {{kH, 1e-2}, {kMs, 1e-4}}},

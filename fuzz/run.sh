@@ -2,7 +2,7 @@
 # Builds the fuzz tree (clang, ASan + UBSan, libFuzzer; MHC_FUZZ=ON) and runs
 # each harness for a fixed time, starting from its committed corpus in
 # fuzz/corpus/<harness>. A finding fails the script, which prints the
-# reproducer's path and the command that replays it. See docs/fuzzing.md.
+# reproducer's path and the command that replays it. See docs/testing.md.
 #
 #   FUZZ_SECONDS     seconds per harness (default 45; 0 skips fuzzing)
 #   FUZZ_BUILD_DIR   build directory (default: build-fuzz)

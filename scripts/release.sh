@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes the release tarball of a build: mhcd and mhcctl with the shared
 # libraries they load ($ORIGIN run paths, see bundle.sh), the Python client
-# as a wheel, the docs that matter to operators, and a MANIFEST naming the
+# as a wheel, the docs (docs/ as doc/), and a MANIFEST naming the
 # version, commit and the oldest glibc and libstdc++ the binaries need; then
 # a sha256 checksum file next to the tarball.
 #
@@ -41,8 +41,8 @@ mkdir -p "${stage}/python"
 
 mkdir -p "${stage}/doc"
 cp "${repo}/README.md" "${repo}/CHANGELOG.md" "${repo}/LICENSE" "${stage}/"
-cp "${repo}/docs/operations.md" "${repo}/docs/daemon.md" \
-  "${repo}/docs/python-client.md" "${stage}/doc/"
+cp "${repo}"/docs/*.md "${stage}/doc/"
+cp -r "${repo}/docs/img" "${stage}/doc/"
 
 # The newest symbol versions the packed files use: the target needs at
 # least this glibc and libstdc++ (both come from the target system).

@@ -1,5 +1,5 @@
-// The determinism audit (SPEC section 6 checked in production). A sampled
-// launch is run again on the device, right after it, on the same inputs
+// The determinism audit (docs/SPEC.md section 6 checked in production). A
+// sampled launch is run again on the device, right after it, on the same inputs
 // into scratch outputs, and the outputs are compared bit for bit ("replay");
 // a sampled launch of several tokens has one token re-run alone and compared
 // with its slice of the batched outputs ("batch_invariance"). Re-runs never

@@ -211,7 +211,8 @@ class LayerStore {
                        bool replace, Reservation reservation);
 
  private:
-  // Seeded SPEC section 5 initialisation, host side, in parameter order.
+  // Seeded docs/SPEC.md section 5 initialisation, host side, in parameter
+  // order.
   std::vector<float> InitialValues(const Layer& layer, uint64_t seed) const;
   absl::StatusOr<std::vector<float>> ValuesFromRequest(
       const Layer& layer, const v1::Parameters& parameters) const;

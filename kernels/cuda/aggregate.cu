@@ -47,9 +47,9 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Odd C at n = 4 (strided rows) took 108 registers, four CTAs per SM, and
-// ran 1.8x slower than at five (bench/RESULTS.md); the other modes already
-// fit more CTAs.
+// Odd C at n = 4 (strided rows): the compiler's choice fits four CTAs per
+// SM, too few loads in flight; five measured much faster
+// (docs/decisions.md). The other modes already fit more CTAs.
 template <int NT, bool kStrided>
 inline constexpr int kAggregateBackwardBlocks = NT == 4 && kStrided ? 5 : 0;
 

@@ -4,7 +4,7 @@
 // into bf16 B tiles, x rows copied into wgmma's A layout, the sum of squares on
 // mma.sync, and the accumulators' flush and store.
 //
-// Numerics: phi' = phi * gamma (one rounded multiply, as the SPEC defines
+// Numerics: phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines
 // it) split into bf16 terms hi + mid (TF32 precision: 16 significant bits)
 // or hi + mid + lo (IEEE); products of bf16 x and a term are exact in fp32.
 // The tensor cores accumulate a few stages (they truncate against a long
@@ -74,7 +74,7 @@ __device__ __forceinline__ UnitSpan UnitSpanOf(const DevSpec& s, int64_t tokens,
 // elements on 8 / 4 bytes); the pieces keep their place in the swizzled
 // row, so the width never changes the bits. (16-byte copies from the
 // boundaries around such rows, shifted into place through a raw ring,
-// measured slower than the narrow copies: bench/RESULTS.md.)
+// measured slower than the narrow copies: docs/decisions.md.)
 template <int kThreads, int kTokens, int kCopyBytes>
 class XCopies {
  public:

@@ -92,11 +92,9 @@ RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
 enum class StreamState { kQuadratic, kLinear, kLinearWide };
 
 // Whether 16-byte accesses keep a row kernel's passes over the C channels
-// full: at most a tenth of the thread slots idle in them. On an H100 (bf16,
-// n = 8 aggregate forward, bench/RESULTS.md) they ran 1-16 % faster at the
-// 12 benchmark configs this picks and 2.4 % slower at C = 2560, a sixth idle
-// (n = 16, the aggregate forward and the expand backward: 4-19 % faster at
-// the 12).
+// full: at most a tenth of the thread slots idle in them. Where they do, the
+// wider accesses measured faster; at a sixth idle (C = 2560) slower
+// (docs/decisions.md).
 inline bool WideStreams(int64_t hidden, DType dtype) {
   const int64_t per_pass = int64_t{kRowThreads} * VectorWidth(dtype);
   const int64_t passes = (hidden + per_pass - 1) / per_pass;

@@ -75,7 +75,8 @@ cudaError_t LaunchDxTerms(const DevSpec& s, int64_t tokens, DType dtype,
                           float* terms, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   // Pairs need even channel offsets and widths, and 4-byte aligned rows
-  // (four channels a thread, with 8-byte loads, ran 1.7x slower).
+  // (four channels a thread, with 8-byte loads, measured slower:
+  // docs/decisions.md).
   const bool pairs = !s.minor && DTypeSize(dtype) == 2 && s.C % 2 == 0 &&
                      chunk.begin % 2 == 0 && chunk.width % 2 == 0 &&
                      reinterpret_cast<uintptr_t>(dy) % 4 == 0 &&

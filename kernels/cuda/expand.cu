@@ -87,7 +87,8 @@ absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                 s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
       },
       // 16-byte accesses at n = 16 only: at n = 8 the 8-byte ones already
-      // ran at 88-100 % of copy and the wide ones measured 1-5 % slower.
+      // run near copy bandwidth and the wide ones measured slower
+      // (docs/decisions.md).
       s.n == 16 && WideStreams(s.C, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("expand backward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));

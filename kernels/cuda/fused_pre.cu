@@ -273,8 +273,9 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes
 // stride the channels, then a fixed xor tree (order set by C alone).
 constexpr int kDhPreWarps = 4;
-// Odd C at n = 4 (strided rows) took 124 registers; capped for eight CTAs per
-// SM it measured 2 % faster on the whole pre backward (bench/RESULTS.md).
+// Odd C at n = 4 (strided rows): uncapped, too few CTAs per SM for the
+// loads in flight; capped for eight the whole pre backward measured faster
+// (docs/decisions.md).
 template <int NT, bool kStrided>
 inline constexpr int kDhPreBlocks = NT == 4 && kStrided ? 8 : 0;
 template <typename T, int NT, int V, bool kStrided>
@@ -342,8 +343,8 @@ __global__ void __launch_bounds__(kMixThreads)
 // mixing, forward and backward, as the scale and Sinkhorn op kernels instead
 // of one thread per token: the lane kernels keep the matrices in registers
 // where a thread works from local memory (and replays checkpoints in the
-// reverse mode): at M = 8192 the backward mixing took 3.5 ms at n = 8 and
-// 7.4 ms at n = 12 that way. n = 4 keeps the fused kernels (sinkhorn4.cuh's
+// reverse mode), which made the backward mixing a large share of the layer
+// (docs/decisions.md). n = 4 keeps the fused kernels (sinkhorn4.cuh's
 // one-thread form).
 bool SplitMix(const LayerSpec& spec) {
   return spec.kind == LayerKind::kMhc && spec.n != 4 &&

@@ -127,8 +127,9 @@ __device__ __forceinline__ void ScaleBackwardToken(
 // 1/d from the hardware approximation (<= 1 ulp) refined by one Newton step,
 // so every Sinkhorn step costs one reciprocal per row or column instead of a
 // full IEEE division per element; the product x * (1/d) stays within a few
-// fp32 ulps of x / d, far inside SPEC's 1e-5. NaN and d = 0 still give NaN
-// (e = 1 - 0 * inf), as x / d would for the all-zero sums that produce them.
+// fp32 ulps of x / d, far inside docs/SPEC.md's 1e-5. NaN and d = 0 still give
+// NaN (e = 1 - 0 * inf), as x / d would for the all-zero sums that produce
+// them.
 __device__ __forceinline__ float Reciprocal(float d) {
   float r;
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(d));

@@ -20,22 +20,21 @@ namespace {
 // S = NT / kSlices, one group of threads each: group p computes
 // dx and the dH_res rows of streams [p S, p S + S) from all of dx_next,
 // whose rows the other groups read again from L1 / L2; group 0 also
-// computes df and dH_post. One thread holding all NT + NT^2 sums took 254
-// registers at n = 8 (two CTAs of four warps per SM, 33 % of copy
-// bandwidth) and local memory at n = 16. The forward splits only at n = 16
-// (x_next rows by slice, from all of x): at n = 8 the second read of x cost
-// more than the halved per-thread sums saved (bench/RESULTS.md).
+// computes df and dH_post. One thread holding all NT + NT^2 sums needs
+// nearly all registers at n = 8 (too few warps per SM to keep HBM busy) and
+// local memory at n = 16. The forward splits only at n = 16 (x_next rows by
+// slice, from all of x): at n = 8 the second read of x cost more than the
+// halved per-thread sums saved (docs/decisions.md).
 template <int NT>
 inline constexpr int kPostForwardSlices = NT >= 16 ? 4 : 1;
 template <int NT>
 inline constexpr int kPostBackwardSlices = NT >= 16 ? 4 : (NT >= 8 ? 2 : 1);
 
 // Threads per slice group of the backward: n = 4 on vector rows runs 64
-// (eight CTAs per SM at the same register cap as four of 128), which
-// measured up to 5.5 % faster where C is small and a CTA's few channel steps
-// left its fixed costs (the mixing values, the sums' reduction and stores)
-// exposed, and within 0.6 % elsewhere; strided rows (odd C) lost 3 % and
-// the other row kernels 1-3 % that way (bench/RESULTS.md).
+// (eight CTAs per SM at the same register cap as four of 128), which hides
+// a CTA's fixed costs (the mixing values, the sums' reduction and stores)
+// where C is small and a CTA has few channel steps; strided rows (odd C) and
+// the other row kernels measured slower that way (docs/decisions.md).
 template <int NT, bool kStrided>
 inline constexpr int kPostBackwardGroup =
     NT == 4 && !kStrided ? 64 : kRowThreads;
@@ -55,10 +54,10 @@ __device__ __forceinline__ PostSlice SliceOfThread() {
 
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
 // why). The n = 4 backward holds 20 sums and 2 x 4 streams of loads:
-// uncapped it took 134-156 registers, three CTAs of 128 threads per SM,
-// which left HBM idle (bench/RESULTS.md: 8-15 % slower); capped at five or
-// six such CTAs it spills, so its 64-thread CTAs are capped at eight. The
-// strided forward (odd C) gains from five likewise.
+// uncapped the compiler leaves three CTAs of 128 threads per SM, which
+// leaves HBM idle (docs/decisions.md); capped at five or six such CTAs it
+// spills, so its 64-thread CTAs are capped at eight. The strided forward
+// (odd C) gains from five likewise.
 template <int NT, bool kStrided>
 inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
 template <int NT, bool kStrided>

@@ -1,7 +1,7 @@
 // Post forward and backward on the tensor cores, for bf16 activations in the
 // stream-major layout at n = 3 and 5..16: there the FFMA kernels of post.cu
 // spend n^2 + n multiply-adds per channel in each direction, more time than
-// the memory takes (n = 8: 45 % of copy bandwidth; n = 16: 8-12 %).
+// the memory takes (docs/decisions.md).
 //
 // A warp takes 32 channels of a token per step: lane (g, t) (g = lane / 4,
 // t = lane % 4) loads channels [c + 8t, c + 8t + 8) of stream rows g and
@@ -44,7 +44,7 @@ __device__ __forceinline__ uint32_t TransposeBlock(uint32_t v) {
 }
 
 // Word-level bf16 packing and unpacking: LoadVec / StoreVec of common.cuh
-// in its place measured 4-28 % slower here (bench/RESULTS.md).
+// in its place measured slower here (docs/decisions.md).
 __device__ __forceinline__ float LowHalf(uint32_t w) {
   return __uint_as_float(w << 16);
 }
@@ -181,9 +181,9 @@ __device__ __forceinline__ void LoadFPlusBias(const Bf16* f_row,
 // The warp's steps of a token row: load(c, loaded) fills a Loaded for the
 // lane's channels from c (zero past C), step(c, loaded) consumes it. With
 // kPrefetch the next step's loads are issued before the current step's
-// math, so the warp keeps two steps in flight: the backward gains 10-30 %
-// at n <= 8, where a step moves a few hundred bytes; the forward, whose step
-// ends in as many stores, loses 10-25 % (bench/RESULTS.md).
+// math, so the warp keeps two steps in flight: the backward gains at
+// n <= 8, where a step moves a few hundred bytes; the forward, whose step
+// ends in as many stores, loses (docs/decisions.md).
 template <typename Loaded, bool kPrefetch, typename Load, typename Step>
 __device__ __forceinline__ void ForEachWarpStep(int64_t C, int warp, int t,
                                                 Load load, Step step) {

@@ -173,9 +173,9 @@ __device__ __forceinline__ void LoadX4(const float* p, float (&v)[4]) {
   v[3] = u.w;
 }
 
-// phi' = phi * gamma (one rounded multiply, as the SPEC defines it) at k0 ..
-// k0 + 7 of logit row g; zero past N or kend. vec: 16-byte loads allowed
-// (K % 4 == 0, phi and gamma 16-byte aligned).
+// phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) at k0
+// .. k0 + 7 of logit row g; zero past N or kend. vec: 16-byte loads allowed (K
+// % 4 == 0, phi and gamma 16-byte aligned).
 __device__ __forceinline__ void FetchPhiChunk(const DevSpec& s,
                                               const float* phi,
                                               const float* gamma, int g,
@@ -540,11 +540,11 @@ struct NoFirstKernel {
 // Launches CTAs of `threads` that take the units in turn: the co-resident
 // count, or with `equal_shares` as many as divide the units into equal
 // shares within it, so that no slot idles while others run a last unit (832
-// units on 528 slots: 416 CTAs of two, where a full grid left 37 % of the
-// slots idle for the second). Equal shares measured faster for the
-// memory-bound bf16 warpgroup-mma forward at 1.58 waves and 21 % slower for
-// the compute-bound wide wgmma forward at n = 16, which they left on 192 of
-// 264 slots (bench/RESULTS.md). The kernel's last parameter receives
+// units on 528 slots: 416 CTAs of two, where a full grid leaves most slots
+// idle for the second). Equal shares measured faster for the memory-bound
+// bf16 warpgroup-mma forward and slower for the compute-bound wide wgmma
+// forward at n = 16, which they leave on fewer slots (docs/decisions.md).
+// The kernel's last parameter receives
 // next_unit when there is more than one wave (zeroed here first; the CTAs
 // take units from it) and null otherwise (each CTA strides by gridDim.x).
 //

@@ -604,8 +604,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     // n = 4 layers have 24 logits (NT = 3), n = 8 layers 80; heads of n = 4
     // and 8 up to 8 (NT = 1), and no residual term. Vector rows fix the
     // layout and the residual flag per stage loop; the slot and element
-    // copies read them at run time (built fixed, the pre backward at C =
-    // 5129 ran 8.6x slower).
+    // copies read them at run time (built fixed, their pre backward ran many
+    // times slower: docs/decisions.md).
     auto with_flags = [&](auto n_tag) {
       constexpr int kN = decltype(n_tag)::value;
       auto with_layout = [&](auto minor_tag) {

@@ -53,7 +53,8 @@ constexpr int kCols = kChans * kStreams;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kStageTokens = 64;
 // One stage copied while the other is multiplied and stored: three stages
-// (two in flight) measured 0.8-5 % slower at 11 of the 13 benchmark configs.
+// (two in flight) measured slower at most benchmark configs
+// (docs/decisions.md).
 constexpr int kStages = 2;
 constexpr int kVec = 8;  // 16-bit elements per 16-byte copy
 constexpr int kChanVecs = kChans / kVec;

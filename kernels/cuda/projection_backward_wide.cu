@@ -2,9 +2,9 @@
 // register-resident kernel (projection_backward_mma.cuh) does not take: n
 // not a power of two (n = 3, 5-7, 9-15), more than 80 logits (n = 16), or n
 // = 1 / 8 where that kernel's tiles outgrow shared memory. The FFMA kernel
-// (projection.cu) that ran them re-read every phi row for every token (n =
-// 16: 173 ms at M = 8192, C = 4096 on an H100). Two GEMM-shaped kernels take
-// its place:
+// (projection.cu) that ran them re-read every phi row for every token, some
+// thirty times slower at n = 16 (docs/decisions.md). Two GEMM-shaped kernels
+// take its place:
 //   dx      [M x K] = dh [M x N] . phi' [N x K] + dms 2 v / K (+ the fused
 //                     pre backward's aggregate and residual terms, the
 //                     latter summed apart by dx_terms.cu), rounded once;

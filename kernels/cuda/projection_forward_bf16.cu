@@ -1,8 +1,8 @@
 // The projection forward of bf16 layers with one logit group (n <= 4 mHC
 // layers, heads) on warpgroup mmas. The mma.sync units (proj_mma_bf16.cuh)
-// spend ~226 instructions per warp and 64-k stage on fragment loads,
-// addressing and 56 mmas, and left HBM 22-47 % idle at n = 4
-// (bench/RESULTS.md); here the tensor cores read both operands from shared
+// spend most of their instructions per stage on fragment loads and
+// addressing beside the mmas, and left HBM idle part of the time
+// (docs/decisions.md); here the tensor cores read both operands from shared
 // memory.
 //
 // Unit: 64 tokens (half of a proj_mma.cuh tile) x one K chunk
@@ -13,9 +13,9 @@
 // and per logit): x lands straight in wgmma's A layout (bf16, no
 // conversion), as one tensor copy that one thread asks for where rows sit on
 // 16 bytes (the copy engine swizzles and zero-fills rows past M and k past
-// K; the threads' own cp.async pieces cost ~54 of a warp's ~270
-// instructions per stage, bench/RESULTS.md), else as cp.async pieces; phi'
-// = phi * gamma (one rounded multiply, as the SPEC defines it) split into
+// K; the threads' own cp.async pieces cost a fifth of a warp's
+// instructions per stage, docs/decisions.md), else as cp.async pieces; phi'
+// = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) split into
 // bf16 terms hi + mid (TF32 precision: 16 significant bits) or hi + mid + lo
 // (IEEE) lands in B tiles of 24 rows, copied (one bulk copy beside x's) from
 // a split made once per launch or split per stage by the unit (small

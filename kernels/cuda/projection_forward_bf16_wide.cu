@@ -1,9 +1,10 @@
 // The projection forward of bf16 layers with 49-80 logits (n = 7, 8 mHC
 // layers) on warpgroup mmas. The TF32 warpgroup tiles
-// (projection_forward_wgmma.cu) convert x to tf32 in shared memory first and
-// ran n = 8 at 35-51 % of copy bandwidth (bench/RESULTS.md); here, as for
-// one logit group (projection_forward_bf16.cu), x lands by cp.async straight
-// in wgmma's A layout and phi' goes to the tensor cores in bf16 terms.
+// (projection_forward_wgmma.cu) convert x to tf32 in shared memory first,
+// which costs more issue slots than the copy of x (docs/decisions.md); here,
+// as for one logit group (projection_forward_bf16.cu), x lands by cp.async
+// straight in wgmma's A layout and phi' goes to the tensor cores in bf16
+// terms.
 //
 // Unit: 128 tokens (one proj_mma.cuh tile) x one K chunk (PlanChunks),
 // partials in proj_mma.cuh's layout, one CTA of three warpgroups per SM. At
@@ -15,10 +16,10 @@
 // copies raw phi rows and gamma with cp.async into the same stages and
 // splits phi' into bf16 term tiles one stage ahead of the wgmmas, beside
 // the other two's path (in their own warps the split left the kernel
-// issue-bound at 40-55 % of copy). Loads from L2 outside the copy pipeline
-// wait behind its copies (a split from registers ran at 25 %), and a split
-// made once per launch (320 B per k) with the K-chunk partials would exceed
-// the 5 % workspace budget below M ~ 9000 at n = 8, C = 4096.
+// issue-bound). Loads from L2 outside the copy pipeline wait behind its
+// copies (a split from registers measured far slower), and a split made once
+// per launch (320 B per k) with the K-chunk partials would exceed the 5 %
+// workspace budget below M ~ 9000 at n = 8, C = 4096.
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (rows of both products are independent dot

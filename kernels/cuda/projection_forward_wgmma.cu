@@ -2,15 +2,15 @@
 // TF32 precision (bf16 layers of up to 80 logits with aligned rows take
 // projection_forward_bf16_wide.cu). projection_forward_wide.cu's mma.sync tiles
 // spend more issue slots on fragment loads, x unpacking and addressing than on
-// mmas (tensor pipe ~38 % busy at n = 16). Here each warpgroup issues one wgmma
-// per 8 k for its 64 tokens x all kW logits of the unit, both operands read
-// by the tensor cores from shared memory in wgmma.cuh's swizzled layout.
+// mmas (the tensor pipe mostly idle at n = 16). Here each warpgroup issues one
+// wgmma per 8 k for its 64 tokens x all kW logits of the unit, both operands
+// read by the tensor cores from shared memory in wgmma.cuh's swizzled layout.
 //
 // Unit: 128 tokens x kW logits over one K chunk; same chunks, tiles and
 // partial layout as proj_mma.cuh, so the chunk sum and the fused pre
 // forward's mixing read the partials unchanged. Per stage of kWideStageK k:
 // x and raw phi by cp.async; then, while the previous stage's wgmmas run,
-// phi' = phi * gamma (one rounded multiply, as the SPEC defines it) rounded
+// phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) rounded
 // to tf32 in place, and x converted to tf32 into one of two operand tiles
 // (16-byte loads and stores; exact for 16-bit x) with the sum of squares
 // taken on the way. Two CTAs per SM for 16-bit x.

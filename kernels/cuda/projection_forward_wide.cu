@@ -1,8 +1,8 @@
 // Tensor-core projection forward for layers with more than 2 kLogitGroup
 // logits (n >= 7 mHC layers). There proj_mma.cuh's units of kLogitGroup
 // logits cost a pass over the x tile each, with 3 mma column tiles per
-// fragment load (n = 16: 12 passes, 4.1 ms at M = 8192, C = 4096 on an
-// H100). Here a unit is a GEMM tile of 128 tokens x 32 kNT logits (kNT = 2
+// fragment load (n = 16: 12 passes; docs/decisions.md). Here a unit is a
+// GEMM tile of 128 tokens x 32 kNT logits (kNT = 2
 // or 3) over one K chunk: warp (wt, wl) owns tokens 64 wt.. and logits
 // 8 kNT wl.. (4 x kNT mma tiles). Two CTAs share an SM (tf32); the logit
 // groups of one tile and chunk run side by side, so x comes from HBM once.
@@ -14,8 +14,8 @@
 // Same units, partial layout and chunks as proj_mma.cuh (PlanChunks,
 // PartialOffset), so projection_finish_kernel and the fused pre forward's
 // mixing read the partials unchanged. Numerics: 16-bit x converts to tf32
-// exactly; phi' = phi * gamma (one rounded multiply, as the SPEC defines it)
-// is rounded to tf32 once per stage in shared memory, and under IEEE split
+// exactly; phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines
+// it) is rounded to tf32 once per stage in shared memory, and under IEEE split
 // into high and low parts (fp32 x too: hi*hi + hi*lo + lo*hi). Under IEEE
 // each stage accumulates in fresh registers added to the running sums with
 // rounded fp32 adds (the tensor cores' accumulation truncates against a
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kMmaThreads, kIeee ? 1 : 2)
     };
 
     float ss_run = 0.0f;
-    // phi' = phi * gamma (one rounded multiply, as the SPEC defines it),
+    // phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines it),
     // rounded to tf32 in place, its remainder rounded beside it under IEEE:
     // once per CTA and stage instead of once per warp that reads it. This
     // thread takes the chunks it copied: k 4 pj .. 4 pj + 3 of rows pr +

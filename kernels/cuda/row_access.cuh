@@ -271,7 +271,7 @@ class CtaValues {
 // loop, which would hold them converted to fp32 across the back edge. It
 // costs registers: measured faster for the backward kernels' vector and
 // element paths, slower for the forward kernels and strided rows
-// (bench/RESULTS.md).
+// (docs/decisions.md).
 template <typename Loaded, int V, bool kStrided, bool kOverlapFirst,
           int kThreads = kRowThreads, typename Load, typename Publish,
           typename Step>

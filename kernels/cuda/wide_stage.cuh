@@ -3,8 +3,8 @@
 // 16-byte chunks swizzled so that fragment loads of consecutive rows cover
 // all 32 banks, the TF32 rounding both apply to phi' (and to fp32 x), and the
 // store of a row's sum of squares. (Their copy plans look alike but stay
-// apart: the wgmma form through a shared copy helper ran 17 % slower at n =
-// 8, C = 4096.)
+// apart: the wgmma form through a shared copy helper measured slower,
+// docs/decisions.md.)
 #ifndef MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
 #define MHC_KERNELS_CUDA_WIDE_STAGE_CUH_
 

@@ -1,5 +1,5 @@
 // Determinism, batch invariance, special values and M = 0 of the fast CPU
-// backend (SPEC sections 6 and 7).
+// backend (docs/SPEC.md sections 6 and 7).
 #include <cmath>
 #include <cstring>
 #include <limits>

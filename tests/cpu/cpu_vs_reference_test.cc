@@ -1,8 +1,8 @@
 // The fast CPU backend against the fp64 reference, through the Backend
 // interface, on fresh random data.
 //
-// Tolerances (SPEC section 7). Errors are normwise: max |cpu - ref| over a
-// tensor divided by max |ref| of that tensor, because fp32 accumulation
+// Tolerances (docs/SPEC.md section 7). Errors are normwise: max |cpu - ref|
+// over a tensor divided by max |ref| of that tensor, because fp32 accumulation
 // error scales with the magnitude of the terms, not with an element that
 // happens to cancel to ~0.
 // - fp32 activations and every fp32 output (h, gates, H_res, dlogits, dH,
@@ -109,7 +109,7 @@ INSTANTIATE_TEST_SUITE_P(
                           DTypeName(std::get<2>(info.param)));
     });
 
-// The M / C / n grid of SPEC section 7 on a subset that keeps the fp64
+// The M / C / n grid of docs/SPEC.md section 7 on a subset that keeps the fp64
 // reference fast: every listed M, C and n appears, with every op, and the
 // presets and layouts rotate across shapes.
 struct GridShape {

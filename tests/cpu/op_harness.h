@@ -504,8 +504,8 @@ inline double ScaledError(const std::vector<float>& a,
   return max_scale == 0.0 ? max_err : max_err / max_scale;
 }
 
-// SPEC section 7 tolerances (see cpu_vs_reference_test.cc). `scales`, when
-// given (ErrorScales), measures parameter gradients and the scale ops'
+// docs/SPEC.md section 7 tolerances (see cpu_vs_reference_test.cc). `scales`,
+// when given (ErrorScales), measures parameter gradients and the scale ops'
 // signed sums against their terms' magnitudes instead of against their
 // (possibly cancelled) values.
 inline void ExpectMatchesReference(

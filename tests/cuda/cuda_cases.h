@@ -62,8 +62,8 @@ inline std::string CaseName(const LayerSpec& spec, int64_t tokens,
 }
 
 // Norm-wise tolerance for results downstream of the projection / mixing
-// math: SPEC section 7 (ieee fp32 1e-5, 16-bit 1e-2); backward sums over
-// tokens and the Sinkhorn reverse mode get 1e-4 in fp32.
+// math: docs/SPEC.md section 7 (ieee fp32 1e-5, 16-bit 1e-2); backward sums
+// over tokens and the Sinkhorn reverse mode get 1e-4 in fp32.
 inline double ForwardTol(DType dtype) {
   return dtype == DType::kF32 ? 1e-5 : 1e-2;
 }

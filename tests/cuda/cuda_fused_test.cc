@@ -1,7 +1,7 @@
 // The fused CUDA ops (pre, head; forward and backward, with and without the
 // folded residual gradient) against the float64 reference, plus the
-// determinism contract of SPEC section 6: identical bits run after run, and
-// a token's outputs and dx identical alone or inside a batch. Skips without
+// determinism contract of docs/SPEC.md section 6: identical bits run after run,
+// and a token's outputs and dx identical alone or inside a batch. Skips without
 // a GPU.
 #include <algorithm>
 #include <cmath>

@@ -164,7 +164,8 @@ inline int64_t MaxUlp(const std::vector<uint8_t>& got,
 // value, not counting results whose distance is below the fp32 accumulation
 // floor (2^-18 of the tensor's largest magnitude): near a cancellation the
 // exact result can be far smaller than the terms, and fp32 accumulation
-// (SPEC section 1) cannot place it within one ulp of its own tiny value.
+// (docs/SPEC.md section 1) cannot place it within one ulp of its own tiny
+// value.
 inline int64_t UlpViolations(const std::vector<uint8_t>& got,
                              const std::vector<uint8_t>& want, DType dtype,
                              int64_t count) {

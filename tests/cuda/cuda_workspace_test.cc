@@ -4,7 +4,7 @@
 // preset and activation dtype. The backward of the pre / head and of the
 // projection at n other than 1, 2 and 4 holds parameter-sized operands (phi'
 // rounded once, a dphi partial) and the fused residual terms of a channel
-// chunk, and is above the share (docs/gpu.md); its test pins the current
+// chunk, and is above the share (docs/kernels.md); its test pins the current
 // worst case so that the memory never grows unnoticed.
 #include <algorithm>
 #include <cstdint>

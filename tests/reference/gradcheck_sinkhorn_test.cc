@@ -84,7 +84,8 @@ TEST(SinkhornReferenceTest, LogEqualsLinearWithoutEps) {
 // sums are S / (S + eps_sk) by construction, S the column sums before the last
 // step: for T = 1, S comes from a bare softmax and can be small (1 - sum is
 // then well above eps_sk), so the test checks that identity; from T = 3 the
-// row steps have balanced S to ~1 and the sums are 1 within SPEC's 1e-5.
+// row steps have balanced S to ~1 and the sums are 1 within docs/SPEC.md's
+// 1e-5.
 TEST(SinkhornReferenceTest, ColumnSumsAreOneAndResultFinite) {
   struct Case {
     SinkhornMode mode;

@@ -109,7 +109,8 @@ TEST(ReferencePropertiesTest, FusedPreEqualsComposition) {
 }
 
 // STREAM_MINOR with x, phi columns and gamma permuted gives the STREAM_MAJOR
-// results (SPEC section 1: converting a layer's weights is a permutation).
+// results (docs/SPEC.md section 1: converting a layer's weights is a
+// permutation).
 TEST(ReferencePropertiesTest, LayoutsAreEquivalent) {
   for (int n : {1, 2, 4, 5}) {
     LayerSpec major = SmallSpec(n, 6, Layout::kStreamMajor);

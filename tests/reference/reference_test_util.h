@@ -1,6 +1,6 @@
 // Helpers of the reference suites: random float64 data, float64 finite
-// differences and the gradient comparison they are held to (SPEC section 7:
-// 1e-6 relative).
+// differences and the gradient comparison they are held to (docs/SPEC.md
+// section 7: 1e-6 relative).
 #ifndef MHC_TESTS_REFERENCE_REFERENCE_TEST_UTIL_H_
 #define MHC_TESTS_REFERENCE_REFERENCE_TEST_UTIL_H_
 

@@ -17,7 +17,8 @@ using client::HostTensor;
 using client::ToTensorRef;
 using client::Zeros;
 
-// fp32 activations: SPEC section 7 (the CPU backend computes IEEE fp32).
+// fp32 activations: docs/SPEC.md section 7 (the CPU backend computes IEEE
+// fp32).
 constexpr double kTol = 1e-5;
 // Sums of many fp32 products (gradients) and Sinkhorn's reverse mode.
 constexpr double kGradTol = 1e-4;
@@ -103,7 +104,7 @@ TEST_F(ServerApiTest, LayerManagement) {
   MHC_ASSERT_OK_AND_ASSIGN(auto got, client_->GetLayer("b-layer"));
   EXPECT_EQ(got.spec().SerializeAsString(), b.spec().SerializeAsString());
 
-  // Parameters: SPEC section 5 initialisation, then a round trip.
+  // Parameters: docs/SPEC.md section 5 initialisation, then a round trip.
   MHC_ASSERT_OK_AND_ASSIGN(auto params, client_->GetParameters("b-layer"));
   MHC_ASSERT_OK_AND_ASSIGN(HostLayer host,
                            client::MakeHostLayer(b.spec(), params));

@@ -5,7 +5,8 @@
 // (--f=tanh, default) or f = y (--f=identity), rounded once to the activation
 // dtype; its backward is dy = df * (1 - tanh(y)^2) (or dy = df), rounded once.
 // Backward uses PostBackward with skip_dx and hands dx_next to PreBackward, so
-// the layer's dx is accumulated in fp32 and rounded once (SPEC section 4).
+// the layer's dx is accumulated in fp32 and rounded once (docs/SPEC.md section
+// 4).
 //
 // Every check feeds the reference exactly the inputs the daemon saw for that
 // RPC (the same rounded activations, the daemon's own H values), so an error
@@ -65,7 +66,7 @@ struct Tolerances {
   double grad;  // dH_post, dH_res, parameter gradients
 };
 
-// SPEC section 7: fp32 1e-5 (tf32 matmuls 2e-3), bf16/fp16 1e-2 for
+// docs/SPEC.md section 7: fp32 1e-5 (tf32 matmuls 2e-3), bf16/fp16 1e-2 for
 // everything downstream of the projection. Only CUDA backends use tf32.
 Tolerances ToleranceFor(DType dtype, const LayerSpec& spec,
                         const std::string& backend) {

@@ -5,8 +5,8 @@
         client.create_layer("l0", hidden=256, seed=1)
         y, h_pre, h_post, h_res = client.pre("l0", x)
 
-See docs/python-client.md for the API, shared memory and the torch
-layer (``mhc_client.torch``).
+See docs/user-guide.md for the client, shared memory and the torch
+layer (``mhc_client.torch``), docs/api.md for the RPCs.
 """
 
 # The native extension (mhc_client/_native*.so) is built by CMake into

@@ -368,8 +368,9 @@ class Client(GroupCalls, TrainingCalls):
 
         Either pass a full ``spec`` or ``hidden`` (C), ``n`` and any
         :class:`LayerSpec` field as a keyword (``sinkhorn_iterations=10``).
-        Parameters come from ``seed`` (SPEC initialisation) or are given as
-        float32 arrays by name (phi, alpha, beta, gamma, bias).
+        Parameters come from ``seed`` (the initialisation of docs/SPEC.md
+        section 5) or are given as float32 arrays by name (phi, alpha, beta,
+        gamma, bias).
         """
         if spec is None:
             spec = LayerSpec(hidden=hidden or 0, n=n or 4)

@@ -8,7 +8,7 @@ returned ``unique_id`` (:meth:`GroupCalls.join_group`). Then
 accumulators of all the group's layers over every rank in one call, and
 :meth:`GroupCalls.broadcast_parameters` copies one rank's parameters to all.
 Every daemon of a group must make the same collective calls in the same
-order; see docs/training.md.
+order; see docs/api.md.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def enum_name(field: str, value: int) -> Optional[str]:
 
 @dataclasses.dataclass
 class LayerSpec:
-    """The semantics of a layer (SPEC section 1, layer.proto LayerSpec).
+    """The semantics of a layer (docs/SPEC.md section 1, layer.proto LayerSpec).
 
     ``hidden`` (C) is required when creating a layer; ``n`` defaults to 4.
     """

@@ -260,7 +260,7 @@ class MhcLayer(nn.Module):
             may also be passed to :meth:`forward`.
         preset: the daemon preset; `spec_overrides` set single fields.
         name: daemon layer name (default: unique per process).
-        seed / parameters: initialisation (SPEC section 5) or explicit
+        seed / parameters: initialisation (docs/SPEC.md section 5) or explicit
             float32 arrays by name.
         device: daemon device ("" = its default, "cpu", "cuda:0").
         transport: "auto", "inline" or "ipc" (see the module docstring).

@@ -1,5 +1,5 @@
 """Training state: the :class:`Client` methods for the daemon's optimizer
-and checkpoints (see docs/training.md and docs/checkpoints.md)."""
+and checkpoints (see docs/api.md and docs/checkpoints.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 from MHCD_BACKEND, default cpu).
 
 The daemon binary comes from MHCD_BINARY (set by ctest); the generated
-modules must be importable (PYTHONPATH, see docs/python-client.md).
+modules must be importable (PYTHONPATH, see docs/user-guide.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-// Reference aggregate y = sum_i H_pre[i] x[i] and its backward (SPEC sections
-// 2 step 6 and 4), float64. Single threaded, sum in stream order i = 0..n-1:
-// bitwise deterministic and batch invariant (each token alone).
+// Reference aggregate y = sum_i H_pre[i] x[i] and its backward (docs/SPEC.md
+// sections 2 step 6 and 4), float64. Single threaded, sum in stream order i =
+// 0..n-1: bitwise deterministic and batch invariant (each token alone).
 #include "cpu/reference/reference_math.h"
 
 namespace mhc::reference {

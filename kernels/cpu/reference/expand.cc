@@ -1,6 +1,6 @@
-// Reference expand x[i] = e and its backward de = sum_i dx[i] (SPEC section 2,
-// entry operator), float64. Single threaded, sum in stream order: bitwise
-// deterministic and batch invariant (each token alone).
+// Reference expand x[i] = e and its backward de = sum_i dx[i] (docs/SPEC.md
+// section 2, entry operator), float64. Single threaded, sum in stream order:
+// bitwise deterministic and batch invariant (each token alone).
 #include "cpu/reference/reference_math.h"
 
 namespace mhc::reference {

@@ -1,7 +1,7 @@
 // Reference post (expand & combine) x_next = H_post (f + bias) + R^T x and its
-// backward (SPEC sections 2 and 4), float64, both orientations of R. Single
-// threaded, fixed loop order: bitwise deterministic and batch invariant (each
-// token alone); dbias is summed over tokens in token order.
+// backward (docs/SPEC.md sections 2 and 4), float64, both orientations of R.
+// Single threaded, fixed loop order: bitwise deterministic and batch invariant
+// (each token alone); dbias is summed over tokens in token order.
 #include "cpu/reference/reference_math.h"
 
 namespace mhc::reference {

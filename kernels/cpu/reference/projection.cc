@@ -1,6 +1,6 @@
-// Reference projection + mean of squares (SPEC section 2 steps 1-2 and the
-// projection lines of section 4), float64. Single threaded, fixed loop order:
-// bitwise deterministic and batch invariant (each token alone).
+// Reference projection + mean of squares (docs/SPEC.md section 2 steps 1-2 and
+// the projection lines of section 4), float64. Single threaded, fixed loop
+// order: bitwise deterministic and batch invariant (each token alone).
 #include <cmath>
 #include <vector>
 

@@ -1,5 +1,5 @@
-// The float64 math of every mHC operator (SPEC sections 2-4), forward and
-// reverse mode, as plain loops over double arrays. This is the oracle every
+// The float64 math of every mHC operator (docs/SPEC.md sections 2-4), forward
+// and reverse mode, as plain loops over double arrays. This is the oracle every
 // backend is compared against; its own backward is checked against float64
 // finite differences, which is why inputs, parameters, outputs and gradients
 // are all double here (the Backend wrapper in reference_backend.cc converts).
@@ -99,7 +99,7 @@ void ScaleBackward(const LayerSpec& spec, int64_t tokens, const double* h,
 // --------------------------------------------------------------- sinkhorn --
 
 // H_res = Sinkhorn(A) in spec.sinkhorn_mode with spec.sinkhorn_iterations
-// (SPEC section 3).
+// (docs/SPEC.md section 3).
 void SinkhornForward(const LayerSpec& spec, int64_t tokens,
                      const double* logits, double* h_res);
 

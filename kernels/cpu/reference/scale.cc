@@ -1,6 +1,7 @@
-// Reference scale: logits z = alpha h r + beta and the gates (SPEC section 2
-// steps 3-4, section 4 "logits" lines), float64. Single threaded, fixed loop
-// order: bitwise deterministic and batch invariant (each token alone).
+// Reference scale: logits z = alpha h r + beta and the gates (docs/SPEC.md
+// section 2 steps 3-4, section 4 "logits" lines), float64. Single threaded,
+// fixed loop order: bitwise deterministic and batch invariant (each token
+// alone).
 #include "cpu/reference/reference_math.h"
 
 namespace mhc::reference {

@@ -1,9 +1,9 @@
-// Reference Sinkhorn-Knopp, LINEAR and LOG (SPEC section 3), and its exact
-// reverse mode through the T unrolled iterations (SPEC section 4), float64.
-// The backward replays the forward and keeps every intermediate matrix, which
-// is affordable for n <= 16 and makes the reverse mode a literal transcription
-// of the forward. Single threaded, fixed loop order: bitwise deterministic and
-// batch invariant (each token alone).
+// Reference Sinkhorn-Knopp, LINEAR and LOG (docs/SPEC.md section 3), and its
+// exact reverse mode through the T unrolled iterations (docs/SPEC.md section
+// 4), float64. The backward replays the forward and keeps every intermediate
+// matrix, which is affordable for n <= 16 and makes the reverse mode a literal
+// transcription of the forward. Single threaded, fixed loop order: bitwise
+// deterministic and batch invariant (each token alone).
 #include <algorithm>
 #include <cmath>
 #include <vector>

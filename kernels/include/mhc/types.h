@@ -20,7 +20,7 @@ enum class DType : uint8_t { kF32 = 1, kF16 = 2, kBF16 = 3 };
 // STREAM_MAJOR: element (m,i,c) at m*K + i*C + c. STREAM_MINOR: m*K + c*n + i.
 enum class Layout : uint8_t { kStreamMajor = 1, kStreamMinor = 2 };
 
-// Which index of H_res is the source stream in post (SPEC section 2).
+// Which index of H_res is the source stream in post (docs/SPEC.md section 2).
 enum class Orientation : uint8_t { kSourceRows = 1, kDestRows = 2 };
 
 enum class SinkhornMode : uint8_t { kLinear = 1, kLog = 2 };
@@ -33,8 +33,8 @@ enum class EpsPlacement : uint8_t { kInside = 1, kOutside = 2 };
 enum class MatmulPrecision : uint8_t { kIeee = 1, kTf32 = 2 };
 
 // kMhc: a full mHC layer (pre + post). kHead: the last-layer contraction
-// (SPEC "head"), whose parameters reuse the same slots: phi [n, K], alpha [1]
-// holding the scalar s, beta [n] holding b_head, optional gamma [K].
+// (docs/SPEC.md's "head"), whose parameters reuse the same slots: phi [n, K],
+// alpha [1] holding the scalar s, beta [n] holding b_head, optional gamma [K].
 enum class LayerKind : uint8_t { kMhc = 1, kHead = 2 };
 
 size_t DTypeSize(DType dtype);
@@ -76,10 +76,11 @@ struct LayerSpec {
 inline constexpr int kMaxStreams = 16;
 inline constexpr int kMaxSinkhornIterations = 1000;
 
-// Names of the presets of SPEC section 5, default first.
+// Names of the presets of docs/SPEC.md section 5, default first.
 const std::vector<std::string>& PresetNames();
-// The spec of a named preset with the given n and C (other fields as SPEC
-// section 5). NOT_FOUND-style INVALID_ARGUMENT for an unknown name.
+// The spec of a named preset with the given n and C (other fields as
+// docs/SPEC.md section 5). NOT_FOUND-style INVALID_ARGUMENT for an unknown
+// name.
 absl::StatusOr<LayerSpec> PresetSpec(absl::string_view name, int n,
                                      int64_t hidden);
 // Checks every field's range; the message names the field.

@@ -26,8 +26,9 @@ struct PreForwardParams {
   float* h_pre = nullptr;   // [M, n] fp32 out, optional (null: not written)
   float* h_post = nullptr;  // [M, n] fp32 out
   float* h_res = nullptr;   // [M, n, n] fp32 out
-  // Optional, dynamic layers, both or neither: the projection (SPEC section
-  // 1's h and mean square) for PreBackward to take instead of recomputing it.
+  // Optional, dynamic layers, both or neither: the projection (docs/SPEC.md
+  // section 1's h and mean square) for PreBackward to take instead of
+  // recomputing it.
   float* h = nullptr;            // [M, N] fp32 out
   float* mean_square = nullptr;  // [M] fp32 out
 };
@@ -43,7 +44,8 @@ struct PreBackwardParams {
   const float* dh_res = nullptr;   // [M, n, n] fp32 (from post backward)
   // Optional [M, K] act_dtype: the post's upstream gradient. When given, the
   // residual path R dx_next is added inside the kernel, so the layer's whole
-  // dx is accumulated in fp32 and rounded once (SPEC section 4, last line).
+  // dx is accumulated in fp32 and rounded once (docs/SPEC.md section 4, last
+  // line).
   const void* dx_next = nullptr;
   void* dx = nullptr;  // [M, K] act_dtype out
   LayerGrads grads;    // phi, alpha, beta, gamma accumulated (+=)

@@ -1,7 +1,7 @@
 // Post (expand & combine): x_next[j][c] = H_post[j] (f[c] + bias[c]) +
 // sum_i R[i][j] x[i][c], R = H_res (SOURCE_ROWS) or H_res^T (DEST_ROWS), and
-// its backward (SPEC sections 2 and 4). Per token: deterministic and batch
-// invariant; dbias is summed over tokens in token order.
+// its backward (docs/SPEC.md sections 2 and 4). Per token: deterministic and
+// batch invariant; dbias is summed over tokens in token order.
 #ifndef MHC_OPS_POST_H_
 #define MHC_OPS_POST_H_
 

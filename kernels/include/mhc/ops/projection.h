@@ -1,5 +1,5 @@
-// Projection + sum of squares (SPEC section 2 steps 1-2, section 4 last lines).
-// Deterministic and batch invariant on every backend: a token's h and
+// Projection + sum of squares (docs/SPEC.md section 2 steps 1-2, section 4 last
+// lines). Deterministic and batch invariant on every backend: a token's h and
 // mean_square use a reduction order over k that does not depend on M.
 #ifndef MHC_OPS_PROJECTION_H_
 #define MHC_OPS_PROJECTION_H_

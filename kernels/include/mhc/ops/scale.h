@@ -1,5 +1,5 @@
-// Scale: logits z = alpha * h * r + beta, then the gates (SPEC section 2
-// steps 3-4). For kHead only the pre group exists (mix = sigmoid(s*u + b) +
+// Scale: logits z = alpha * h * r + beta, then the gates (docs/SPEC.md section
+// 2 steps 3-4). For kHead only the pre group exists (mix = sigmoid(s*u + b) +
 // eps_pre). Per token, so deterministic and batch invariant; dalpha/dbeta are
 // summed over tokens in token order.
 #ifndef MHC_OPS_SCALE_H_

@@ -1,7 +1,7 @@
 // Sinkhorn-Knopp projection of the n x n logits onto doubly stochastic
-// matrices, LINEAR or LOG mode (SPEC section 3), fp32, and its exact reverse
-// mode through the T unrolled iterations (SPEC section 4). Per token:
-// deterministic and batch invariant.
+// matrices, LINEAR or LOG mode (docs/SPEC.md section 3), fp32, and its exact
+// reverse mode through the T unrolled iterations (docs/SPEC.md section 4). Per
+// token: deterministic and batch invariant.
 #ifndef MHC_OPS_SINKHORN_H_
 #define MHC_OPS_SINKHORN_H_
 

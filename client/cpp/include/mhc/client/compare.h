@@ -1,5 +1,5 @@
 // Error measures used to check the daemon's outputs against the float64
-// reference (SPEC section 7).
+// reference (docs/SPEC.md section 7).
 #ifndef MHC_CLIENT_COMPARE_H_
 #define MHC_CLIENT_COMPARE_H_
 
