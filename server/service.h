@@ -170,7 +170,7 @@ class MhcService final : public v1::Mhc::Service {
             SharedMemoryStatusResponse);
   MHC_UNARY(RegisterCudaEvents, RegisterCudaEventsRequest,
             RegisterCudaEventsResponse);
-  // service_call_ring.cc
+  // A session's call ring (call_ring.h); its calls: service_call_ring.cc.
   MHC_UNARY(OpenCallRing, OpenCallRingRequest, OpenCallRingResponse);
 
   // Data-parallel groups (service_groups.cc).
