@@ -40,18 +40,19 @@ absl::StatusOr<std::optional<absl::string_view>> BearerToken(
       absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size())));
 }
 
+absl::StatusOr<Caller> Authorizer::Authenticate(
+    const grpc::ServerContext& context) const {
+  MHC_ASSIGN_OR_RETURN(std::optional<absl::string_view> bearer,
+                       BearerToken(context));
+  return policy_->Authenticate(bearer, Peer(context));
+}
+
 absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
                                    absl::string_view rpc) const {
   if (policy_ == nullptr) return absl::OkStatus();
   const std::string method = absl::StrCat(kMhcServicePrefix, rpc);
   MHC_ASSIGN_OR_RETURN(Role needed, RequiredRole(method));
-  absl::StatusOr<std::optional<absl::string_view>> bearer =
-      BearerToken(context);
-  if (!bearer.ok()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(rpc, ": ", bearer.status().message()));
-  }
-  absl::StatusOr<Caller> caller = policy_->Authenticate(*bearer, Peer(context));
+  absl::StatusOr<Caller> caller = Authenticate(context);
   if (!caller.ok()) {
     return absl::UnauthenticatedError(
         absl::StrCat(rpc, ": ", caller.status().message()));
@@ -62,6 +63,18 @@ absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
                      caller->name, " has ", RoleName(caller->role)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Authorizer::Identify(
+    const grpc::ServerContext& context) const {
+  if (policy_ != nullptr) {
+    MHC_ASSIGN_OR_RETURN(Caller caller, Authenticate(context));
+    return caller.identity;
+  }
+  // Without authentication a token proves nothing: only the kernel's word
+  // on the unix-socket user counts.
+  const std::optional<PeerCredentials> peer = Peer(context);
+  return peer.has_value() ? absl::StrCat("uid:", peer->uid) : std::string();
 }
 
 }  // namespace mhc::server

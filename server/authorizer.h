@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -35,7 +36,18 @@ class Authorizer {
   absl::Status Authorize(const grpc::ServerContext& context,
                          absl::string_view rpc) const;
 
+  // Who is calling, as a key that is the same for every call of one caller
+  // and differs between callers: with authentication on, the token when the
+  // call carries one, else the unix-socket user; with it off, the
+  // unix-socket user, else "" (TCP callers are indistinguishable). What
+  // belongs to a caller (a shared-memory session) answers only to this key.
+  absl::StatusOr<std::string> Identify(
+      const grpc::ServerContext& context) const;
+
  private:
+  // The caller by its token or unix-socket user; only with a policy.
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
+
   const std::unique_ptr<AuthPolicy> policy_;
   const ConnectionPeers* const peers_;
 };

@@ -184,6 +184,9 @@ class MhcService final : public v1::Mhc::Service {
   // Data bytes per TensorChunk: each piece fits --max_message_bytes and
   // the client's `client_max` (0: no wish).
   uint64_t ChunkBytes(uint64_t client_max) const;
+  // The session the call names, with its caller (see SessionRef).
+  absl::StatusOr<SessionRef> SessionOf(
+      const grpc::ServerContext& context) const;
   // The shared-memory view of one request: its session and transport.
   RegionScope Regions(const grpc::ServerContext& context);
   // Region gauges after registrations change.
