@@ -94,6 +94,16 @@ class MhcService final : public v1::Mhc::Service {
   grpc::Status StreamGradients(
       grpc::ServerContext* context, const v1::GetGradientsRequest* request,
       grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status SetParametersStream(
+      grpc::ServerContext* context,
+      grpc::ServerReader<v1::ParameterChunk>* reader,
+      v1::LayerInfo* response) override;
+  // SetParametersStream without its transport: `next` reads the next piece
+  // and returns false after the last. The fuzz harness calls it directly.
+  grpc::Status SetParametersFromPieces(
+      const grpc::ServerContext& context,
+      absl::FunctionRef<bool(v1::ParameterChunk*)> next,
+      v1::LayerInfo* response);
   MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
   MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
   // service_optimizer.cc
