@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
 namespace mhc::fuzz {
 
 std::vector<Call> SplitCalls(absl::string_view input, int method_count) {
@@ -32,6 +35,35 @@ std::string EncodeCall(int method, absl::string_view request) {
   call.push_back(static_cast<char>(request.size() >> 8 & 0xff));
   call.append(request.data(), request.size());
   return call;
+}
+
+std::string EncodeStream(const std::vector<std::string>& pieces) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    for (const std::string& piece : pieces) {
+      coded.WriteVarint32(static_cast<uint32_t>(piece.size()));
+      coded.WriteString(piece);
+    }
+  }
+  return out;
+}
+
+bool SplitStream(absl::string_view request, std::vector<std::string>* pieces) {
+  google::protobuf::io::CodedInputStream coded(
+      reinterpret_cast<const uint8_t*>(request.data()),
+      static_cast<int>(request.size()));
+  while (coded.CurrentPosition() < static_cast<int>(request.size())) {
+    uint32_t size = 0;
+    std::string piece;
+    if (!coded.ReadVarint32(&size) ||
+        !coded.ReadString(&piece, static_cast<int>(size))) {
+      return false;
+    }
+    pieces->push_back(std::move(piece));
+  }
+  return true;
 }
 
 }  // namespace mhc::fuzz

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/call_sequence.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/server_context.h"
 
@@ -101,6 +102,37 @@ std::map<std::string, Rpc> UnaryRpcs() {
 
 #undef MHC_FUZZ_RPC
 
+// Client-streaming RPCs: the request holds the pieces (EncodeStream), read
+// one by one as from gRPC.
+std::map<std::string, Rpc> ClientStreamRpcs() {
+  Rpc set_parameters{v1::ParameterChunk::descriptor(),
+                     [](MhcService& service, absl::string_view bytes) {
+                       std::vector<std::string> pieces;
+                       if (!SplitStream(bytes, &pieces)) {
+                         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             "the pieces do not split");
+                       }
+                       size_t next = 0;
+                       auto read = [&](v1::ParameterChunk* chunk) {
+                         while (next < pieces.size()) {
+                           // A piece that does not parse is skipped, as gRPC
+                           // would never deliver it.
+                           if (chunk->ParseFromString(pieces[next++]))
+                             return true;
+                         }
+                         return false;
+                       };
+                       v1::LayerInfo response;
+                       grpc::ServerContext context;
+                       grpc::Status status = service.SetParametersFromPieces(
+                           context, read, &response);
+                       AbortOnDaemonBug("SetParametersStream", status);
+                       response.SerializeAsString();
+                       return status;
+                     }};
+  return {{"SetParametersStream", set_parameters}};
+}
+
 [[noreturn]] void TableIsStale(const std::string& message) {
   std::fprintf(stderr, "fuzz/rpc_table.cc is out of date: %s\n",
                message.c_str());
@@ -119,17 +151,23 @@ const google::protobuf::ServiceDescriptor& MhcDescriptor() {
 // one, of its request type, so that an RPC added to service.proto cannot
 // escape the harness unnoticed.
 std::vector<const RpcInvoker*> BuildIndex() {
-  static const std::map<std::string, Rpc>* rpcs =
+  static const std::map<std::string, Rpc>* unary =
       new std::map<std::string, Rpc>(UnaryRpcs());
+  static const std::map<std::string, Rpc>* client_streams =
+      new std::map<std::string, Rpc>(ClientStreamRpcs());
   const google::protobuf::ServiceDescriptor& service = MhcDescriptor();
   std::vector<const RpcInvoker*> index(service.method_count(), nullptr);
   int covered = 0;
   for (int i = 0; i < service.method_count(); ++i) {
     const google::protobuf::MethodDescriptor& method = *service.method(i);
-    const bool streaming =
-        method.client_streaming() || method.server_streaming();
+    // Streams with answers in pieces repeat unary RPCs (StreamParameters
+    // is GetParameters, ExecuteStream runs Execute per batch) or carry no
+    // content (OpenSession); client streams have invokers of their own.
+    const std::map<std::string, Rpc>* rpcs =
+        method.client_streaming() && !method.server_streaming() ? client_streams
+                                                                : unary;
     auto it = rpcs->find(method.name());
-    if (streaming) {
+    if (method.server_streaming()) {
       if (it != rpcs->end()) TableIsStale(method.name() + " is streaming");
       continue;
     }
@@ -141,7 +179,7 @@ std::vector<const RpcInvoker*> BuildIndex() {
     index[i] = &it->second.invoke;
     ++covered;
   }
-  if (covered != static_cast<int>(rpcs->size())) {
+  if (covered != static_cast<int>(unary->size() + client_streams->size())) {
     TableIsStale("invokers for methods the service does not have");
   }
   return index;

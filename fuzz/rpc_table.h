@@ -1,8 +1,9 @@
-// Every unary RPC of mhc.v1.Mhc as a function of its serialized request:
-// parse, call the MhcService handler, discard the response. The harnesses
-// and the seed writer pick RPCs by their index in the service descriptor,
-// so an input's first byte keeps its meaning as long as service.proto only
-// appends RPCs.
+// Every unary and client-streaming RPC of mhc.v1.Mhc as a function of its
+// serialized request (for a client stream, its pieces as EncodeStream
+// writes them): parse, call the MhcService handler, discard the response. The
+// harnesses and the seed writer pick RPCs by their index in the service
+// descriptor, so an input's first byte keeps its meaning as long as
+// service.proto only appends RPCs.
 #ifndef MHC_FUZZ_RPC_TABLE_H_
 #define MHC_FUZZ_RPC_TABLE_H_
 
@@ -26,9 +27,10 @@ using RpcInvoker =
 // which libFuzzer reports as a crash.
 void AbortOnDaemonBug(absl::string_view rpc, const grpc::Status& status);
 
-// The invoker of method `index` of mhc.v1.Mhc, or null for the streaming
-// RPCs (ExecuteStream runs each batch as Execute does; OpenSession carries
-// no request content) and for indices past the last method.
+// The invoker of method `index` of mhc.v1.Mhc, or null for the RPCs that
+// answer in a stream (StreamParameters and ExecuteStream repeat unary
+// RPCs; OpenSession carries no request content) and for indices past the
+// last method.
 const RpcInvoker* FindRpc(int index);
 
 // The number of methods of mhc.v1.Mhc.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "convert/spec_convert.h"
+#include "fuzz/call_sequence.h"
 #include "fuzz/in_process_daemon.h"
 #include "google/protobuf/reflection.h"
 #include "server/op_defs.h"
@@ -111,8 +112,27 @@ std::shared_ptr<Message> OpRequest(const OpDef& def,
 
 template <typename T>
 SeedRequest Seed(std::string label, std::string rpc, T request) {
-  return {std::move(label), std::move(rpc),
-          std::make_shared<T>(std::move(request))};
+  return {std::move(label),
+          std::move(rpc),
+          std::make_shared<T>(std::move(request)),
+          {}};
+}
+
+// head's beta in two pieces, the second at the first's end.
+SeedRequest ParameterStreamSeed() {
+  const v1::TensorRef beta = Tensor(v1::DTYPE_F32, {4}, 5);
+  SeedRequest seed{"SetParametersStream", "SetParametersStream", nullptr, {}};
+  for (uint64_t offset : {0, 8}) {
+    auto piece = std::make_shared<v1::ParameterChunk>();
+    if (offset == 0) piece->set_layer("head");
+    piece->set_name("beta");
+    piece->add_shape(4);
+    piece->set_dtype(v1::DTYPE_F32);
+    piece->set_offset(offset);
+    piece->set_data(beta.inline_data().substr(offset, 8));
+    seed.pieces.push_back(std::move(piece));
+  }
+  return seed;
 }
 
 v1::TensorRef X(v1::DType act = v1::DTYPE_F32) {
@@ -235,7 +255,8 @@ std::vector<SeedRequest> OpSeedCandidates() {
                                         act == v1::DTYPE_F32 ? "f32" : "bf16",
                                         with_optional ? "-optional" : ""),
                            def->rpc,
-                           OpRequest(*def, layer, *spec, act, with_optional)});
+                           OpRequest(*def, layer, *spec, act, with_optional),
+                           {}});
         }
       }
     }
@@ -308,6 +329,15 @@ std::vector<SeedSequence> SequenceSeeds() {
   return sequences;
 }
 
+std::string RequestBytes(const SeedRequest& seed) {
+  if (seed.request != nullptr) return seed.request->SerializeAsString();
+  std::vector<std::string> pieces;
+  for (const auto& piece : seed.pieces) {
+    pieces.push_back(piece->SerializeAsString());
+  }
+  return EncodeStream(pieces);
+}
+
 std::vector<SeedRequest> ManagementSeeds() {
   std::vector<SeedRequest> seeds;
   seeds.push_back(
@@ -332,6 +362,7 @@ std::vector<SeedRequest> ManagementSeeds() {
   (*set.mutable_parameters()->mutable_tensors())["beta"] =
       Tensor(v1::DTYPE_F32, {4}, 5);
   seeds.push_back(Seed("SetParameters", "SetParameters", set));
+  seeds.push_back(ParameterStreamSeed());
   v1::GetGradientsRequest grads;
   grads.set_layer("l1");
   seeds.push_back(Seed("GetGradients", "GetGradients", grads));

@@ -18,7 +18,13 @@ struct SeedRequest {
   std::string label;  // file name in the corpus: "Pre-l0-f32"
   std::string rpc;    // method of mhc.v1.Mhc
   std::shared_ptr<google::protobuf::Message> request;
+  // Client-streaming RPCs: the pieces in order (`request` is null).
+  std::vector<std::shared_ptr<google::protobuf::Message>> pieces;
 };
+
+// What the harness hands the RPC: the serialized request, or the pieces as
+// EncodeStream writes them.
+std::string RequestBytes(const SeedRequest& seed);
 
 // Single-op requests: each op on each fixture layer it accepts, with and
 // without its optional inputs. Not every candidate is valid (a static

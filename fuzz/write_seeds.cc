@@ -45,12 +45,11 @@ bool Call(const char* what, const grpc::Status& status) {
 grpc::Status Run(const SeedRequest& seed) {
   InProcessDaemon& daemon = InProcessDaemon::Get();
   daemon.Reset();
-  return (*FindRpc(RpcIndex(seed.rpc)))(daemon.service(),
-                                        seed.request->SerializeAsString());
+  return (*FindRpc(RpcIndex(seed.rpc)))(daemon.service(), RequestBytes(seed));
 }
 
 std::string RpcInput(const SeedRequest& seed) {
-  return EncodeCall(RpcIndex(seed.rpc), seed.request->SerializeAsString());
+  return EncodeCall(RpcIndex(seed.rpc), RequestBytes(seed));
 }
 
 // Every call on one fresh daemon; true when all were accepted.
@@ -59,9 +58,8 @@ bool RunSequence(const SeedSequence& sequence, std::string* input) {
   daemon.Reset();
   for (const SeedRequest& call : sequence.calls) {
     const std::string what = absl::StrCat(sequence.label, ": ", call.label);
-    if (!Call(what.c_str(),
-              (*FindRpc(RpcIndex(call.rpc)))(
-                  daemon.service(), call.request->SerializeAsString()))) {
+    if (!Call(what.c_str(), (*FindRpc(RpcIndex(call.rpc)))(
+                                daemon.service(), RequestBytes(call)))) {
       return false;
     }
     *input += RpcInput(call);
@@ -91,9 +89,8 @@ bool WriteCheckpoints(const fs::path& dir) {
   InProcessDaemon& daemon = InProcessDaemon::Get();
   daemon.Reset();
   for (const SeedRequest& seed : BatchSeeds()) {
-    if (!Call(seed.label.c_str(),
-              (*FindRpc(RpcIndex(seed.rpc)))(
-                  daemon.service(), seed.request->SerializeAsString()))) {
+    if (!Call(seed.label.c_str(), (*FindRpc(RpcIndex(seed.rpc)))(
+                                      daemon.service(), RequestBytes(seed)))) {
       return false;
     }
   }

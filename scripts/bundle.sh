@@ -32,6 +32,7 @@ binaries=(
   tests/cuda/cuda_optimizer_test
   tests/server/server_shm_registry_test
   tests/server/server_cuda_shm_test
+  tests/server/server_fault_injection_test
   bench/mhc_rpc_bench
   bench/mhc_gpu_bench
   client/cpp/stream_ordered_step

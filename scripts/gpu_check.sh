@@ -3,9 +3,10 @@
 # an NVIDIA GPU: the CUDA kernel tests, compute-sanitizer memcheck and
 # racecheck on a subset, the CUDA IPC test across two processes, page-locked
 # host shared memory (in process, and through mhcd --backend=cuda against
-# inline and single ops), the daemon on the GPU driven by mhcctl (inline and
-# shared memory) and by the stream-ordered C++ example, and the
-# inline/shared-memory RPC benchmark on the GPU with and without page locks.
+# inline and single ops), injected device faults (mhcd --fault_injection),
+# the daemon on the GPU driven by mhcctl (inline and shared memory) and by
+# the stream-ordered C++ example, and the inline/shared-memory RPC benchmark
+# on the GPU with and without page locks.
 # Logs go to LOG_DIR (default: the current directory); the exit code counts
 # failures.
 #
@@ -33,6 +34,9 @@ step cuda_pinned_shm "${bin}/server_shm_registry_test" \
 # The daemon under test is the bundle's, not the build machine's path.
 step cuda_daemon_shm env MHCD_PATH="${bin}/mhcd" \
   "${bin}/server_cuda_shm_test" --gtest_brief=1
+# A full device answered, a lost one ending the daemon (--fault_injection).
+step cuda_fault_injection env MHCD_PATH="${bin}/mhcd" \
+  "${bin}/server_fault_injection_test" --gtest_brief=1
 step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --error-exitcode 1 "${bin}/cuda_fused_test" \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'

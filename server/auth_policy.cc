@@ -195,12 +195,14 @@ absl::StatusOr<Caller> AuthPolicy::Authenticate(
     if (match == nullptr) {
       return absl::UnauthenticatedError("the bearer token is not valid");
     }
-    return Caller{match->role, absl::StrCat("token '", match->name, "'")};
+    return Caller{match->role, absl::StrCat("token '", match->name, "'"),
+                  absl::StrCat("token:", match - tokens_.data())};
   }
   if (peer.has_value()) {
     auto it = uid_roles_.find(peer->uid);
     if (it != uid_roles_.end()) {
-      return Caller{it->second, absl::StrCat("uid ", peer->uid)};
+      return Caller{it->second, absl::StrCat("uid ", peer->uid),
+                    absl::StrCat("uid:", peer->uid)};
     }
     return absl::UnauthenticatedError(absl::StrCat(
         "unix-socket peer uid ", peer->uid,

@@ -36,6 +36,9 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 struct Caller {
   Role role = Role::kNone;
   std::string name;  // "token 'ci'", "uid 1000", ...
+  // The same for every call of this caller and different for any other:
+  // "token:INDEX" (token names may repeat), "uid:UID".
+  std::string identity;
 };
 
 class AuthPolicy {

@@ -40,22 +40,24 @@ absl::StatusOr<std::optional<absl::string_view>> BearerToken(
       absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size())));
 }
 
+absl::StatusOr<Caller> Authorizer::Authenticate(
+    const grpc::ServerContext& context) const {
+  MHC_ASSIGN_OR_RETURN(std::optional<absl::string_view> bearer,
+                       BearerToken(context));
+  return policy_->Authenticate(bearer, Peer(context));
+}
+
 absl::Status Authorizer::Authorize(const grpc::ServerContext& context,
                                    absl::string_view rpc) const {
-  MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller, Identify(context, rpc));
+  MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller,
+                       IdentifyCaller(context, rpc));
   return Check(caller, rpc);
 }
 
-absl::StatusOr<std::optional<Caller>> Authorizer::Identify(
+absl::StatusOr<std::optional<Caller>> Authorizer::IdentifyCaller(
     const grpc::ServerContext& context, absl::string_view rpc) const {
   if (policy_ == nullptr) return std::optional<Caller>();
-  absl::StatusOr<std::optional<absl::string_view>> bearer =
-      BearerToken(context);
-  if (!bearer.ok()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(rpc, ": ", bearer.status().message()));
-  }
-  absl::StatusOr<Caller> caller = policy_->Authenticate(*bearer, Peer(context));
+  absl::StatusOr<Caller> caller = Authenticate(context);
   if (!caller.ok()) {
     return absl::UnauthenticatedError(
         absl::StrCat(rpc, ": ", caller.status().message()));
@@ -75,6 +77,18 @@ absl::Status Authorizer::Check(const std::optional<Caller>& caller,
         RoleName(caller.has_value() ? caller->role : Role::kNone)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Authorizer::Identify(
+    const grpc::ServerContext& context) const {
+  if (policy_ != nullptr) {
+    MHC_ASSIGN_OR_RETURN(Caller caller, Authenticate(context));
+    return caller.identity;
+  }
+  // Without authentication a token proves nothing: only the kernel's word
+  // on the unix-socket user counts.
+  const std::optional<PeerCredentials> peer = Peer(context);
+  return peer.has_value() ? absl::StrCat("uid:", peer->uid) : std::string();
 }
 
 }  // namespace mhc::server

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -35,15 +36,26 @@ class Authorizer {
   absl::Status Authorize(const grpc::ServerContext& context,
                          absl::string_view rpc) const;
 
+  // Who is calling, as a key that is the same for every call of one caller
+  // and differs between callers: with authentication on, the token when the
+  // call carries one, else the unix-socket user; with it off, the
+  // unix-socket user, else "" (TCP callers are indistinguishable). What
+  // belongs to a caller (a shared-memory session) answers only to this key.
+  absl::StatusOr<std::string> Identify(
+      const grpc::ServerContext& context) const;
+
   // Authorize in two steps, for calls that arrive outside gRPC on behalf of
-  // a caller identified once (the call ring): who is calling (nullopt when
+  // a caller authenticated once (the call ring): the caller (nullopt when
   // authentication is off), then whether that caller may call `rpc`.
-  absl::StatusOr<std::optional<Caller>> Identify(
+  absl::StatusOr<std::optional<Caller>> IdentifyCaller(
       const grpc::ServerContext& context, absl::string_view rpc) const;
   absl::Status Check(const std::optional<Caller>& caller,
                      absl::string_view rpc) const;
 
  private:
+  // The caller by its token or unix-socket user; only with a policy.
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
+
   const std::unique_ptr<AuthPolicy> policy_;
   const ConnectionPeers* const peers_;
 };

@@ -142,7 +142,8 @@ constexpr char kUsage[] =
 
 bool IsMhcdFlagFile(absl::string_view file) {
   return absl::EndsWith(file, "server/flags.cc") ||
-         absl::EndsWith(file, "server/security_flags.cc");
+         absl::EndsWith(file, "server/security_flags.cc") ||
+         absl::EndsWith(file, "server/fault_injection_flags.cc");
 }
 
 }  // namespace
@@ -394,7 +395,10 @@ bool CudaAvailable() {
 absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
   const std::string name = absl::GetFlag(FLAGS_backend);
   if (name == "cuda" || (name == "auto" && CudaAvailable())) {
-    return CudaBackendsFromFlags();
+    MHC_ASSIGN_OR_RETURN(std::vector<DeviceBackend> devices,
+                         CudaBackendsFromFlags());
+    MHC_RETURN_IF_ERROR(CheckFaultInjectionFlag(devices));
+    return devices;
   }
   if (!absl::GetFlag(FLAGS_devices).empty()) {
     return absl::InvalidArgumentError(
@@ -410,6 +414,7 @@ absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--backend: expected cpu, reference, cuda or auto, got '", name, "'"));
   }
+  MHC_RETURN_IF_ERROR(CheckFaultInjectionFlag(devices));
   return devices;
 }
 
@@ -425,6 +430,9 @@ std::vector<std::string> FlagNotices() {
   if (!absl::GetFlag(FLAGS_allow_shm) && absl::GetFlag(FLAGS_shm_allow_tcp)) {
     notices.push_back(
         "note: --shm_allow_tcp has no effect without --allow_shm");
+  }
+  if (std::string fault = FaultInjectionNotice(); !fault.empty()) {
+    notices.push_back(std::move(fault));
   }
   return notices;
 }

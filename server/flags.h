@@ -33,6 +33,15 @@ absl::StatusOr<std::vector<DeviceBackend>> BackendsFromFlags();
 // Warnings about accepted flags that do not act yet.
 std::vector<std::string> FlagNotices();
 
+// --fault_injection, test only (fault_injection_flags.cc). The check runs
+// with the backends: INVALID_ARGUMENT when malformed or when a device is
+// not a CUDA one. Armed once the daemon is ready, so that only the work of
+// requests counts.
+absl::Status CheckFaultInjectionFlag(const std::vector<DeviceBackend>& devices);
+void ArmFaultInjectionFromFlags();
+// The startup warning while it is set; empty otherwise.
+std::string FaultInjectionNotice();
+
 }  // namespace mhc::server
 
 #endif  // MHC_SERVER_FLAGS_H_

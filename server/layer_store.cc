@@ -450,7 +450,7 @@ absl::StatusOr<int64_t> LayerStore::Read(
 
 absl::Status LayerStore::Write(Layer& layer,
                                const v1::Parameters& parameters) const {
-  std::vector<std::pair<const Layer::Param*, absl::string_view>> updates;
+  std::vector<ParameterUpdate> updates;
   ByteBudget budget(limits_);
   for (const auto& [name, tensor] : parameters.tensors()) {
     const Layer::Param* p = layer.FindParam(name);
@@ -467,15 +467,21 @@ absl::Status LayerStore::Write(Layer& layer,
         ResolveParameter(tensor,
                          absl::StrCat("parameters.tensors['", name, "']"),
                          p->shape, &budget));
-    updates.emplace_back(p, bytes);
+    updates.push_back(ParameterUpdate{p, bytes});
   }
+  return WriteChecked(layer, updates);
+}
+
+absl::Status LayerStore::WriteChecked(
+    Layer& layer, const std::vector<ParameterUpdate>& updates) const {
   if (updates.empty()) return absl::OkStatus();
   return layer.executor()->WithDevice([&](Backend& backend) {
     MHC_RETURN_IF_ERROR(layer.CheckCurrent());
-    for (const auto& [p, bytes] : updates) {
-      if (bytes.empty()) continue;
-      MHC_RETURN_IF_ERROR(backend.CopyToDevice(layer.values() + p->offset,
-                                               bytes.data(), bytes.size()));
+    for (const ParameterUpdate& update : updates) {
+      if (update.bytes.empty()) continue;
+      MHC_RETURN_IF_ERROR(
+          backend.CopyToDevice(layer.values() + update.param->offset,
+                               update.bytes.data(), update.bytes.size()));
     }
     layer.set_version(layer.version() + 1);
     return absl::OkStatus();

@@ -141,6 +141,12 @@ class Layer {
   std::unique_ptr<OptimizerState> optimizer_;
 };
 
+// New values of one whole parameter, checked against its shape.
+struct ParameterUpdate {
+  const Layer::Param* param = nullptr;
+  absl::string_view bytes;  // fp32, param->elements of them
+};
+
 // 1..128 characters of [A-Za-z0-9_.-], the first a letter or digit.
 absl::Status ValidateLayerName(absl::string_view name, absl::string_view field);
 
@@ -169,6 +175,10 @@ class LayerStore {
       bool gradients, v1::Parameters* out) const;
   // All tensors are validated before any is written.
   absl::Status Write(Layer& layer, const v1::Parameters& parameters) const;
+  // Writes every update under one device lock and bumps the parameters'
+  // version once (Write; SetParametersStream, which validated the pieces).
+  absl::Status WriteChecked(Layer& layer,
+                            const std::vector<ParameterUpdate>& updates) const;
   absl::Status ZeroGradients(Layer& layer) const;
   // The layer's allocation as its device exports it (MapLayerMemory);
   // FAILED_PRECONDITION for host devices.

@@ -1,8 +1,10 @@
 // mhcd: starts the server, prints where it listens, and drains it on
-// SIGTERM/SIGINT.
+// SIGTERM/SIGINT, or when a device fails for good (then exits 3).
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -22,6 +24,13 @@ using mhc::server::LogLevel;
 // How far past --drain_timeout a drain may run before the process exits
 // regardless: the tail of the last kernels and the teardown.
 constexpr absl::Duration kExitSlack = absl::Milliseconds(900);
+
+// The exit status after a device failed for good (docs/operations.md).
+constexpr int kExitDeviceFailed = 3;
+
+// Set when a device failed for good; the drain that follows ends the
+// process with kExitDeviceFailed.
+std::atomic<bool> device_failed{false};
 
 int Fail(const absl::Status& status) {
   Log(LogLevel::kError, status.message());
@@ -50,6 +59,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<mhc::server::ServerConfig> config =
       mhc::server::ConfigFromFlags();
   if (!config.ok()) return Fail(config.status());
+  // The drain runs as for SIGTERM, on the signal thread.
+  config->on_device_failure = [] {
+    device_failed.store(true);
+    kill(getpid(), SIGTERM);
+  };
   for (const std::string& notice : mhc::server::FlagNotices()) {
     Log(LogLevel::kWarning, notice);
   }
@@ -73,6 +87,7 @@ int main(int argc, char** argv) {
     Log(LogLevel::kInfo, absl::StrCat("restored checkpoint '",
                                       (*server)->restored_checkpoint(), "'"));
   }
+  mhc::server::ArmFaultInjectionFromFlags();
   Log(LogLevel::kInfo,
       absl::StrCat("ready (backend=", (*server)->backend_name(), ")"));
 
@@ -81,8 +96,15 @@ int main(int argc, char** argv) {
   std::thread signal_thread([&signals, raw, drain_timeout] {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
-    Log(LogLevel::kInfo,
-        absl::StrCat("received signal ", signal_number, ", draining"));
+    if (device_failed.load()) {
+      Log(LogLevel::kError,
+          absl::StrCat("a device failed for good; draining, then exiting "
+                       "with status ",
+                       kExitDeviceFailed, " to be restarted"));
+    } else {
+      Log(LogLevel::kInfo,
+          absl::StrCat("received signal ", signal_number, ", draining"));
+    }
     // The drain ends every call it can; a handler stuck in a kernel cannot
     // be interrupted, so it does not get to hold the exit past the promise
     // of --drain_timeout (the orchestrator would kill the process anyway).
@@ -99,5 +121,5 @@ int main(int argc, char** argv) {
   signal_thread.join();
   server->reset();
   Log(LogLevel::kInfo, "drained");
-  return 0;
+  return device_failed.load() ? kExitDeviceFailed : 0;
 }

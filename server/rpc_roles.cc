@@ -55,6 +55,7 @@ constexpr std::pair<const char*, Role> kRoles[] = {
     {"CreateLayer", Role::kAdmin},
     {"DeleteLayer", Role::kAdmin},
     {"SetParameters", Role::kAdmin},
+    {"SetParametersStream", Role::kAdmin},
     {"ZeroGradients", Role::kAdmin},
     {"ConvertLayout", Role::kAdmin},
     {"OptimizerStep", Role::kAdmin},

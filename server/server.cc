@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -313,19 +315,21 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
   if (health != nullptr) {
     health->SetServingStatus("", true);
     health->SetServingStatus(kServiceName, true);
-    // A device that failed for good (its CUDA context is lost) fails every
-    // request it gets: take the daemon out of service so that the
-    // orchestrator restarts it.
-    Readiness* readiness = &server->metrics_->readiness();
-    for (const auto& executor : server->executors_) {
-      executor->SetFailureCallback(
-          [health, readiness,
-           device = executor->device()](const absl::Status& failure) {
-            health->SetServingStatus(false);
-            readiness->SetNotReady(absl::StrCat(
-                "device ", device, " failed: ", failure.message()));
-          });
-    }
+  }
+  // A device that failed for good (its CUDA context is lost) fails every
+  // request it gets: take the daemon out of service, and let it end so
+  // that the orchestrator restarts it.
+  Readiness* readiness = &server->metrics_->readiness();
+  auto failed_once = std::make_shared<std::atomic<bool>>(false);
+  for (const auto& executor : server->executors_) {
+    executor->SetFailureCallback(
+        [health, readiness, failed_once, on_failure = config.on_device_failure,
+         device = executor->device()](const absl::Status& failure) {
+          if (health != nullptr) health->SetServingStatus(false);
+          readiness->SetNotReady(
+              absl::StrCat("device ", device, " failed: ", failure.message()));
+          if (on_failure && !failed_once->exchange(true)) on_failure();
+        });
   }
   server->metrics_->readiness().SetReady();
   return server;

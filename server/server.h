@@ -4,6 +4,7 @@
 #ifndef MHC_SERVER_SERVER_H_
 #define MHC_SERVER_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ struct ServerConfig {
   RequestLogMode log_requests = RequestLogMode::kFailed;
   // TLS, unix socket permissions and authentication (security_config.h).
   SecurityConfig security;
+  // Called once, after health went NOT_SERVING, when a device fails for
+  // good (its CUDA context is lost): mhcd's main drains and exits non-zero,
+  // since only a new process gets a new context. Unset: the daemon stays up,
+  // NOT_SERVING.
+  std::function<void()> on_device_failure;
 };
 
 // A backend and the name the API gives its device.

@@ -106,6 +106,16 @@ class MhcService final : public v1::Mhc::Service {
   grpc::Status StreamGradients(
       grpc::ServerContext* context, const v1::GetGradientsRequest* request,
       grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status SetParametersStream(
+      grpc::ServerContext* context,
+      grpc::ServerReader<v1::ParameterChunk>* reader,
+      v1::LayerInfo* response) override;
+  // SetParametersStream without its transport: `next` reads the next piece
+  // and returns false after the last. The fuzz harness calls it directly.
+  grpc::Status SetParametersFromPieces(
+      const grpc::ServerContext& context,
+      absl::FunctionRef<bool(v1::ParameterChunk*)> next,
+      v1::LayerInfo* response);
   MHC_UNARY(ConvertLayout, ConvertLayoutRequest, LayerInfo);
   MHC_UNARY(MapLayerMemory, MapLayerMemoryRequest, LayerMemory);
   // service_optimizer.cc
@@ -191,7 +201,7 @@ class MhcService final : public v1::Mhc::Service {
   absl::Status Serve(absl::string_view rpc, bool admit, absl::Status authorized,
                      absl::Time start, absl::FunctionRef<absl::Status()> body);
   // One call taken from a session's call ring (service_call_ring.cc).
-  absl::Status RingCall(const std::string& session_id,
+  absl::Status RingCall(const SessionRef& session,
                         const std::optional<Caller>& caller,
                         const RingCallRequest& call, std::string* response);
   grpc::Status RunOp(absl::string_view rpc, OpKind kind,
@@ -208,6 +218,9 @@ class MhcService final : public v1::Mhc::Service {
   // Data bytes per TensorChunk: each piece fits --max_message_bytes and
   // the client's `client_max` (0: no wish).
   uint64_t ChunkBytes(uint64_t client_max) const;
+  // The session the call names, with its caller (see SessionRef).
+  absl::StatusOr<SessionRef> SessionOf(
+      const grpc::ServerContext& context) const;
   // The shared-memory view of one request: its session and transport.
   RegionScope Regions(const grpc::ServerContext& context);
   // Region gauges after registrations change.

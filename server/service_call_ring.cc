@@ -21,7 +21,7 @@ std::string EventIndex(int index) {
 
 }  // namespace
 
-absl::Status MhcService::RingCall(const std::string& session_id,
+absl::Status MhcService::RingCall(const SessionRef& session,
                                   const std::optional<Caller>& caller,
                                   const RingCallRequest& call,
                                   std::string* response) {
@@ -47,7 +47,7 @@ absl::Status MhcService::RingCall(const std::string& session_id,
               absl::StrCat(rpc->name, ": the call ring's request is not a ",
                            request->GetTypeName()));
         }
-        RegionScope regions(shm_, session_id, /*local=*/true,
+        RegionScope regions(shm_, session, /*local=*/true,
                             EventIndex(call.wait_event),
                             EventIndex(call.signal_event));
         MHC_RETURN_IF_ERROR(

@@ -23,14 +23,20 @@ std::string Metadata(const grpc::ServerContext& context,
   return std::string(it->second.data(), it->second.size());
 }
 
-std::string SessionId(const grpc::ServerContext& context) {
-  return Metadata(context, kSessionMetadataKey);
-}
-
 }  // namespace
 
+absl::StatusOr<SessionRef> MhcService::SessionOf(
+    const grpc::ServerContext& context) const {
+  MHC_ASSIGN_OR_RETURN(std::string caller, authorizer_->Identify(context));
+  return SessionRef{Metadata(context, kSessionMetadataKey), std::move(caller)};
+}
+
 RegionScope MhcService::Regions(const grpc::ServerContext& context) {
-  return RegionScope(shm_, SessionId(context), IsLocal(*authorizer_, context),
+  // The call was authorized, which identified its caller already; should
+  // that fail now, the request names no session and cannot use any.
+  absl::StatusOr<SessionRef> session = SessionOf(context);
+  return RegionScope(shm_, session.ok() ? *std::move(session) : SessionRef{},
+                     IsLocal(*authorizer_, context),
                      Metadata(context, kWaitEventMetadataKey),
                      Metadata(context, kSignalEventMetadataKey));
 }
@@ -60,8 +66,11 @@ grpc::Status MhcService::OpenSession(
           return absl::UnavailableError("OpenSession: the daemon is draining");
         }
         MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(std::string caller,
+                             authorizer_->Identify(*context));
         MHC_ASSIGN_OR_RETURN(
-            id, shm_->OpenSession([context] { context->TryCancel(); }));
+            id, shm_->OpenSession(std::move(caller),
+                                  [context] { context->TryCancel(); }));
         return absl::OkStatus();
       });
   if (!opened.ok()) return opened;
@@ -92,8 +101,9 @@ grpc::Status MhcService::RegisterSystemSharedMemory(
   return Handle(
       *context, "RegisterSystemSharedMemory", true, [&]() -> absl::Status {
         MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
         MHC_ASSIGN_OR_RETURN(HostPinning pinning,
-                             shm_->RegisterSystem(SessionId(*context), *request,
+                             shm_->RegisterSystem(session, *request,
                                                   authorizer_->Peer(*context)));
         if (pinning == HostPinning::kFailed) metrics_->RecordPinFailure();
         PublishSharedMemory();
@@ -108,8 +118,9 @@ grpc::Status MhcService::RegisterCudaSharedMemory(
   return Handle(
       *context, "RegisterCudaSharedMemory", true, [&]() -> absl::Status {
         MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
+        MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
         MHC_ASSIGN_OR_RETURN(uint64_t bytes,
-                             shm_->RegisterCuda(SessionId(*context), *request));
+                             shm_->RegisterCuda(session, *request));
         response->set_byte_size(bytes);
         PublishSharedMemory();
         return absl::OkStatus();
@@ -123,9 +134,9 @@ grpc::Status MhcService::UnregisterSharedMemory(
   return Handle(
       *context, "UnregisterSharedMemory", true, [&]() -> absl::Status {
         MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
-        MHC_ASSIGN_OR_RETURN(
-            std::vector<std::string> names,
-            shm_->Unregister(SessionId(*context), request->name()));
+        MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
+        MHC_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                             shm_->Unregister(session, request->name()));
         for (std::string& name : names)
           response->add_unregistered(std::move(name));
         PublishSharedMemory();
@@ -138,7 +149,8 @@ grpc::Status MhcService::SharedMemoryStatus(
     v1::SharedMemoryStatusResponse* response) {
   return Handle(*context, "SharedMemoryStatus", true, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
-    return shm_->Status(SessionId(*context), request->name(), response);
+    MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
+    return shm_->Status(session, request->name(), response);
   });
 }
 
@@ -147,7 +159,8 @@ grpc::Status MhcService::RegisterCudaEvents(
     v1::RegisterCudaEventsResponse* response) {
   return Handle(*context, "RegisterCudaEvents", true, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
-    return shm_->RegisterEvents(SessionId(*context), *request, response);
+    MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
+    return shm_->RegisterEvents(session, *request, response);
   });
 }
 
@@ -172,15 +185,16 @@ grpc::Status MhcService::OpenCallRing(
     if (admission_->draining()) {
       return absl::UnavailableError("OpenCallRing: the daemon is draining");
     }
-    const std::string session = SessionId(*context);
-    if (session.empty()) {
+    MHC_ASSIGN_OR_RETURN(SessionRef session, SessionOf(*context));
+    if (session.id.empty()) {
       return absl::FailedPreconditionError(
           "OpenCallRing: a ring belongs to a session; send its id "
           "(mhc-session-id)");
     }
     // Ring calls act for the caller that opened the ring.
-    MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller,
-                         authorizer_->Identify(*context, "OpenCallRing"));
+    MHC_ASSIGN_OR_RETURN(
+        std::optional<Caller> caller,
+        authorizer_->IdentifyCaller(*context, "OpenCallRing"));
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
                          shm_->Find(session, request->region(), "region"));
     MHC_ASSIGN_OR_RETURN(
@@ -193,10 +207,10 @@ grpc::Status MhcService::OpenCallRing(
             },
             shm_->options().call_ring_spin));
     response->set_area_bytes(ring->area_bytes());
-    MHC_RETURN_IF_ERROR(call_rings_.Add(session, std::move(ring)));
+    MHC_RETURN_IF_ERROR(call_rings_.Add(session.id, std::move(ring)));
     // The session may have ended since Find; its close found no ring.
-    if (!shm_->HasSession(session)) {
-      call_rings_.Close(session);
+    if (!shm_->HasSession(session.id)) {
+      call_rings_.Close(session.id);
       return absl::NotFoundError("OpenCallRing: the session ended");
     }
     metrics_->SetCallRings(call_rings_.size());

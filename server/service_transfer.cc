@@ -1,11 +1,13 @@
-// StreamParameters and StreamGradients: a layer's tensors in pieces that
-// each fit a message, for layers too large for GetParameters/GetGradients.
+// StreamParameters, StreamGradients and SetParametersStream: a layer's
+// tensors in pieces that each fit a message, for layers too large for
+// GetParameters/GetGradients/SetParameters.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "mhc/status.h"
+#include "server/parameter_stream.h"
 #include "server/service.h"
 
 namespace mhc::server {
@@ -87,6 +89,49 @@ grpc::Status MhcService::StreamGradients(
   return StreamTensors(*context, "StreamGradients", request->layer(),
                        request->names(), request->max_chunk_bytes(),
                        /*gradients=*/true, writer);
+}
+
+grpc::Status MhcService::SetParametersStream(
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::ParameterChunk>* reader, v1::LayerInfo* response) {
+  return SetParametersFromPieces(
+      *context,
+      [reader](v1::ParameterChunk* chunk) { return reader->Read(chunk); },
+      response);
+}
+
+grpc::Status MhcService::SetParametersFromPieces(
+    const grpc::ServerContext& context,
+    absl::FunctionRef<bool(v1::ParameterChunk*)> next,
+    v1::LayerInfo* response) {
+  constexpr absl::string_view kRpc = "SetParametersStream";
+  return Handle(context, kRpc, true, [&]() -> absl::Status {
+    v1::ParameterChunk chunk;
+    if (!next(&chunk)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kRpc, ": the stream ended before its first piece"));
+    }
+    if (chunk.layer().empty()) {
+      return absl::InvalidArgumentError(
+          "layer: required in the first piece (a layer name)");
+    }
+    MHC_ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer,
+                         store_->Find(chunk.layer(), "layer"));
+    ParameterStreamAssembler assembler(*layer);
+    do {
+      MHC_RETURN_IF_ERROR(assembler.Add(chunk));
+    } while (next(&chunk));
+    // The reads end the same way when the client closes its side and when
+    // the call breaks; only a closed stream is complete.
+    if (context.IsCancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          kRpc, ": the stream broke off; the layer was not changed"));
+    }
+    MHC_RETURN_IF_ERROR(assembler.Finish());
+    MHC_RETURN_IF_ERROR(store_->WriteChecked(*layer, assembler.Updates()));
+    store_->FillInfo(*layer, response);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace mhc::server

@@ -158,7 +158,7 @@ absl::Status ShmRegistry::CheckAccess(bool local) const {
 }
 
 absl::StatusOr<std::string> ShmRegistry::OpenSession(
-    std::function<void()> cancel) {
+    std::string caller, std::function<void()> cancel) {
   MHC_ASSIGN_OR_RETURN(std::string id, NewSessionId());
   absl::MutexLock lock(&mu_);
   if (closing_) {
@@ -169,7 +169,9 @@ absl::StatusOr<std::string> ShmRegistry::OpenSession(
         absl::StrCat("OpenSession: ", options_.max_sessions,
                      " sessions are open, the most allowed"));
   }
-  sessions_[id].cancel = std::move(cancel);
+  Session& session = sessions_[id];
+  session.owner = std::move(caller);
+  session.cancel = std::move(cancel);
   return id;
 }
 
@@ -234,22 +236,31 @@ std::pair<int, uint64_t> ShmRegistry::PinnedTotals() const {
 }
 
 absl::StatusOr<ShmRegistry::Session*> ShmRegistry::FindSession(
-    const std::string& id) {
-  if (id.empty()) return NoSession();
-  auto it = sessions_.find(id);
+    const SessionRef& ref) {
+  if (ref.id.empty()) return NoSession();
+  auto it = sessions_.find(ref.id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(
         absl::StrCat(kSessionMetadataKey,
                      ": no open session has this id (its stream ended, or it "
                      "was never opened)"));
   }
+  // Ids are random and never reused, so a session found once stays the
+  // same caller's for as long as it lives.
+  if (it->second.owner != ref.caller) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        kSessionMetadataKey,
+        ": the session belongs to another caller; a session answers only to "
+        "the unix user (or, with authentication on, the token) that opened "
+        "it. Open one of your own with OpenSession"));
+  }
   return &it->second;
 }
 
-absl::Status ShmRegistry::CheckNewRegion(const std::string& session_id,
+absl::Status ShmRegistry::CheckNewRegion(const SessionRef& ref,
                                          const std::string& name,
                                          uint64_t byte_size) {
-  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
   if (session->regions.count(name) > 0) {
     return absl::AlreadyExistsError(absl::StrCat(
         "name: region '", name, "' is already registered in this session"));
@@ -269,14 +280,13 @@ absl::Status ShmRegistry::CheckNewRegion(const std::string& session_id,
   return absl::OkStatus();
 }
 
-absl::Status ShmRegistry::Add(const std::string& session_id,
+absl::Status ShmRegistry::Add(const SessionRef& ref,
                               std::shared_ptr<Region> region) {
   absl::MutexLock lock(&mu_);
   // Checked again: the session may have ended, or raced another
   // registration, while the object was being opened.
-  MHC_RETURN_IF_ERROR(
-      CheckNewRegion(session_id, region->name_, region->byte_size_));
-  Session& session = sessions_[session_id];
+  MHC_RETURN_IF_ERROR(CheckNewRegion(ref, region->name_, region->byte_size_));
+  Session& session = sessions_[ref.id];
   session.bytes += region->byte_size_;
   session.regions.emplace(region->name_, std::move(region));
   return absl::OkStatus();
@@ -305,8 +315,7 @@ HostPinning ShmRegistry::Pin(Region& region) {
 }
 
 absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
-    const std::string& session_id,
-    const v1::RegisterSystemSharedMemoryRequest& r,
+    const SessionRef& session, const v1::RegisterSystemSharedMemoryRequest& r,
     const std::optional<PeerCredentials>& peer) {
   MHC_RETURN_IF_ERROR(CheckName(r.name()));
   if (!peer.has_value() && options_.require_peer_credentials) {
@@ -318,7 +327,7 @@ absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
   MHC_RETURN_IF_ERROR(CheckRange(r.offset(), r.byte_size()));
   {
     absl::MutexLock lock(&mu_);
-    MHC_RETURN_IF_ERROR(CheckNewRegion(session_id, r.name(), r.byte_size()));
+    MHC_RETURN_IF_ERROR(CheckNewRegion(session, r.name(), r.byte_size()));
   }
   // From here on the Region's destructor releases whatever was acquired.
   std::shared_ptr<Region> region(new Region());
@@ -387,13 +396,12 @@ absl::StatusOr<HostPinning> ShmRegistry::RegisterSystem(
   region->ino_ = static_cast<uint64_t>(st.st_ino);
   // Outside the lock: locking a large mapping faults in every page.
   const HostPinning pinning = Pin(*region);
-  MHC_RETURN_IF_ERROR(Add(session_id, std::move(region)));
+  MHC_RETURN_IF_ERROR(Add(session, std::move(region)));
   return pinning;
 }
 
 absl::StatusOr<uint64_t> ShmRegistry::RegisterCuda(
-    const std::string& session_id,
-    const v1::RegisterCudaSharedMemoryRequest& r) {
+    const SessionRef& session, const v1::RegisterCudaSharedMemoryRequest& r) {
   MHC_RETURN_IF_ERROR(CheckName(r.name()));
   if (r.raw_handle().size() != kCudaHandleBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -417,7 +425,7 @@ absl::StatusOr<uint64_t> ShmRegistry::RegisterCuda(
   }
   {
     absl::MutexLock lock(&mu_);
-    MHC_RETURN_IF_ERROR(CheckNewRegion(session_id, r.name(), r.byte_size()));
+    MHC_RETURN_IF_ERROR(CheckNewRegion(session, r.name(), r.byte_size()));
   }
   MHC_ASSIGN_OR_RETURN(
       DeviceMemoryOpener::Opened opened,
@@ -430,16 +438,16 @@ absl::StatusOr<uint64_t> ShmRegistry::RegisterCuda(
   region->kind_ = v1::SHARED_MEMORY_KIND_CUDA;
   region->byte_size_ = opened.byte_size;
   // The quota is checked again with the size actually opened.
-  MHC_RETURN_IF_ERROR(Add(session_id, std::move(region)));
+  MHC_RETURN_IF_ERROR(Add(session, std::move(region)));
   return opened.byte_size;
 }
 
 absl::StatusOr<std::vector<std::string>> ShmRegistry::Unregister(
-    const std::string& session_id, const std::string& name) {
+    const SessionRef& ref, const std::string& name) {
   std::vector<std::shared_ptr<Region>> released;
   std::vector<std::string> names;
   absl::MutexLock lock(&mu_);
-  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
   if (name.empty()) {
     std::vector<std::string> busy;
     for (const auto& [region_name, region] : session->regions) {
@@ -482,11 +490,10 @@ absl::StatusOr<std::vector<std::string>> ShmRegistry::Unregister(
   return names;
 }
 
-absl::Status ShmRegistry::Status(const std::string& session_id,
-                                 const std::string& name,
+absl::Status ShmRegistry::Status(const SessionRef& ref, const std::string& name,
                                  v1::SharedMemoryStatusResponse* response) {
   absl::MutexLock lock(&mu_);
-  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
   response->set_bytes(session->bytes);
   response->set_max_regions(options_.max_regions_per_session);
   response->set_max_bytes(options_.max_bytes_per_session);
@@ -509,7 +516,7 @@ absl::Status ShmRegistry::Status(const std::string& session_id,
 }
 
 absl::Status ShmRegistry::RegisterEvents(
-    const std::string& session_id, const v1::RegisterCudaEventsRequest& r,
+    const SessionRef& ref, const v1::RegisterCudaEventsRequest& r,
     v1::RegisterCudaEventsResponse* response) {
   constexpr int kMaxEvents = 256;
   constexpr size_t kEventHandleBytes = 64;
@@ -536,7 +543,7 @@ absl::Status ShmRegistry::RegisterEvents(
                                                    ", got ", r.device_id()));
   }
   auto check_new = [&]() -> absl::Status {
-    MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+    MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
     if (session->events.count(r.device_id()) > 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("device_id: this session already registered its events "
@@ -568,14 +575,14 @@ absl::Status ShmRegistry::RegisterEvents(
   }
   absl::MutexLock lock(&mu_);
   MHC_RETURN_IF_ERROR(check_new());
-  sessions_[session_id].events[r.device_id()] = std::move(pool);
+  sessions_[ref.id].events[r.device_id()] = std::move(pool);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<EventPool>> ShmRegistry::FindEvents(
-    const std::string& session_id, int device) {
+    const SessionRef& ref, int device) {
   absl::MutexLock lock(&mu_);
-  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
   auto it = session->events.find(device);
   if (it == session->events.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -591,10 +598,9 @@ std::pair<int, uint64_t> ShmRegistry::MappedTotals() const {
 }
 
 absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
-    const std::string& session_id, const std::string& name,
-    absl::string_view field) {
+    const SessionRef& ref, const std::string& name, absl::string_view field) {
   absl::MutexLock lock(&mu_);
-  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(session_id));
+  MHC_ASSIGN_OR_RETURN(Session * session, FindSession(ref));
   auto it = session->regions.find(name);
   if (it == session->regions.end()) {
     for (const auto& [id, other] : sessions_) {
@@ -612,11 +618,10 @@ absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
   return it->second;
 }
 
-RegionScope::RegionScope(ShmRegistry* registry, std::string session_id,
-                         bool local, std::string wait_event,
-                         std::string signal_event)
+RegionScope::RegionScope(ShmRegistry* registry, SessionRef session, bool local,
+                         std::string wait_event, std::string signal_event)
     : registry_(registry),
-      session_id_(std::move(session_id)),
+      session_(std::move(session)),
       local_(local),
       wait_event_(std::move(wait_event)),
       signal_event_(std::move(signal_event)) {}
@@ -634,7 +639,7 @@ absl::StatusOr<StreamOrder> RegionScope::Events(int device) {
         "mhc-wait-event / mhc-signal-event: shared memory is not enabled");
   }
   MHC_RETURN_IF_ERROR(registry_->CheckAccess(local_));
-  MHC_ASSIGN_OR_RETURN(events_, registry_->FindEvents(session_id_, device));
+  MHC_ASSIGN_OR_RETURN(events_, registry_->FindEvents(session_, device));
   auto pick = [](const std::string& text, const std::vector<DeviceEvent>& pool,
                  absl::string_view key) -> absl::StatusOr<DeviceEvent> {
     if (text.empty()) return DeviceEvent{nullptr};
@@ -676,7 +681,7 @@ absl::StatusOr<RegionSpan> RegionScope::Acquire(const v1::SharedMemoryRef& ref,
                      " (the tensor's size), got ", ref.byte_size()));
   }
   MHC_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
-                       registry_->Find(session_id_, ref.region(), field));
+                       registry_->Find(session_, ref.region(), field));
   uses_.push_back(Use{region, 0, 0, 0, 0, output, std::string(field)});
   Use& use = uses_.back();
   if (ref.offset() > region->byte_size() ||

@@ -207,16 +207,24 @@ struct RegionSpan {
 
 class ShmRegistry;
 
+// How a request names a session: the id it sent (metadata "mhc-session-id",
+// empty when absent) and who sent it (Authorizer::Identify). A session
+// answers only to the caller that opened it, so an id that leaked (logs,
+// another process of the node) is of no use to anyone else.
+struct SessionRef {
+  std::string id;
+  std::string caller;
+};
+
 // The regions one request uses: resolves the caller's session once, pins
 // every region it hands out until destroyed, and refuses output ranges that
 // overlap any other tensor of the request in the same memory.
 class RegionScope {
  public:
-  // `session_id`: the request's "mhc-session-id" (empty when absent);
-  // `local`: the request came over a unix socket; `wait_event` and
-  // `signal_event`: its "mhc-wait-event" and "mhc-signal-event" (empty when
-  // absent).
-  RegionScope(ShmRegistry* registry, std::string session_id, bool local,
+  // `session`: the request's session and caller; `local`: the request came
+  // over a unix socket; `wait_event` and `signal_event`: its
+  // "mhc-wait-event" and "mhc-signal-event" (empty when absent).
+  RegionScope(ShmRegistry* registry, SessionRef session, bool local,
               std::string wait_event = "", std::string signal_event = "");
   ~RegionScope();
   RegionScope(const RegionScope&) = delete;
@@ -243,7 +251,7 @@ class RegionScope {
     std::string field;
   };
   ShmRegistry* const registry_;
-  const std::string session_id_;
+  const SessionRef session_;
   const bool local_;
   const std::string wait_event_;
   const std::string signal_event_;
@@ -264,9 +272,11 @@ class ShmRegistry {
   // Shared memory enabled, and the transport allowed.
   absl::Status CheckAccess(bool local) const;
 
-  // A new session; `cancel` ends its stream (used when draining). Returns
-  // its id.
-  absl::StatusOr<std::string> OpenSession(std::function<void()> cancel);
+  // A new session of `caller` (Authorizer::Identify), the only caller it
+  // answers to; `cancel` ends its stream (used when draining). Returns its
+  // id.
+  absl::StatusOr<std::string> OpenSession(std::string caller,
+                                          std::function<void()> cancel);
   // Ends a session: its regions are unregistered (mappings in use by
   // requests live until those finish).
   void CloseSession(const std::string& id);
@@ -279,31 +289,29 @@ class ShmRegistry {
   // reading and writing itself (PERMISSION_DENIED otherwise), so the
   // daemon's own rights never stand in for the caller's.
   absl::StatusOr<HostPinning> RegisterSystem(
-      const std::string& session_id,
-      const v1::RegisterSystemSharedMemoryRequest& r,
+      const SessionRef& session, const v1::RegisterSystemSharedMemoryRequest& r,
       const std::optional<PeerCredentials>& peer);
   // Returns the bytes registered (the whole allocation for byte_size 0).
   absl::StatusOr<uint64_t> RegisterCuda(
-      const std::string& session_id,
-      const v1::RegisterCudaSharedMemoryRequest& r);
+      const SessionRef& session, const v1::RegisterCudaSharedMemoryRequest& r);
   // One region, or all of the session's when `name` is empty.
-  absl::StatusOr<std::vector<std::string>> Unregister(
-      const std::string& session_id, const std::string& name);
-  absl::Status Status(const std::string& session_id, const std::string& name,
+  absl::StatusOr<std::vector<std::string>> Unregister(const SessionRef& session,
+                                                      const std::string& name);
+  absl::Status Status(const SessionRef& session, const std::string& name,
                       v1::SharedMemoryStatusResponse* response);
   // Opens the client's events and makes as many of the daemon's (see
   // RegisterCudaEventsRequest).
-  absl::Status RegisterEvents(const std::string& session_id,
+  absl::Status RegisterEvents(const SessionRef& session,
                               const v1::RegisterCudaEventsRequest& request,
                               v1::RegisterCudaEventsResponse* response);
   // The session's event pool on `device`.
   absl::StatusOr<std::shared_ptr<EventPool>> FindEvents(
-      const std::string& session_id, int device);
+      const SessionRef& session, int device);
   // Client allocations mapped through CUDA IPC, and their bytes.
   std::pair<int, uint64_t> MappedTotals() const;
 
   // The caller's region `name`, held for the caller (see in_use).
-  absl::StatusOr<std::shared_ptr<Region>> Find(const std::string& session_id,
+  absl::StatusOr<std::shared_ptr<Region>> Find(const SessionRef& session,
                                                const std::string& name,
                                                absl::string_view field);
 
@@ -316,20 +324,22 @@ class ShmRegistry {
 
  private:
   struct Session {
+    std::string owner;  // the caller that opened it
     std::function<void()> cancel;
     std::map<std::string, std::shared_ptr<Region>> regions;
     uint64_t bytes = 0;
     std::map<int, std::shared_ptr<EventPool>> events;  // by device
   };
 
-  absl::StatusOr<Session*> FindSession(const std::string& id)
+  // NOT_FOUND for an id no open session has, PERMISSION_DENIED when the
+  // session is another caller's.
+  absl::StatusOr<Session*> FindSession(const SessionRef& ref)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Name, quota and duplicate checks before anything is opened.
-  absl::Status CheckNewRegion(const std::string& session_id,
+  absl::Status CheckNewRegion(const SessionRef& session,
                               const std::string& name, uint64_t byte_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Add(const std::string& session_id,
-                   std::shared_ptr<Region> region);
+  absl::Status Add(const SessionRef& session, std::shared_ptr<Region> region);
   // Page-locks a new region's mapping when this daemon has a pinner.
   HostPinning Pin(Region& region);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common.cuh"
 #include "cuda_backend.h"
+#include "fault_injection.h"
 #include "launch.h"
 #include "mhc/cuda.h"
 #include "mhc/status.h"
@@ -71,16 +72,27 @@ absl::Status CudaBackend::Activate(const char* what) const {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::InjectedFault(const char* what) {
+  const cudaError_t error = BreakContext(stream_);
+  return absl::InternalError(absl::StrCat(
+      "cuda ", what, " device ", device_,
+      ": injected fault (--fault_injection): ", cudaGetErrorName(error), " (",
+      cudaGetErrorString(error), ")"));
+}
+
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
   MHC_RETURN_IF_ERROR(Activate("allocate"));
   if (bytes == 0) return nullptr;
   void* pointer = nullptr;
-  const cudaError_t error = cudaMalloc(&pointer, bytes);
+  const bool injected = InjectFault(FaultSite::kAlloc);
+  const cudaError_t error =
+      injected ? cudaErrorMemoryAllocation : cudaMalloc(&pointer, bytes);
   if (error != cudaSuccess) {
     cudaGetLastError();  // cudaMalloc failures are not sticky; clear them
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda allocate ", bytes, " bytes on device ", device_,
-                     ": ", cudaGetErrorString(error)));
+                     ": ", cudaGetErrorString(error),
+                     injected ? " (injected by --fault_injection)" : ""));
   }
   return pointer;
 }
@@ -100,6 +112,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src,
                                        size_t bytes) {
   MHC_RETURN_IF_ERROR(Activate("copy to device"));
   if (bytes == 0) return absl::OkStatus();
+  if (InjectFault(FaultSite::kCopy)) return InjectedFault("copy to device");
   const std::string what = absl::StrCat(bytes, " bytes");
   MHC_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
@@ -114,6 +127,7 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src,
                                      size_t bytes) {
   MHC_RETURN_IF_ERROR(Activate("copy to host"));
   if (bytes == 0) return absl::OkStatus();
+  if (InjectFault(FaultSite::kCopy)) return InjectedFault("copy to host");
   const std::string what = absl::StrCat(bytes, " bytes");
   MHC_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
@@ -204,6 +218,9 @@ absl::StatusOr<CopyTicket> CudaBackend::CopyToDeviceAsync(void* dst,
                                                           size_t bytes) {
   MHC_RETURN_IF_ERROR(Activate("copy to device async"));
   if (bytes == 0) return kNoCopy;
+  if (InjectFault(FaultSite::kCopy)) {
+    return InjectedFault("copy to device async");
+  }
   const std::string what = absl::StrCat(bytes, " bytes");
   const size_t index =
       static_cast<size_t>(next_upload_ - first_pending_upload_);
@@ -247,6 +264,7 @@ absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
                                           size_t bytes) {
   MHC_RETURN_IF_ERROR(Activate("copy to host async"));
   if (bytes == 0) return absl::OkStatus();
+  if (InjectFault(FaultSite::kCopy)) return InjectedFault("copy to host async");
   const std::string what = absl::StrCat(bytes, " bytes");
   MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(ops_done_, stream_),
                            "copy to host async", what);
@@ -282,8 +300,10 @@ size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
   }
 }
 
-#define MHC_CUDA_RUN_(launch)          \
-  MHC_RETURN_IF_ERROR(Activate("op")); \
+// Every op the backend runs passes here: the launch fault site.
+#define MHC_CUDA_RUN_(launch)                                             \
+  MHC_RETURN_IF_ERROR(Activate("op"));                                    \
+  if (InjectFault(FaultSite::kLaunch)) return InjectedFault("op launch"); \
   return launch
 
 absl::Status CudaBackend::RunProjectionForward(const ProjectionForwardParams& p,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "fault_injection.h"
 #include "mhc/backend.h"
 
 namespace mhc::cuda {
@@ -105,6 +106,9 @@ class CudaBackend final : public Backend {
   absl::Status Activate(const char* what) const;
   // Waits for the op stream and both copy streams.
   absl::Status SynchronizeStreams(const char* what);
+  // After InjectFault said so: loses the context (BreakContext) and returns
+  // the error, naming `what` failed.
+  absl::Status InjectedFault(const char* what);
 
   int device_;
   std::string description_;

@@ -6,11 +6,15 @@
 //   auth_peer register ADDRESS KEY BYTES
 //     Opens a session and registers the system shared-memory object KEY
 //     (BYTES long) as region "r".
+//   auth_peer status ADDRESS SESSION_ID
+//     Calls SharedMemoryStatus in session SESSION_ID (empty: a session of
+//     its own).
 //
 // Prints "code NAME: MESSAGE" with the gRPC status of the last call and
 // exits 0 (2 for bad usage).
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -64,7 +68,7 @@ absl::Status CallEmpty(mhc::client::Client& client, const std::string& method) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: auth_peer call|register ADDRESS ...\n");
+    std::fprintf(stderr, "usage: auth_peer call|register|status ADDRESS ...\n");
     return 2;
   }
   const std::string command = argv[1];
@@ -72,6 +76,17 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Report(client.status());
   if (command == "call" && argc == 4) {
     return Report(CallEmpty(**client, argv[3]));
+  }
+  if (command == "status" && argc == 4) {
+    std::unique_ptr<mhc::client::Session> own;
+    if (argv[3][0] == '\0') {
+      auto session = mhc::client::Session::Open(**client);
+      if (!session.ok()) return Report(session.status());
+      own = std::move(*session);
+    } else {
+      (*client)->set_session_id(argv[3]);
+    }
+    return Report((*client)->SharedMemoryStatus().status());
   }
   uint64_t bytes = 0;
   if (command == "register" && argc == 5 && absl::SimpleAtoi(argv[4], &bytes)) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "auth_test_util.h"
 #include "grpcpp/create_channel.h"
+#include "mhc/client/shm.h"
 #include "server/rpc_roles.h"
 #include "server_test_util.h"
 
@@ -110,6 +111,37 @@ TEST(AuthTest, TheDaemonsOwnUserIsAdminAndATokenDecidesAlone) {
       auto wrong, client::Client::Connect(daemon->address(), wrong_options));
   EXPECT_EQ(wrong->GetLayer("l").status().code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+TEST(AuthTest, ASessionAnswersOnlyToTheTokenThatOpenedIt) {
+  TempDir dir;
+  MHC_ASSERT_OK_AND_ASSIGN(
+      auto daemon,
+      Daemon::Start({"--auth_tokens=" + WriteTokensFile(dir), "--allow_shm"}));
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    return client::Client::Connect(daemon->address(), options);
+  };
+  MHC_ASSERT_OK_AND_ASSIGN(auto opener, connect(kComputeToken));
+  MHC_ASSERT_OK_AND_ASSIGN(auto session, client::Session::Open(*opener));
+  // The same token on another connection is the same caller.
+  MHC_ASSERT_OK_AND_ASSIGN(auto same, connect(kComputeToken));
+  same->set_session_id(session->id());
+  MHC_ASSERT_OK(same->SharedMemoryStatus().status());
+  // A token of a larger role is another caller, and so is the daemon's own
+  // user (admin here) without a token.
+  for (const char* token : {kAdminToken, ""}) {
+    SCOPED_TRACE(token);
+    MHC_ASSERT_OK_AND_ASSIGN(auto other, connect(token));
+    other->set_session_id(session->id());
+    const absl::Status status = other->SharedMemoryStatus().status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "another caller"))
+        << status;
+    EXPECT_EQ(other->UnregisterSharedMemory("").status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
 }
 
 TEST(AuthTest, UnixPeersGetTheRoleOfTheirUser) {

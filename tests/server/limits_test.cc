@@ -1,5 +1,6 @@
 // Limits over a real mhcd: layers larger than --max_message_bytes come
-// back through StreamParameters/StreamGradients, bit for bit, and request
+// back through StreamParameters/StreamGradients, bit for bit, and go in
+// through SetParametersStream, all or nothing; and request
 // metadata up to the daemon's limit is accepted while more is refused with
 // RESOURCE_EXHAUSTED.
 #include <string>
@@ -80,6 +81,78 @@ TEST(LimitsTest, LayersLargerThanTheMessageLimitStream) {
   EXPECT_NE(dphi.find_first_not_of('\0'), std::string::npos);
   EXPECT_EQ(streamed_gradients.gradient_tokens(), gradients.gradient_tokens());
   ExpectSameTensors(gradients.gradients(), streamed_gradients.gradients());
+}
+
+// New values for every parameter of `current`, of the same shapes.
+v1::SetParametersRequest RandomParameters(const std::string& layer,
+                                          const v1::Parameters& current) {
+  v1::SetParametersRequest request;
+  request.set_layer(layer);
+  for (const auto& [name, tensor] : current.tensors()) {
+    (*request.mutable_parameters()->mutable_tensors())[name] =
+        client::ToTensorRef(RandomF32(std::vector<int64_t>(
+            tensor.shape().begin(), tensor.shape().end())));
+  }
+  return request;
+}
+
+TEST(LimitsTest, LayersLargerThanTheMessageLimitAreSetInPieces) {
+  MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
+                           Daemon::Start({absl::StrCat("--max_message_bytes=",
+                                                       kSmallMessageBytes)}));
+  MHC_ASSERT_OK_AND_ASSIGN(auto c, daemon->Connect());
+  MHC_ASSERT_OK_AND_ASSIGN(v1::LayerInfo created,
+                           c->CreateLayer(LayerRequest("big", kN, kHidden)));
+  MHC_ASSERT_OK_AND_ASSIGN(v1::Parameters before, c->StreamParameters("big"));
+  const v1::SetParametersRequest update = RandomParameters("big", before);
+
+  EXPECT_EQ(c->SetParameters(update).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  MHC_ASSERT_OK_AND_ASSIGN(v1::LayerInfo info, c->SetParametersStream(update));
+  EXPECT_EQ(info.parameters_version(), created.parameters_version() + 1);
+  MHC_ASSERT_OK_AND_ASSIGN(v1::Parameters after, c->StreamParameters("big"));
+  ExpectSameTensors(update.parameters(), after);
+
+  // A stream with one bad tensor changes nothing, not even the tensors
+  // before it.
+  v1::SetParametersRequest broken = RandomParameters("big", before);
+  (*broken.mutable_parameters()->mutable_tensors())["phi"].add_shape(1);
+  EXPECT_EQ(c->SetParametersStream(broken).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nor does a stream that breaks off after every piece but before its end.
+  {
+    grpc::ClientContext context;
+    v1::LayerInfo ignored;
+    auto writer = c->stub()->SetParametersStream(&context, &ignored);
+    v1::SetParametersRequest complete = RandomParameters("big", before);
+    for (const auto& [name, tensor] : complete.parameters().tensors()) {
+      v1::ParameterChunk chunk;
+      chunk.set_layer("big");
+      chunk.set_name(name);
+      *chunk.mutable_shape() = tensor.shape();
+      chunk.set_dtype(v1::DTYPE_F32);
+      chunk.set_data(tensor.inline_data());
+      if (chunk.ByteSizeLong() < static_cast<size_t>(kSmallMessageBytes)) {
+        ASSERT_TRUE(writer->Write(chunk));
+      }
+    }
+    // Time for the daemon to read every piece, so that only the broken
+    // call stands between them and the layer.
+    absl::SleepFor(absl::Milliseconds(200));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  MHC_ASSERT_OK_AND_ASSIGN(v1::LayerInfo unchanged, c->GetLayer("big"));
+  EXPECT_EQ(unchanged.parameters_version(), info.parameters_version());
+  MHC_ASSERT_OK_AND_ASSIGN(v1::Parameters still, c->StreamParameters("big"));
+  ExpectSameTensors(update.parameters(), still);
+
+  // Pieces larger than the daemon's limit are refused as any message is.
+  EXPECT_EQ(c->SetParametersStream(update, kSmallMessageBytes).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(
+      c->SetParametersStream(RandomParameters("none", before)).status().code(),
+      absl::StatusCode::kNotFound);
 }
 
 // gRPC's default header limit is 8 KiB; the daemon sets its own, larger

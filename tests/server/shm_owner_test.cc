@@ -95,6 +95,28 @@ TEST_F(ShmOwnerTest, ObjectsThePeerCanOpenAreMapped) {
       absl::StartsWith(RegisterAsNobody(group, 0), "code PERMISSION_DENIED"));
 }
 
+TEST_F(ShmOwnerTest, ASessionAnswersOnlyToTheUserThatOpenedIt) {
+  StartDaemon({});
+  MHC_ASSERT_OK_AND_ASSIGN(auto client, daemon_->Connect());
+  MHC_ASSERT_OK_AND_ASSIGN(auto session, client::Session::Open(*client));
+  // Another connection of the same user is the same caller...
+  MHC_ASSERT_OK_AND_ASSIGN(auto same_user, daemon_->Connect());
+  same_user->set_session_id(session->id());
+  MHC_ASSERT_OK(same_user->SharedMemoryStatus().status());
+  // ...another user is not, even with the id.
+  auto answer =
+      RunAs(kNobody, kNobody,
+            {MHC_AUTH_PEER_PATH, "status", daemon_->address(), session->id()});
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_TRUE(absl::StartsWith(*answer, "code PERMISSION_DENIED")) << *answer;
+  EXPECT_TRUE(absl::StrContains(*answer, "another caller")) << *answer;
+  // Nobody's own session works for nobody.
+  auto own = RunAs(kNobody, kNobody,
+                   {MHC_AUTH_PEER_PATH, "status", daemon_->address(), ""});
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*own, "code OK: \n");
+}
+
 TEST_F(ShmOwnerTest, RootMayMapAnotherUsersObject) {
   StartDaemon({});
   Object nobodys("nobodys", kNobody, kNobody, 0600);

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "mhc/status.h"
 #include "server/shm_guard.h"
 
 #ifdef MHC_HAVE_CUDA
@@ -81,6 +82,13 @@ v1::RegisterSystemSharedMemoryRequest Register(const std::string& name,
   return r;
 }
 
+// A session of one caller, as the service opens them.
+constexpr char kCaller[] = "uid:1000";
+absl::StatusOr<SessionRef> OpenSession(ShmRegistry& registry) {
+  MHC_ASSIGN_OR_RETURN(std::string id, registry.OpenSession(kCaller, nullptr));
+  return SessionRef{id, kCaller};
+}
+
 v1::SharedMemoryRef Ref(const std::string& region, uint64_t bytes) {
   v1::SharedMemoryRef ref;
   ref.set_region(region);
@@ -91,7 +99,7 @@ v1::SharedMemoryRef Ref(const std::string& region, uint64_t bytes) {
 TEST(ShmRegistryTest, TruncationDuringUseIsReportedNotFatal) {
   constexpr size_t kBytes = 256 * 1024;
   ShmRegistry registry(Enabled(), nullptr);
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(kBytes);
   ASSERT_TRUE(registry
@@ -118,11 +126,48 @@ TEST(ShmRegistryTest, TruncationDuringUseIsReportedNotFatal) {
   EXPECT_EQ(ShmMappings(), 0);
 }
 
+// Another caller presenting the id gets PERMISSION_DENIED from every use,
+// and nothing of the session changes.
+TEST(ShmRegistryTest, ASessionAnswersOnlyToTheCallerThatOpenedIt) {
+  ShmRegistry registry(Enabled(), nullptr);
+  auto id = OpenSession(registry);
+  ASSERT_TRUE(id.ok());
+  Object object(4096);
+  ASSERT_TRUE(
+      registry
+          .RegisterSystem(*id, Register("r", object.key(), 4096), std::nullopt)
+          .ok());
+  for (const char* caller : {"uid:1001", "token:0", ""}) {
+    SCOPED_TRACE(caller);
+    const SessionRef other{id->id, caller};
+    v1::SharedMemoryStatusResponse status;
+    EXPECT_EQ(registry.Status(other, "", &status).code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(registry
+                  .RegisterSystem(other, Register("s", object.key(), 4096),
+                                  std::nullopt)
+                  .status()
+                  .code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(registry.Unregister(other, "r").status().code(),
+              absl::StatusCode::kPermissionDenied);
+    RegionScope scope(&registry, other, /*local=*/true);
+    EXPECT_EQ(scope.Acquire(Ref("r", 8), 8, false, "x").status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  v1::SharedMemoryStatusResponse status;
+  ASSERT_TRUE(registry.Status(*id, "", &status).ok());
+  EXPECT_EQ(status.regions_size(), 1);
+  // An id that names no session stays NOT_FOUND, whoever asks.
+  EXPECT_EQ(registry.Status({"0123", kCaller}, "", &status).code(),
+            absl::StatusCode::kNotFound);
+}
+
 // A device copies into a page-locked mapping without ever faulting: the
 // object's size is what shows the truncation then.
 TEST(ShmRegistryTest, TruncationWithoutAFaultIsReported) {
   ShmRegistry registry(Enabled(), nullptr);
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(8192);
   ASSERT_TRUE(
@@ -157,7 +202,7 @@ TEST(ShmRegistryTest, FaultsOutsideRegionsStillKill) {
 TEST(ShmRegistryTest, RegionInUseOutlivesItsSession) {
   constexpr size_t kBytes = 4096;
   ShmRegistry registry(Enabled(), nullptr);
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(kBytes);
   ASSERT_TRUE(registry
@@ -170,7 +215,7 @@ TEST(ShmRegistryTest, RegionInUseOutlivesItsSession) {
     ASSERT_TRUE(span.ok());
     EXPECT_EQ(registry.Unregister(*id, "r").status().code(),
               absl::StatusCode::kFailedPrecondition);
-    registry.CloseSession(*id);
+    registry.CloseSession(id->id);
     EXPECT_EQ(ShmMappings(), 1);  // still mapped for the running request
     static_cast<char*>(span->data)[kBytes - 1] = 1;
   }
@@ -231,7 +276,7 @@ std::unique_ptr<HostMemoryPinner> Pinner(
 TEST(ShmRegistryTest, MappingIsPageLockedWhileRegistered) {
   auto log = std::make_shared<PinLog>();
   ShmRegistry registry(Enabled(), nullptr, Pinner(log));
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   Object object(3 * page);
@@ -269,7 +314,7 @@ TEST(ShmRegistryTest, MappingIsPageLockedWhileRegistered) {
 TEST(ShmRegistryTest, PageLockLastsUntilTheLastRequestLeaves) {
   auto log = std::make_shared<PinLog>();
   ShmRegistry registry(Enabled(), nullptr, Pinner(log));
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object a(4096), b(4096);
   ASSERT_TRUE(
@@ -281,7 +326,7 @@ TEST(ShmRegistryTest, PageLockLastsUntilTheLastRequestLeaves) {
   {
     RegionScope scope(&registry, *id, true);
     ASSERT_TRUE(scope.Acquire(Ref("a", 4096), 4096, true, "y").ok());
-    registry.CloseSession(*id);
+    registry.CloseSession(id->id);
     // b had no user: released with the session; a stays for the request.
     EXPECT_EQ(log->unpins, 1);
     EXPECT_EQ(log->locked.size(), 1u);
@@ -296,7 +341,7 @@ TEST(ShmRegistryTest, FailedPageLockRegistersPageable) {
   ShmRegistry registry(
       Enabled(), nullptr,
       Pinner(log, absl::ResourceExhaustedError("locked-memory limit")));
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(4096);
   auto pinning = registry.RegisterSystem(*id, Register("r", object.key(), 4096),
@@ -328,9 +373,9 @@ TEST(ShmRegistryTest, RegistrationFailingAfterThePageLockReleasesIt) {
                          registry_ptr->CloseSession(session);
                        }));
   registry_ptr = &registry;
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
-  session = *id;
+  session = id->id;
   Object object(4096);
   EXPECT_EQ(
       registry
@@ -346,7 +391,7 @@ TEST(ShmRegistryTest, RegistrationFailingAfterThePageLockReleasesIt) {
 
 TEST(ShmRegistryTest, WithoutPinnerNothingIsLocked) {
   ShmRegistry registry(Enabled(), nullptr);
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(4096);
   auto pinning = registry.RegisterSystem(*id, Register("r", object.key(), 4096),
@@ -360,7 +405,7 @@ TEST(ShmRegistryTest, WithoutPinnerNothingIsLocked) {
 
 TEST(ShmRegistryTest, OutputsMayNotAliasThroughTwoRegionsOfOneObject) {
   ShmRegistry registry(Enabled(), nullptr);
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   Object object(8192);
   ASSERT_TRUE(
@@ -404,7 +449,7 @@ bool CudaPageLocked(const void* p) {
 TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   ShmRegistry registry(Enabled(), nullptr, MakeCudaHostPinner(0));
-  auto id = registry.OpenSession(nullptr);
+  auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   constexpr size_t kBytes = 8 << 20;
   Object object(kBytes + 4096);
@@ -440,7 +485,7 @@ TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
     cudaFree(device);
     EXPECT_EQ(static_cast<unsigned char*>(data)[0], 0x3a);
     EXPECT_EQ(static_cast<unsigned char*>(data)[kBytes - 21], 0x5c);
-    registry.CloseSession(*id);
+    registry.CloseSession(id->id);
     EXPECT_TRUE(CudaPageLocked(data));  // still in use by this "request"
   }
   EXPECT_FALSE(CudaPageLocked(data));

@@ -365,6 +365,36 @@ absl::StatusOr<v1::GetGradientsResponse> Client::StreamGradients(
   return response;
 }
 
+absl::StatusOr<v1::LayerInfo> Client::SetParametersStream(
+    const v1::SetParametersRequest& r, uint64_t max_chunk_bytes) {
+  // Nothing to cut up: the stream needs at least one piece.
+  if (r.parameters().tensors().empty()) return SetParameters(r);
+  if (max_chunk_bytes == 0) {
+    MHC_ASSIGN_OR_RETURN(v1::GetServerInfoResponse info, GetServerInfo());
+    const uint64_t daemon = info.limits().max_message_bytes();
+    const uint64_t limit = std::min<uint64_t>(
+        daemon > 0 ? daemon : UINT64_MAX,
+        static_cast<uint64_t>(std::max(options_.max_message_bytes, 0)));
+    // At most the client's int limit, so the cast keeps the value.
+    max_chunk_bytes = MaxChunkBytes(static_cast<int>(limit));
+  }
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::LayerInfo info;
+  auto writer = stub_->SetParametersStream(&context, &info);
+  const absl::Status sent = SendParameterChunks(
+      r, max_chunk_bytes,
+      [&](const v1::ParameterChunk& chunk) { return writer->Write(chunk); });
+  // The daemon applies nothing from a cancelled stream.
+  if (!sent.ok()) context.TryCancel();
+  // A failed write means the daemon ended the call; Finish says why.
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!sent.ok()) return sent;
+  if (!status.ok()) return FromGrpcStatus(status);
+  return info;
+}
+
 absl::StatusOr<v1::ZeroGradientsResponse> Client::ZeroGradients(
     const std::string& layer) {
   v1::ZeroGradientsRequest r;

@@ -1,11 +1,14 @@
 // Reassembles the TensorChunks of StreamParameters/StreamGradients into
-// the Parameters message GetParameters/GetGradients would have answered.
+// the Parameters message GetParameters/GetGradients would have answered, and
+// cuts a SetParametersRequest into the ParameterChunks of
+// SetParametersStream.
 #ifndef MHC_CLIENT_SRC_TENSOR_CHUNKS_H_
 #define MHC_CLIENT_SRC_TENSOR_CHUNKS_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "mhc/v1/layer.pb.h"
 #include "mhc/v1/tensor.pb.h"
@@ -28,6 +31,15 @@ class TensorChunkAssembler {
   std::string current_;  // the tensor the last piece belonged to
   int64_t gradient_tokens_ = 0;
 };
+
+// Calls `send` with each piece of `request` in stream order: tensors sorted
+// by name, pieces of at most `max_chunk_bytes` data bytes, the layer named
+// in the first. Stops when `send` returns false (the stream broke).
+// INVALID_ARGUMENT when a tensor's bytes are not inline or do not match its
+// shape.
+absl::Status SendParameterChunks(
+    const v1::SetParametersRequest& request, uint64_t max_chunk_bytes,
+    absl::FunctionRef<bool(const v1::ParameterChunk&)> send);
 
 }  // namespace mhc::client
 

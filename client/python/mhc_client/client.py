@@ -423,9 +423,20 @@ class Client(GroupCalls, TrainingCalls):
 
     def set_parameters(self, layer: str,
                        parameters: Mapping[str, Any]) -> LayerInfo:
-        """Replaces any subset of the parameters (all applied or none)."""
-        request = layer_pb2.SetParametersRequest(
-            layer=layer, parameters=_parameters_proto(parameters))
+        """Replaces any subset of the parameters (all applied or none).
+
+        Values too large for one message (this client's or the daemon's
+        ``max_message_bytes``) go in pieces (``SetParametersStream``),
+        applied only once every piece arrived.
+        """
+        proto = _parameters_proto(parameters)
+        if (proto.tensors and proto.ByteSize() + transfer.MESSAGE_HEADROOM
+                > self._message_limit()):
+            pieces = transfer.parameter_chunks(
+                layer, proto, transfer.max_chunk_bytes(self._message_limit()))
+            return LayerInfo.from_proto(
+                self._call("SetParametersStream", pieces))
+        request = layer_pb2.SetParametersRequest(layer=layer, parameters=proto)
         return LayerInfo.from_proto(self._call("SetParameters", request))
 
     def get_gradients(self, layer: str, names: Sequence[str] = ()) -> Gradients:

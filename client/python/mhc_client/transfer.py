@@ -1,19 +1,19 @@
 """Layers larger than one gRPC message: the pieces (``TensorChunk``) of
-``StreamParameters`` / ``StreamGradients`` put back together.
+``StreamParameters`` / ``StreamGradients`` put back together, and new
+values cut into the pieces (``ParameterChunk``) of ``SetParametersStream``.
 
-The daemon sends one snapshot of the layer, tensor after tensor, each as
-pieces in order of their byte offset; every piece names its tensor and its
-whole shape.
+Both directions send tensor after tensor, each as pieces in order of their
+byte offset; every piece names its tensor and its whole shape.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Iterator, Tuple
 
 import numpy as np
 
 from . import errors
-from ._proto import layer_pb2
+from ._proto import layer_pb2, tensor_pb2
 
 # Bytes a message carries besides the tensors' data (names, shapes,
 # framing); a layer whose data comes within this of the message limit is
@@ -56,3 +56,25 @@ def assemble(chunks: Iterable[layer_pb2.TensorChunk]
         out[name] = np.frombuffer(data, dtype="<f4").astype(
             np.float32, copy=False).reshape(shape)
     return out, tokens
+
+
+def parameter_chunks(layer: str, parameters: tensor_pb2.Parameters,
+                     chunk_bytes: int) -> Iterator[layer_pb2.ParameterChunk]:
+    """The pieces of ``SetParametersStream`` for `parameters` (inline fp32
+    tensors): sorted by name, at most `chunk_bytes` data bytes each, the
+    layer named in the first."""
+    first = True
+    for name in sorted(parameters.tensors):
+        tensor = parameters.tensors[name]
+        data = memoryview(tensor.inline_data)
+        offset = 0
+        while True:
+            size = min(chunk_bytes, len(data) - offset)
+            yield layer_pb2.ParameterChunk(
+                layer=layer if first else "", name=name,
+                shape=list(tensor.shape), dtype=tensor.dtype, offset=offset,
+                data=bytes(data[offset:offset + size]))
+            first = False
+            offset += size
+            if offset >= len(data):
+                break

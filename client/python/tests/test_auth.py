@@ -14,6 +14,8 @@ import pytest
 
 import mhc_client
 from mhc_client import Client, errors, native
+from mhc_client._proto import shm_pb2
+from mhc_client.client import SESSION_METADATA_KEY
 from mhc_client.ops import op_def
 from mhc_client.tensors import F32
 
@@ -117,6 +119,23 @@ def test_sessions_and_native_calls_carry_the_token(guarded):
     finally:
         with Client(guarded.address, token=ADMIN) as operator:
             operator.delete_layer(name)
+
+
+def test_a_session_answers_only_to_the_token_that_opened_it(guarded):
+    """Another caller presenting a session's id is refused, whatever its
+    role; the same token on another connection is the same caller."""
+    with Client(guarded.address, token=COMPUTE) as trainer, \
+            Client(guarded.address, token=COMPUTE) as same, \
+            Client(guarded.address, token=ADMIN) as operator:
+        session_id = trainer.open_session().id
+        borrowed = [(SESSION_METADATA_KEY, session_id)]
+        same._call("SharedMemoryStatus", shm_pb2.SharedMemoryStatusRequest(),
+                   metadata=borrowed)
+        with pytest.raises(mhc_client.PermissionDenied,
+                           match="belongs to another caller"):
+            operator._call("SharedMemoryStatus",
+                           shm_pb2.SharedMemoryStatusRequest(),
+                           metadata=borrowed)
 
 
 def _openssl(*args: str, cwd: str) -> None:

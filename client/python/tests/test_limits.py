@@ -1,5 +1,6 @@
 """Layers larger than one gRPC message: get_parameters and get_gradients
-switch to the daemon's streamed pieces and return the same bits."""
+switch to the daemon's streamed pieces and return the same bits, and
+set_parameters sends them in pieces, all or nothing."""
 
 from __future__ import annotations
 
@@ -54,6 +55,46 @@ def test_large_layer_round_trips_through_the_stream(client, small_client,
     assert np.any(expected["phi"] != 0)
     for name, array in expected.items():
         assert streamed[name].tobytes() == array.tobytes(), name
+
+
+def test_large_values_go_in_through_the_stream(client, small_client,
+                                              layer_name, rng):
+    from mhc_client.client import _parameters_proto
+    info = client.create_layer(layer_name, HIDDEN, n=N, seed=3)
+    values = {name: rng.uniform(-1, 1, size=array.shape).astype(np.float32)
+              for name, array in client.get_parameters(layer_name).items()}
+    # One message cannot hold them for this client.
+    with pytest.raises(mhc_client.ResourceExhausted):
+        small_client._call("SetParameters", layer_pb2.SetParametersRequest(
+            layer=layer_name, parameters=_parameters_proto(values)))
+    version = small_client.set_parameters(layer_name, values).parameters_version
+    assert version == info.parameters_version + 1
+    got = client.get_parameters(layer_name)
+    for name, array in values.items():
+        assert got[name].tobytes() == array.tobytes(), name
+
+    # One tensor of the wrong shape, sorted after the others: none is
+    # applied.
+    broken = {name: array + 1 for name, array in values.items()}
+    broken["phi"] = broken["phi"][:-1]
+    with pytest.raises(mhc_client.InvalidArgument, match="phi"):
+        small_client.set_parameters(layer_name, broken)
+    assert client.get_layer(layer_name).parameters_version == version
+    got = client.get_parameters(layer_name)
+    for name, array in values.items():
+        assert got[name].tobytes() == array.tobytes(), name
+
+
+def test_parameter_chunks_cover_every_byte_once():
+    from mhc_client import transfer
+    from mhc_client.client import _parameters_proto
+    values = {"b": np.arange(5, dtype=np.float32),
+              "a": np.zeros((0,), dtype=np.float32)}
+    pieces = list(transfer.parameter_chunks(
+        "l", _parameters_proto(values), chunk_bytes=8))
+    assert [(p.layer, p.name, p.offset, len(p.data)) for p in pieces] == [
+        ("l", "a", 0, 0), ("", "b", 0, 8), ("", "b", 8, 8), ("", "b", 16, 4)]
+    assert b"".join(p.data for p in pieces) == values["b"].tobytes()
 
 
 def test_missing_layer_and_tensor_errors_come_through(small_client,

@@ -4,6 +4,7 @@
 #define MHC_CUDA_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -47,6 +48,20 @@ absl::Status EnqueueCudaEmptyKernel(Backend& cuda_backend);
 // never pays for evicting the flush's dirty lines.
 absl::Status EnqueueCudaReadFlush(Backend& cuda_backend, const void* buffer,
                                   size_t bytes);
+
+// Test-only fault injection (mhcd --fault_injection): from this call on,
+// the process's CUDA backends fail their `alloc`-th device allocation,
+// `launch`-th op launch (each op the backend runs, one or more kernels) and
+// `copy`-th copy between host and device, each counted from 1 (0: none).
+// An injected allocation fails as on a full device (RESOURCE_EXHAUSTED);
+// an injected launch or copy loses the CUDA context as a faulting kernel
+// does (INTERNAL, sticky: every later call fails too).
+struct CudaFaultPlan {
+  int64_t alloc = 0;
+  int64_t launch = 0;
+  int64_t copy = 0;
+};
+void InjectCudaFaults(const CudaFaultPlan& plan);
 
 }  // namespace mhc
 

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from . import tensor_pb2 as mhc_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12mhc/v1/layer.proto\x12\x06mhc.v1\x1a\x13mhc/v1/tensor.proto\"\xae\x04\n\tLayerSpec\x12\x1f\n\x04kind\x18\x01 \x01(\x0e\x32\x11.mhc.v1.LayerKind\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x0e\n\x06hidden\x18\x03 \x01(\x03\x12\x1e\n\x06layout\x18\x04 \x01(\x0e\x32\x0e.mhc.v1.Layout\x12(\n\x0borientation\x18\x05 \x01(\x0e\x32\x13.mhc.v1.Orientation\x12+\n\rsinkhorn_mode\x18\x06 \x01(\x0e\x32\x14.mhc.v1.SinkhornMode\x12 \n\x13sinkhorn_iterations\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06\x65ps_sk\x18\x08 \x01(\x02H\x01\x88\x01\x01\x12\x14\n\x07\x65ps_rms\x18\t \x01(\x02H\x02\x88\x01\x01\x12+\n\reps_placement\x18\n \x01(\x0e\x32\x14.mhc.v1.EpsPlacement\x12\x14\n\x07\x65ps_pre\x18\x0b \x01(\x02H\x03\x88\x01\x01\x12\x16\n\tpost_mult\x18\x0c \x01(\x02H\x04\x88\x01\x01\x12\x14\n\x07\x64ynamic\x18\r \x01(\x08H\x05\x88\x01\x01\x12\x11\n\thas_gamma\x18\x0e \x01(\x08\x12\x15\n\rhas_post_bias\x18\x0f \x01(\x08\x12\x31\n\x10matmul_precision\x18\x10 \x01(\x0e\x32\x17.mhc.v1.MatmulPrecisionB\x16\n\x14_sinkhorn_iterationsB\t\n\x07_eps_skB\n\n\x08_eps_rmsB\n\n\x08_eps_preB\x0c\n\n_post_multB\n\n\x08_dynamic\"\xd2\x01\n\tLayerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mhc.v1.LayerSpec\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x17\n\x0fparameter_count\x18\x05 \x01(\x03\x12\x17\n\x0fgradient_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12parameters_version\x18\x07 \x01(\x04\x12(\n\toptimizer\x18\x08 \x01(\x0b\x32\x15.mhc.v1.OptimizerInfo\"0\n\rOptimizerInfo\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\xa5\x01\n\x12\x43reateLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mhc.v1.LayerSpec\x12\x0e\n\x04seed\x18\x04 \x01(\x04H\x00\x12(\n\nparameters\x18\x05 \x01(\x0b\x32\x12.mhc.v1.ParametersH\x00\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\tB\x06\n\x04init\"\x1f\n\x0fGetLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11ListLayersRequest\"7\n\x12ListLayersResponse\x12!\n\x06layers\x18\x01 \x03(\x0b\x32\x11.mhc.v1.LayerInfo\"\"\n\x12\x44\x65leteLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteLayerResponse\"M\n\x14GetParametersRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\x04\"M\n\x14SetParametersRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12&\n\nparameters\x18\x02 \x01(\x0b\x32\x12.mhc.v1.Parameters\"L\n\x13GetGradientsRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\x04\"V\n\x14GetGradientsResponse\x12%\n\tgradients\x18\x01 \x01(\x0b\x32\x12.mhc.v1.Parameters\x12\x17\n\x0fgradient_tokens\x18\x02 \x01(\x03\"a\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x17\n\x0fgradient_tokens\x18\x05 \x01(\x03\"%\n\x14ZeroGradientsRequest\x12\r\n\x05layer\x18\x01 \x01(\t\"\x17\n\x15ZeroGradientsResponse\"E\n\x14\x43onvertLayoutRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x1e\n\x06layout\x18\x02 \x01(\x0e\x32\x0e.mhc.v1.Layout\",\n\x0bTensorSlice\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\r\n\x05shape\x18\x02 \x03(\x03\"&\n\x15MapLayerMemoryRequest\x12\r\n\x05layer\x18\x01 \x01(\t\"\xda\x02\n\x0bLayerMemory\x12\x12\n\nraw_handle\x18\x01 \x01(\x0c\x12\x11\n\tdevice_id\x18\x02 \x01(\x05\x12\x11\n\tbyte_size\x18\x03 \x01(\x04\x12\x37\n\nparameters\x18\x04 \x03(\x0b\x32#.mhc.v1.LayerMemory.ParametersEntry\x12\x35\n\tgradients\x18\x05 \x03(\x0b\x32\".mhc.v1.LayerMemory.GradientsEntry\x12\x12\n\ngeneration\x18\x06 \x01(\x04\x1a\x46\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.mhc.v1.TensorSlice:\x02\x38\x01\x1a\x45\n\x0eGradientsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.mhc.v1.TensorSlice:\x02\x38\x01*R\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x17\n\x13LAYOUT_STREAM_MAJOR\x10\x01\x12\x17\n\x13LAYOUT_STREAM_MINOR\x10\x02*b\n\x0bOrientation\x12\x1b\n\x17ORIENTATION_UNSPECIFIED\x10\x00\x12\x1b\n\x17ORIENTATION_SOURCE_ROWS\x10\x01\x12\x19\n\x15ORIENTATION_DEST_ROWS\x10\x02*^\n\x0cSinkhornMode\x12\x1d\n\x19SINKHORN_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SINKHORN_MODE_LINEAR\x10\x01\x12\x15\n\x11SINKHORN_MODE_LOG\x10\x02*b\n\x0c\x45psPlacement\x12\x1d\n\x19\x45PS_PLACEMENT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45PS_PLACEMENT_INSIDE\x10\x01\x12\x19\n\x15\x45PS_PLACEMENT_OUTSIDE\x10\x02*i\n\x0fMatmulPrecision\x12 \n\x1cMATMUL_PRECISION_UNSPECIFIED\x10\x00\x12\x19\n\x15MATMUL_PRECISION_IEEE\x10\x01\x12\x19\n\x15MATMUL_PRECISION_TF32\x10\x02*P\n\tLayerKind\x12\x1a\n\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLAYER_KIND_MHC\x10\x01\x12\x13\n\x0fLAYER_KIND_HEAD\x10\x02\x42\x03\xf8\x01\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12mhc/v1/layer.proto\x12\x06mhc.v1\x1a\x13mhc/v1/tensor.proto\"\xae\x04\n\tLayerSpec\x12\x1f\n\x04kind\x18\x01 \x01(\x0e\x32\x11.mhc.v1.LayerKind\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x0e\n\x06hidden\x18\x03 \x01(\x03\x12\x1e\n\x06layout\x18\x04 \x01(\x0e\x32\x0e.mhc.v1.Layout\x12(\n\x0borientation\x18\x05 \x01(\x0e\x32\x13.mhc.v1.Orientation\x12+\n\rsinkhorn_mode\x18\x06 \x01(\x0e\x32\x14.mhc.v1.SinkhornMode\x12 \n\x13sinkhorn_iterations\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06\x65ps_sk\x18\x08 \x01(\x02H\x01\x88\x01\x01\x12\x14\n\x07\x65ps_rms\x18\t \x01(\x02H\x02\x88\x01\x01\x12+\n\reps_placement\x18\n \x01(\x0e\x32\x14.mhc.v1.EpsPlacement\x12\x14\n\x07\x65ps_pre\x18\x0b \x01(\x02H\x03\x88\x01\x01\x12\x16\n\tpost_mult\x18\x0c \x01(\x02H\x04\x88\x01\x01\x12\x14\n\x07\x64ynamic\x18\r \x01(\x08H\x05\x88\x01\x01\x12\x11\n\thas_gamma\x18\x0e \x01(\x08\x12\x15\n\rhas_post_bias\x18\x0f \x01(\x08\x12\x31\n\x10matmul_precision\x18\x10 \x01(\x0e\x32\x17.mhc.v1.MatmulPrecisionB\x16\n\x14_sinkhorn_iterationsB\t\n\x07_eps_skB\n\n\x08_eps_rmsB\n\n\x08_eps_preB\x0c\n\n_post_multB\n\n\x08_dynamic\"\xd2\x01\n\tLayerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mhc.v1.LayerSpec\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x17\n\x0fparameter_count\x18\x05 \x01(\x03\x12\x17\n\x0fgradient_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12parameters_version\x18\x07 \x01(\x04\x12(\n\toptimizer\x18\x08 \x01(\x0b\x32\x15.mhc.v1.OptimizerInfo\"0\n\rOptimizerInfo\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\xa5\x01\n\x12\x43reateLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mhc.v1.LayerSpec\x12\x0e\n\x04seed\x18\x04 \x01(\x04H\x00\x12(\n\nparameters\x18\x05 \x01(\x0b\x32\x12.mhc.v1.ParametersH\x00\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\tB\x06\n\x04init\"\x1f\n\x0fGetLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11ListLayersRequest\"7\n\x12ListLayersResponse\x12!\n\x06layers\x18\x01 \x03(\x0b\x32\x11.mhc.v1.LayerInfo\"\"\n\x12\x44\x65leteLayerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteLayerResponse\"M\n\x14GetParametersRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\x04\"M\n\x14SetParametersRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12&\n\nparameters\x18\x02 \x01(\x0b\x32\x12.mhc.v1.Parameters\"L\n\x13GetGradientsRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\x04\"V\n\x14GetGradientsResponse\x12%\n\tgradients\x18\x01 \x01(\x0b\x32\x12.mhc.v1.Parameters\x12\x17\n\x0fgradient_tokens\x18\x02 \x01(\x03\"a\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x17\n\x0fgradient_tokens\x18\x05 \x01(\x03\"x\n\x0eParameterChunk\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x1c\n\x05\x64type\x18\x04 \x01(\x0e\x32\r.mhc.v1.DType\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"%\n\x14ZeroGradientsRequest\x12\r\n\x05layer\x18\x01 \x01(\t\"\x17\n\x15ZeroGradientsResponse\"E\n\x14\x43onvertLayoutRequest\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x1e\n\x06layout\x18\x02 \x01(\x0e\x32\x0e.mhc.v1.Layout\",\n\x0bTensorSlice\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\r\n\x05shape\x18\x02 \x03(\x03\"&\n\x15MapLayerMemoryRequest\x12\r\n\x05layer\x18\x01 \x01(\t\"\xda\x02\n\x0bLayerMemory\x12\x12\n\nraw_handle\x18\x01 \x01(\x0c\x12\x11\n\tdevice_id\x18\x02 \x01(\x05\x12\x11\n\tbyte_size\x18\x03 \x01(\x04\x12\x37\n\nparameters\x18\x04 \x03(\x0b\x32#.mhc.v1.LayerMemory.ParametersEntry\x12\x35\n\tgradients\x18\x05 \x03(\x0b\x32\".mhc.v1.LayerMemory.GradientsEntry\x12\x12\n\ngeneration\x18\x06 \x01(\x04\x1a\x46\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.mhc.v1.TensorSlice:\x02\x38\x01\x1a\x45\n\x0eGradientsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.mhc.v1.TensorSlice:\x02\x38\x01*R\n\x06Layout\x12\x16\n\x12LAYOUT_UNSPECIFIED\x10\x00\x12\x17\n\x13LAYOUT_STREAM_MAJOR\x10\x01\x12\x17\n\x13LAYOUT_STREAM_MINOR\x10\x02*b\n\x0bOrientation\x12\x1b\n\x17ORIENTATION_UNSPECIFIED\x10\x00\x12\x1b\n\x17ORIENTATION_SOURCE_ROWS\x10\x01\x12\x19\n\x15ORIENTATION_DEST_ROWS\x10\x02*^\n\x0cSinkhornMode\x12\x1d\n\x19SINKHORN_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14SINKHORN_MODE_LINEAR\x10\x01\x12\x15\n\x11SINKHORN_MODE_LOG\x10\x02*b\n\x0c\x45psPlacement\x12\x1d\n\x19\x45PS_PLACEMENT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45PS_PLACEMENT_INSIDE\x10\x01\x12\x19\n\x15\x45PS_PLACEMENT_OUTSIDE\x10\x02*i\n\x0fMatmulPrecision\x12 \n\x1cMATMUL_PRECISION_UNSPECIFIED\x10\x00\x12\x19\n\x15MATMUL_PRECISION_IEEE\x10\x01\x12\x19\n\x15MATMUL_PRECISION_TF32\x10\x02*P\n\tLayerKind\x12\x1a\n\x16LAYER_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLAYER_KIND_MHC\x10\x01\x12\x13\n\x0fLAYER_KIND_HEAD\x10\x02\x42\x03\xf8\x01\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mhc.v1.layer_pb2', globals())
@@ -26,18 +26,18 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _LAYERMEMORY_PARAMETERSENTRY._serialized_options = b'8\001'
   _LAYERMEMORY_GRADIENTSENTRY._options = None
   _LAYERMEMORY_GRADIENTSENTRY._serialized_options = b'8\001'
-  _LAYOUT._serialized_start=2206
-  _LAYOUT._serialized_end=2288
-  _ORIENTATION._serialized_start=2290
-  _ORIENTATION._serialized_end=2388
-  _SINKHORNMODE._serialized_start=2390
-  _SINKHORNMODE._serialized_end=2484
-  _EPSPLACEMENT._serialized_start=2486
-  _EPSPLACEMENT._serialized_end=2584
-  _MATMULPRECISION._serialized_start=2586
-  _MATMULPRECISION._serialized_end=2691
-  _LAYERKIND._serialized_start=2693
-  _LAYERKIND._serialized_end=2773
+  _LAYOUT._serialized_start=2328
+  _LAYOUT._serialized_end=2410
+  _ORIENTATION._serialized_start=2412
+  _ORIENTATION._serialized_end=2510
+  _SINKHORNMODE._serialized_start=2512
+  _SINKHORNMODE._serialized_end=2606
+  _EPSPLACEMENT._serialized_start=2608
+  _EPSPLACEMENT._serialized_end=2706
+  _MATMULPRECISION._serialized_start=2708
+  _MATMULPRECISION._serialized_end=2813
+  _LAYERKIND._serialized_start=2815
+  _LAYERKIND._serialized_end=2895
   _LAYERSPEC._serialized_start=52
   _LAYERSPEC._serialized_end=610
   _LAYERINFO._serialized_start=613
@@ -66,20 +66,22 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _GETGRADIENTSRESPONSE._serialized_end=1535
   _TENSORCHUNK._serialized_start=1537
   _TENSORCHUNK._serialized_end=1634
-  _ZEROGRADIENTSREQUEST._serialized_start=1636
-  _ZEROGRADIENTSREQUEST._serialized_end=1673
-  _ZEROGRADIENTSRESPONSE._serialized_start=1675
-  _ZEROGRADIENTSRESPONSE._serialized_end=1698
-  _CONVERTLAYOUTREQUEST._serialized_start=1700
-  _CONVERTLAYOUTREQUEST._serialized_end=1769
-  _TENSORSLICE._serialized_start=1771
-  _TENSORSLICE._serialized_end=1815
-  _MAPLAYERMEMORYREQUEST._serialized_start=1817
-  _MAPLAYERMEMORYREQUEST._serialized_end=1855
-  _LAYERMEMORY._serialized_start=1858
-  _LAYERMEMORY._serialized_end=2204
-  _LAYERMEMORY_PARAMETERSENTRY._serialized_start=2063
-  _LAYERMEMORY_PARAMETERSENTRY._serialized_end=2133
-  _LAYERMEMORY_GRADIENTSENTRY._serialized_start=2135
-  _LAYERMEMORY_GRADIENTSENTRY._serialized_end=2204
+  _PARAMETERCHUNK._serialized_start=1636
+  _PARAMETERCHUNK._serialized_end=1756
+  _ZEROGRADIENTSREQUEST._serialized_start=1758
+  _ZEROGRADIENTSREQUEST._serialized_end=1795
+  _ZEROGRADIENTSRESPONSE._serialized_start=1797
+  _ZEROGRADIENTSRESPONSE._serialized_end=1820
+  _CONVERTLAYOUTREQUEST._serialized_start=1822
+  _CONVERTLAYOUTREQUEST._serialized_end=1891
+  _TENSORSLICE._serialized_start=1893
+  _TENSORSLICE._serialized_end=1937
+  _MAPLAYERMEMORYREQUEST._serialized_start=1939
+  _MAPLAYERMEMORYREQUEST._serialized_end=1977
+  _LAYERMEMORY._serialized_start=1980
+  _LAYERMEMORY._serialized_end=2326
+  _LAYERMEMORY_PARAMETERSENTRY._serialized_start=2185
+  _LAYERMEMORY_PARAMETERSENTRY._serialized_end=2255
+  _LAYERMEMORY_GRADIENTSENTRY._serialized_start=2257
+  _LAYERMEMORY_GRADIENTSENTRY._serialized_end=2326
 # @@protoc_insertion_point(module_scope)

@@ -276,6 +276,11 @@ class MhcStub(object):
                 request_serializer=mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.SerializeToString,
                 response_deserializer=mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.FromString,
                 )
+        self.SetParametersStream = channel.stream_unary(
+                '/mhc.v1.Mhc/SetParametersStream',
+                request_serializer=mhc_dot_v1_dot_layer__pb2.ParameterChunk.SerializeToString,
+                response_deserializer=mhc_dot_v1_dot_layer__pb2.LayerInfo.FromString,
+                )
 
 
 class MhcServicer(object):
@@ -611,6 +616,17 @@ class MhcServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetParametersStream(self, request_iterator, context):
+        """SetParameters in pieces that each fit a message, for layers larger than
+        --max_message_bytes (see ParameterChunk). Applied only once the stream
+        ends complete and valid, all at once; a stream that breaks or fails
+        leaves the layer as it was. (Appended: the fuzz corpora name RPCs by
+        their index.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MhcServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -868,6 +884,11 @@ def add_MhcServicer_to_server(servicer, server):
                     servicer.LeaveGroup,
                     request_deserializer=mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.FromString,
                     response_serializer=mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.SerializeToString,
+            ),
+            'SetParametersStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.SetParametersStream,
+                    request_deserializer=mhc_dot_v1_dot_layer__pb2.ParameterChunk.FromString,
+                    response_serializer=mhc_dot_v1_dot_layer__pb2.LayerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1743,5 +1764,22 @@ class Mhc(object):
         return grpc.experimental.unary_unary(request, target, '/mhc.v1.Mhc/LeaveGroup',
             mhc_dot_v1_dot_group__pb2.LeaveGroupRequest.SerializeToString,
             mhc_dot_v1_dot_group__pb2.LeaveGroupResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetParametersStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/mhc.v1.Mhc/SetParametersStream',
+            mhc_dot_v1_dot_layer__pb2.ParameterChunk.SerializeToString,
+            mhc_dot_v1_dot_layer__pb2.LayerInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

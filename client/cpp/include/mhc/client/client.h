@@ -122,6 +122,12 @@ class Client {
       const std::string& layer, const std::vector<std::string>& names = {});
   absl::StatusOr<v1::GetGradientsResponse> StreamGradients(
       const std::string& layer, const std::vector<std::string>& names = {});
+  // SetParameters for layers larger than the message limit: the same
+  // request (inline tensors) sent in pieces through SetParametersStream,
+  // applied all at once or not at all. `max_chunk_bytes` 0: pieces that fit
+  // this client's and the daemon's limits (asked with GetServerInfo).
+  absl::StatusOr<v1::LayerInfo> SetParametersStream(
+      const v1::SetParametersRequest& r, uint64_t max_chunk_bytes = 0);
   absl::StatusOr<v1::ZeroGradientsResponse> ZeroGradients(
       const std::string& layer);
   absl::StatusOr<v1::LayerInfo> ConvertLayout(const std::string& layer,
