@@ -29,7 +29,7 @@ from mhc_client import LayerSpec, eager  # noqa: E402
 N_STREAMS = 4
 CONFIGS = [tuple(c) for c in
            json.loads((HERE / "configs.json").read_text())["layer"]]
-SPEC = LayerSpec(n=N_STREAMS, has_gamma=True).resolved("deepseek_v4")
+LAYER_SPEC = LayerSpec(n=N_STREAMS, has_gamma=True).resolved("deepseek_v4")
 
 
 def layer(x, f, phi, gamma, alpha, beta):
@@ -38,8 +38,8 @@ def layer(x, f, phi, gamma, alpha, beta):
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     xc = x.to(compute)
     params = {"phi": phi, "gamma": gamma, "alpha": alpha, "beta": beta}
-    y, _, h_post, h_res = eager.pre(xc, params, SPEC)
-    x_next = eager.post(f.to(compute), xc, h_post, h_res, SPEC)
+    y, _, h_post, h_res = eager.pre(xc, params, LAYER_SPEC)
+    x_next = eager.post(f.to(compute), xc, h_post, h_res, LAYER_SPEC)
     return y.to(x.dtype), x_next.to(x.dtype)
 
 
