@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -80,42 +79,6 @@ absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Open(
     return opened;
   }
   return created;
-}
-
-absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Attach(
-    const std::string& key, const std::string& session_id) {
-  std::shared_ptr<CallRing> attached(new CallRing());
-  attached->key_ = key;
-  attached->session_id_ = session_id;
-  const std::string path = absl::StrCat("/", key);
-  attached->fd_ = shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (attached->fd_ < 0) return Errno("shm_open");
-  struct stat st = {};
-  if (fstat(attached->fd_, &st) != 0) return Errno("fstat");
-  if (st.st_size < static_cast<off_t>(ring::RegionBytes(ring::kMinAreaBytes))) {
-    return absl::InvalidArgumentError("call ring: the object is too small");
-  }
-  attached->bytes_ = static_cast<uint64_t>(st.st_size);
-  attached->base_ = mmap(nullptr, attached->bytes_, PROT_READ | PROT_WRITE,
-                         MAP_SHARED, attached->fd_, 0);
-  if (attached->base_ == MAP_FAILED) {
-    attached->base_ = nullptr;
-    return Errno("mmap");
-  }
-  const auto* header = static_cast<const ring::RingHeader*>(attached->base_);
-  if (header->magic != ring::kMagic || header->version != ring::kVersion ||
-      ring::RegionBytes(header->area_bytes) > attached->bytes_) {
-    return absl::InvalidArgumentError(
-        "call ring: the object holds no ring of this version");
-  }
-  if (ring::Load(ring::State(attached->base_)) != ring::kStateServing) {
-    return absl::FailedPreconditionError(
-        "call ring: the daemon does not serve this ring (OpenCallRing)");
-  }
-  attached->area_bytes_ = header->area_bytes;
-  absl::MutexLock lock(&attached->mu_);
-  attached->seq_ = ring::Load(ring::ResponseSeq(attached->base_));
-  return attached;
 }
 
 CallRing::~CallRing() {

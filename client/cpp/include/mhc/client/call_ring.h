@@ -39,10 +39,6 @@ class CallRing {
   static absl::StatusOr<std::shared_ptr<CallRing>> Open(
       Client& client, uint64_t area_bytes = kDefaultAreaBytes,
       const std::string& key_prefix = "mhcd_");
-  // Maps ring object `key` that this process created, registered and
-  // opened for session `session_id` by other means (the Python client).
-  static absl::StatusOr<std::shared_ptr<CallRing>> Attach(
-      const std::string& key, const std::string& session_id);
   ~CallRing();
   CallRing(const CallRing&) = delete;
   CallRing& operator=(const CallRing&) = delete;
