@@ -27,7 +27,7 @@
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
 #include "server/nccl_transport.h"
-#include "server/shm_cuda.h"
+#include "server/shm/shm_cuda.h"
 #endif
 
 #ifndef MHC_VERSION

@@ -2,7 +2,7 @@
 // reported, mappings in use outlive their session, page locks last exactly
 // as long as their mappings, and (with a GPU) CUDA IPC handles open across
 // two processes and system regions are really page-locked.
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -24,12 +24,12 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "mhc/status.h"
-#include "server/shm_guard.h"
+#include "server/shm/shm_guard.h"
 
 #ifdef MHC_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "server/shm_cuda.h"
+#include "server/shm/shm_cuda.h"
 #endif
 
 namespace mhc::server {

@@ -1,12 +1,12 @@
 // CUDA IPC for RegisterCudaSharedMemory: opens another process's device
 // allocation from its cudaIpcMemHandle_t. And page locks for the mappings of
 // system regions. Built only with the CUDA backend.
-#ifndef MHC_SERVER_SHM_CUDA_H_
-#define MHC_SERVER_SHM_CUDA_H_
+#ifndef MHC_SERVER_SHM_SHM_CUDA_H_
+#define MHC_SERVER_SHM_SHM_CUDA_H_
 
 #include <memory>
 
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 namespace mhc::server {
 
@@ -25,4 +25,4 @@ std::unique_ptr<HostMemoryPinner> MakeCudaHostPinner(int device);
 
 }  // namespace mhc::server
 
-#endif  // MHC_SERVER_SHM_CUDA_H_
+#endif  // MHC_SERVER_SHM_SHM_CUDA_H_

@@ -1,4 +1,4 @@
-#include "server/shm_cuda.h"
+#include "server/shm/shm_cuda.h"
 
 #include <cuda_runtime.h>
 
