@@ -26,6 +26,7 @@
 
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
+#include "mhc/cuda_tools.h"
 #include "server/nccl_transport.h"
 #include "server/shm/shm_cuda.h"
 #endif
