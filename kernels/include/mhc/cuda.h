@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "mhc/backend.h"
+#include "mhc/device_ipc.h"
 
 namespace mhc {
 
@@ -33,6 +34,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 // its ops on, for work enqueued beside them, such as collectives;
 // FAILED_PRECONDITION for any other backend.
 absl::StatusOr<void*> CudaOpStream(Backend& cuda_backend);
+
+// The device work of shared memory (mhc/device_ipc.h) through the CUDA
+// runtime: IPC handles, interprocess events and page-locked host memory.
+std::unique_ptr<DeviceIpc> MakeCudaDeviceIpc();
 
 // Test-only fault injection (mhcd --fault_injection): from this call on,
 // the process's CUDA backends fail their `alloc`-th device allocation,
