@@ -40,6 +40,7 @@
 #include "bench/gpu_timing.h"
 #include "mhc/backend.h"
 #include "mhc/cuda.h"
+#include "mhc/cuda_tools.h"
 #include "mhc/dtype.h"
 
 ABSL_FLAG(std::string, configs, "all",

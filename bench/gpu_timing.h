@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "mhc/backend.h"
 #include "mhc/cuda.h"
+#include "mhc/cuda_tools.h"
 
 namespace mhc::bench {
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "server/admission.h"
 #include "server/authorizer.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
@@ -18,7 +19,7 @@
 #include "server/layer_store.h"
 #include "server/metrics.h"
 #include "server/service.h"
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 namespace mhc::fuzz {
 

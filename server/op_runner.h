@@ -40,7 +40,7 @@
 #include "mhc/backend.h"
 #include "mhc/v1/service.pb.h"
 #include "server/layer_store.h"
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 #include "server/tensor_resolver.h"
 
 namespace mhc::server {

@@ -18,7 +18,7 @@
 #include "mhc/v1/optimizer.pb.h"
 #include "server/layer_store.h"
 #include "server/metrics.h"
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 namespace mhc::server {
 

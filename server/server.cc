@@ -26,8 +26,9 @@
 
 #ifdef MHC_HAVE_CUDA
 #include "mhc/cuda.h"
+#include "mhc/cuda_tools.h"
 #include "server/nccl_transport.h"
-#include "server/shm_cuda.h"
+#include "server/shm/device_memory.h"
 #endif
 
 #ifndef MHC_VERSION
@@ -215,9 +216,10 @@ absl::StatusOr<std::unique_ptr<MhcServer>> MhcServer::Start(
       std::find_if(devices.begin(), devices.end(),
                    [](const DeviceBackend& d) { return d.cuda_index >= 0; });
   if (first_cuda != devices.end()) {
-    cuda_ipc = MakeCudaIpcOpener();
+    std::shared_ptr<DeviceIpc> ipc = MakeCudaDeviceIpc();
+    cuda_ipc = MakeDeviceMemoryOpener(ipc);
     if (config.service.shm.pin_host) {
-      pinner = MakeCudaHostPinner(first_cuda->cuda_index);
+      pinner = MakeHostMemoryPinner(ipc, first_cuda->cuda_index);
     }
   }
 #endif

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "mhc/backend.h"
+#include "server/admission.h"
 #include "server/checkpoint_store.h"
 #include "server/determinism_audit.h"
 #include "server/executor.h"
@@ -22,7 +23,7 @@
 #include "server/rpc_observer.h"
 #include "server/security_config.h"
 #include "server/service.h"
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 #include "server/unix_listener.h"
 
 namespace mhc::server {

@@ -13,8 +13,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mhc/v1/service.grpc.pb.h"
+#include "server/admission.h"
 #include "server/authorizer.h"
-#include "server/call_ring.h"
 #include "server/checkpoint_store.h"
 #include "server/executor.h"
 #include "server/groups.h"
@@ -22,7 +22,8 @@
 #include "server/metrics.h"
 #include "server/op_runner.h"
 #include "server/optimizer_runner.h"
-#include "server/shm_registry.h"
+#include "server/shm/call_ring.h"
+#include "server/shm/shm_registry.h"
 
 namespace mhc::server {
 

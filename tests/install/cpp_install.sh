@@ -32,7 +32,8 @@ for expected in include/mhc/client/client.h include/mhc/v1/service.grpc.pb.h \
     exit 1
   fi
 done
-kernel_files="$(find "${prefix}" -name '*kernels*' -o -name '*cuda*')"
+kernel_files="$(find "${prefix}" -name '*kernels*' -o -name '*cuda*' \
+  -o -name 'libmhc_core*' -o -name 'libmhc_reference*' -o -name 'libmhc_cpu*')"
 if [[ -n "${kernel_files}" ]]; then
   echo "cpp_install: the client package carries kernel or CUDA files:" >&2
   echo "${kernel_files}" >&2

@@ -2,7 +2,7 @@
 // reported, mappings in use outlive their session, page locks last exactly
 // as long as their mappings, and (with a GPU) CUDA IPC handles open across
 // two processes and system regions are really page-locked.
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -24,12 +24,13 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "mhc/status.h"
-#include "server/shm_guard.h"
+#include "server/shm/shm_guard.h"
 
 #ifdef MHC_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "server/shm_cuda.h"
+#include "mhc/cuda.h"
+#include "server/shm/device_memory.h"
 #endif
 
 namespace mhc::server {
@@ -448,7 +449,8 @@ bool CudaPageLocked(const void* p) {
 // it is unmapped; copies through it reach the device and come back.
 TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  ShmRegistry registry(Enabled(), nullptr, MakeCudaHostPinner(0));
+  ShmRegistry registry(Enabled(), nullptr,
+                       MakeHostMemoryPinner(MakeCudaDeviceIpc(), 0));
   auto id = OpenSession(registry);
   ASSERT_TRUE(id.ok());
   constexpr size_t kBytes = 8 << 20;
@@ -495,7 +497,7 @@ TEST(ShmRegistryTest, CudaPinnerLocksMappingsForTheirLifetime) {
 // The child half of CudaIpcAcrossProcesses: opens the parent's handle
 // through the daemon's opener, checks and rewrites the bytes.
 int CudaChild(const std::string& hex_handle, size_t bytes) {
-  auto opener = MakeCudaIpcOpener();
+  auto opener = MakeDeviceMemoryOpener(MakeCudaDeviceIpc());
   const std::string handle = absl::HexStringToBytes(hex_handle);
   if (opener->Open(handle, 0, bytes + (size_t{1} << 30)).ok()) return 3;
   auto whole = opener->Open(handle, 0, 0);  // the whole allocation, shared

@@ -1,5 +1,5 @@
-// The CUDA backend (kernels/cuda), built only when CUDA is enabled
-// (MHC_HAVE_CUDA is then defined for every user of mhc_kernels).
+// The CUDA backend (kernels/cuda, library mhc_cuda), built only when CUDA is
+// enabled (MHC_HAVE_CUDA is then defined for every user of mhc_cuda).
 #ifndef MHC_CUDA_H_
 #define MHC_CUDA_H_
 
@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "mhc/backend.h"
+#include "mhc/device_ipc.h"
 
 namespace mhc {
 
@@ -34,20 +35,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 // FAILED_PRECONDITION for any other backend.
 absl::StatusOr<void*> CudaOpStream(Backend& cuda_backend);
 
-// Bytes read plus written per second by a 256 MiB device-to-device copy on
-// `device`, best of a few: the roofline denominator. Takes tens of ms.
-absl::StatusOr<double> MeasureCudaCopyBandwidth(int device);
-
-// Benchmark support, enqueued on the stream of a backend made by
-// MakeCudaBackend (FAILED_PRECONDITION for any other backend).
-// An empty one-block kernel: what an event-timed repetition measures when
-// the op itself costs nothing.
-absl::Status EnqueueCudaEmptyKernel(Backend& cuda_backend);
-// Reads `bytes` of that backend's device memory at `buffer` and writes
-// nothing: an L2 flush that leaves only clean lines behind, so the timed op
-// never pays for evicting the flush's dirty lines.
-absl::Status EnqueueCudaReadFlush(Backend& cuda_backend, const void* buffer,
-                                  size_t bytes);
+// The device work of shared memory (mhc/device_ipc.h) through the CUDA
+// runtime: IPC handles, interprocess events and page-locked host memory.
+std::unique_ptr<DeviceIpc> MakeCudaDeviceIpc();
 
 // Test-only fault injection (mhcd --fault_injection): from this call on,
 // the process's CUDA backends fail their `alloc`-th device allocation,

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common.cuh"
-#include "mhc/cuda.h"
+#include "mhc/cuda_tools.h"
 
 namespace mhc {
 namespace {

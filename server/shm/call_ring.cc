@@ -1,4 +1,4 @@
-#include "server/call_ring.h"
+#include "server/shm/call_ring.h"
 
 #include <sys/file.h>
 

@@ -1,4 +1,4 @@
-#include "server/shm_guard.h"
+#include "server/shm/shm_guard.h"
 
 #include <signal.h>
 #include <sys/mman.h>

@@ -2,8 +2,8 @@
 // "Call ring"): a thread per ring takes each request out of the shared
 // memory, runs it like the RPC it names and writes the answer back. The
 // ring only moves bytes; what a call may do is decided by its handler.
-#ifndef MHC_SERVER_CALL_RING_H_
-#define MHC_SERVER_CALL_RING_H_
+#ifndef MHC_SERVER_SHM_CALL_RING_H_
+#define MHC_SERVER_SHM_CALL_RING_H_
 
 #include <atomic>
 #include <cstdint>
@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 namespace mhc::server {
 
@@ -96,4 +96,4 @@ class CallRings {
 
 }  // namespace mhc::server
 
-#endif  // MHC_SERVER_CALL_RING_H_
+#endif  // MHC_SERVER_SHM_CALL_RING_H_

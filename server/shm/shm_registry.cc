@@ -1,4 +1,4 @@
-#include "server/shm_registry.h"
+#include "server/shm/shm_registry.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "mhc/status.h"
 #include "server/log.h"
-#include "server/shm_guard.h"
+#include "server/shm/shm_guard.h"
 
 namespace mhc::server {
 namespace {

@@ -18,8 +18,8 @@
 // Every failure path releases what it acquired (descriptor, mapping, page
 // lock, watch slot, IPC handle) through the Region destructor, and messages
 // name regions, never keys.
-#ifndef MHC_SERVER_SHM_REGISTRY_H_
-#define MHC_SERVER_SHM_REGISTRY_H_
+#ifndef MHC_SERVER_SHM_SHM_REGISTRY_H_
+#define MHC_SERVER_SHM_SHM_REGISTRY_H_
 
 #include <atomic>
 #include <cstdint>
@@ -362,4 +362,4 @@ inline constexpr char kSignalEventMetadataKey[] = "mhc-signal-event";
 
 }  // namespace mhc::server
 
-#endif  // MHC_SERVER_SHM_REGISTRY_H_
+#endif  // MHC_SERVER_SHM_SHM_REGISTRY_H_

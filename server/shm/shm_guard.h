@@ -10,8 +10,8 @@
 // to one, maps a private zero page over it and marks the mapping faulted:
 // the access completes on scratch memory and the request reports the
 // region as broken. Faults anywhere else go to the previous handler.
-#ifndef MHC_SERVER_SHM_GUARD_H_
-#define MHC_SERVER_SHM_GUARD_H_
+#ifndef MHC_SERVER_SHM_SHM_GUARD_H_
+#define MHC_SERVER_SHM_SHM_GUARD_H_
 
 #include <cstddef>
 
@@ -33,4 +33,4 @@ inline constexpr int kMaxWatched = 4096;
 
 }  // namespace mhc::server::shm_guard
 
-#endif  // MHC_SERVER_SHM_GUARD_H_
+#endif  // MHC_SERVER_SHM_SHM_GUARD_H_
