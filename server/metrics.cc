@@ -280,8 +280,9 @@ Metrics::Metrics(const BuildInfo& build)
                        .Add({});
   call_rings_ = &prometheus::BuildGauge()
                      .Name("mhcd_call_rings")
-                     .Help("Open call rings: sessions whose compute calls come "
-                           "through shared memory instead of gRPC messages.")
+                     .Help(
+                         "Open call rings: sessions whose compute calls come "
+                         "through shared memory instead of gRPC messages.")
                      .Register(*registry_)
                      .Add({});
   ipc_mappings_ =

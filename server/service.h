@@ -70,7 +70,7 @@ class OpenStreams {
 struct ComputeRpc {
   absl::string_view name;
   std::optional<OpKind> kind;
-  const google::protobuf::Message* request;   // default instances
+  const google::protobuf::Message* request;  // default instances
   const google::protobuf::Message* response;
 };
 // nullptr when `name` is no compute RPC (service_ops.cc).

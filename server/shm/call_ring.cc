@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<CallRing>> CallRing::Start(
     region->Release();
     return area_bytes.status();
   }
-  std::unique_ptr<CallRing> served(new CallRing(
-      std::move(region), std::move(handler), *area_bytes, spin));
+  std::unique_ptr<CallRing> served(
+      new CallRing(std::move(region), std::move(handler), *area_bytes, spin));
   served->thread_ = std::thread([ring = served.get()] { ring->Serve(); });
   return served;
 }
@@ -42,27 +42,27 @@ absl::StatusOr<uint64_t> CallRing::CheckRing(const Region& region) {
         "region: a call ring must start 64-byte aligned in its object");
   }
   if (region.byte_size() < ring::RegionBytes(ring::kMinAreaBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region: a call ring needs at least ",
-        ring::RegionBytes(ring::kMinAreaBytes), " bytes, the region has ",
-        region.byte_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region: a call ring needs at least ",
+                     ring::RegionBytes(ring::kMinAreaBytes),
+                     " bytes, the region has ", region.byte_size()));
   }
   // Read once: the client may change the header at any time.
   ring::RingHeader header;
   std::memcpy(&header, region.data(), sizeof(header));
   if (header.magic != ring::kMagic || header.version != ring::kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region: no call ring of version ", ring::kVersion,
-        " (magic and version of mhc/call_ring.h expected)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region: no call ring of version ", ring::kVersion,
+                     " (magic and version of mhc/call_ring.h expected)"));
   }
   if (header.area_bytes < ring::kMinAreaBytes ||
       header.area_bytes > ring::kMaxAreaBytes ||
       ring::RegionBytes(header.area_bytes) > region.byte_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region: area_bytes ", header.area_bytes, " must be in [",
-        ring::kMinAreaBytes, ", ", ring::kMaxAreaBytes,
-        "] with both areas inside the region (", region.byte_size(),
-        " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region: area_bytes ", header.area_bytes, " must be in [",
+                     ring::kMinAreaBytes, ", ", ring::kMaxAreaBytes,
+                     "] with both areas inside the region (",
+                     region.byte_size(), " bytes)"));
   }
   // Held while the ring is served: a client waiting on the ring sees the
   // daemon gone when it can take the lock exclusively.
@@ -123,8 +123,7 @@ void CallRing::Serve() {
     ring::RingRequest header;
     const char* area = ring::RequestArea(base_);
     std::memcpy(&header, area, sizeof(header));
-    const size_t method_length =
-        strnlen(header.method, sizeof(header.method));
+    const size_t method_length = strnlen(header.method, sizeof(header.method));
     if (method_length == sizeof(header.method) ||
         header.payload_bytes > area_bytes_ - sizeof(header)) {
       Answer(seq,
@@ -149,10 +148,10 @@ void CallRing::Answer(uint32_t seq, const absl::Status& status,
   const uint64_t room = area_bytes_ - sizeof(ring::RingResponse);
   absl::Status answer = status;
   if (answer.ok() && payload.size() > room) {
-    answer = absl::ResourceExhaustedError(absl::StrCat(
-        "call ring: the response of ", payload.size(),
-        " bytes does not fit the ring's area of ", area_bytes_,
-        " bytes; send this call as an RPC"));
+    answer = absl::ResourceExhaustedError(
+        absl::StrCat("call ring: the response of ", payload.size(),
+                     " bytes does not fit the ring's area of ", area_bytes_,
+                     " bytes; send this call as an RPC"));
   }
   ring::RingResponse header{};
   header.code = static_cast<int32_t>(answer.code());

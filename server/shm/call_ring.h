@@ -33,9 +33,8 @@ struct RingCallRequest {
 class CallRing {
  public:
   // Runs `call`; on OK, `response` holds the serialized response message.
-  using Handler =
-      std::function<absl::Status(const RingCallRequest& call,
-                                 std::string* response)>;
+  using Handler = std::function<absl::Status(const RingCallRequest& call,
+                                             std::string* response)>;
 
   // Serves the ring laid out in system region `region` (held by the caller
   // through ShmRegistry::Find; released when the ring stops). `spin`: how

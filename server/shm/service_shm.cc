@@ -177,9 +177,9 @@ grpc::Status MhcService::MapLayerMemory(
   });
 }
 
-grpc::Status MhcService::OpenCallRing(
-    grpc::ServerContext* context, const v1::OpenCallRingRequest* request,
-    v1::OpenCallRingResponse* response) {
+grpc::Status MhcService::OpenCallRing(grpc::ServerContext* context,
+                                      const v1::OpenCallRingRequest* request,
+                                      v1::OpenCallRingResponse* response) {
   return Handle(*context, "OpenCallRing", false, [&]() -> absl::Status {
     MHC_RETURN_IF_ERROR(shm_->CheckAccess(IsLocal(*authorizer_, *context)));
     if (admission_->draining()) {
@@ -192,9 +192,8 @@ grpc::Status MhcService::OpenCallRing(
           "(mhc-session-id)");
     }
     // Ring calls act for the caller that opened the ring.
-    MHC_ASSIGN_OR_RETURN(
-        std::optional<Caller> caller,
-        authorizer_->IdentifyCaller(*context, "OpenCallRing"));
+    MHC_ASSIGN_OR_RETURN(std::optional<Caller> caller,
+                         authorizer_->IdentifyCaller(*context, "OpenCallRing"));
     MHC_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
                          shm_->Find(session, request->region(), "region"));
     MHC_ASSIGN_OR_RETURN(

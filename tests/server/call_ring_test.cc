@@ -74,12 +74,12 @@ class CallRingTest : public ::testing::Test {
   // The first sample of metric `name` whose labels contain all `parts`.
   double Metric(const std::string& name,
                 const std::vector<std::string>& parts = {}) {
-    auto text = HttpGet(daemon_->metrics_host(), daemon_->metrics_port(),
-                        "/metrics");
+    auto text =
+        HttpGet(daemon_->metrics_host(), daemon_->metrics_port(), "/metrics");
     EXPECT_TRUE(text.ok()) << text.status();
-    return text.ok() ? MetricSample(*text, name + (parts.empty() ? " " : "{"),
-                                    parts)
-                     : -1;
+    return text.ok()
+               ? MetricSample(*text, name + (parts.empty() ? " " : "{"), parts)
+               : -1;
   }
 
   std::unique_ptr<Daemon> daemon_;
@@ -150,9 +150,9 @@ TEST_F(CallRingTest, MalformedRequestsAreAnsweredAndTheRingServesOn) {
                     const std::string& payload) {
     char* area = ring::RequestArea(base);
     std::memcpy(area, &header, sizeof(header));
-    std::memcpy(area + sizeof(header), payload.data(),
-                std::min<size_t>(payload.size(),
-                                 ring::kMinAreaBytes - sizeof(header)));
+    std::memcpy(
+        area + sizeof(header), payload.data(),
+        std::min<size_t>(payload.size(), ring::kMinAreaBytes - sizeof(header)));
     ring::Store(ring::RequestSeq(base), ++seq);
     ring::FutexWake(ring::RequestSeq(base));
     const absl::Time deadline = absl::Now() + absl::Seconds(10);

@@ -52,8 +52,8 @@ absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Open(
   created->bytes_ = ring::RegionBytes(area_bytes);
   created->area_bytes_ = area_bytes;
   const std::string path = absl::StrCat("/", created->key_);
-  created->fd_ = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                          0600);
+  created->fd_ =
+      shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (created->fd_ < 0) return Errno("shm_open");
   created->owned_ = true;
   if (ftruncate(created->fd_, static_cast<off_t>(created->bytes_)) != 0) {
@@ -123,7 +123,8 @@ absl::Status CallRing::Call(absl::string_view method,
   std::memcpy(area, &header, sizeof(header));
   if (!request.SerializeToArray(area + sizeof(header),
                                 static_cast<int>(payload))) {
-    return absl::InvalidArgumentError("call ring: the request did not serialize");
+    return absl::InvalidArgumentError(
+        "call ring: the request did not serialize");
   }
   const uint32_t seq = seq_ + 1;
   ring::Store(ring::RequestSeq(base_), seq);

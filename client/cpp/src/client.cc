@@ -431,17 +431,17 @@ absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints() {
 
 // The compute RPCs are all unary with the same shape of call, through the
 // call ring when one is open.
-#define MHC_CLIENT_UNARY(Name, Request, Response)                          \
-  absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {        \
-    v1::Response response;                                                 \
-    absl::Status status;                                                   \
-    if (TryCallRing(#Name, r, response,                                    \
+#define MHC_CLIENT_UNARY(Name, Request, Response)                           \
+  absl::StatusOr<v1::Response> Client::Name(const v1::Request& r) {         \
+    v1::Response response;                                                  \
+    absl::Status status;                                                    \
+    if (TryCallRing(#Name, r, response,                                     \
                     CallOptions{stream_order_, std::nullopt, std::nullopt}, \
-                    &status)) {                                            \
-      if (!status.ok()) return status;                                     \
-      return response;                                                     \
-    }                                                                      \
-    return Call<v1::Request, v1::Response>(&v1::Mhc::Stub::Name, r);       \
+                    &status)) {                                             \
+      if (!status.ok()) return status;                                      \
+      return response;                                                      \
+    }                                                                       \
+    return Call<v1::Request, v1::Response>(&v1::Mhc::Stub::Name, r);        \
   }
 
 MHC_CLIENT_UNARY(Projection, ProjectionRequest, ProjectionResponse)
