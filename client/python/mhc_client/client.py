@@ -11,7 +11,6 @@ anything; everything else is tried exactly once.
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple,
@@ -23,9 +22,10 @@ import numpy as np
 from . import auth, errors, tensors, transfer
 from . import native as native_path
 from ._proto import (health_pb2, health_pb2_grpc, layer_pb2, service_pb2,
-                     service_pb2_grpc, shm_pb2, tensor_pb2)
+                     service_pb2_grpc, tensor_pb2)
 from .cuda_events import SIGNAL_EVENT_METADATA_KEY, WAIT_EVENT_METADATA_KEY
 from .groups import GroupCalls
+from .shm_calls import SharedMemoryCalls
 from .training import TrainingCalls
 from .ops import OPS, OpDef, Ref, op_def
 from .spec import LayerInfo, LayerSpec, enum_value
@@ -183,7 +183,7 @@ class Batch:
 # ----------------------------------------------------------------- client
 
 
-class Client(GroupCalls, TrainingCalls):
+class Client(GroupCalls, SharedMemoryCalls, TrainingCalls):
     """A connection to one mhcd.
 
     Args:
@@ -800,77 +800,6 @@ class Client(GroupCalls, TrainingCalls):
             raise errors.from_rpc_error(error, "ExecuteStream") from None
         return [{name: self.decode(ref) for name, ref in r.outputs.items()}
                 for r in responses]
-
-    # ------------------------------------------------------- shared memory
-
-    def open_session(self) -> Any:
-        """Opens the shared-memory session (see :mod:`mhc_client.shm`)."""
-        from .shm import Session  # late: shm imports this module
-        if self._session is not None and not self._session.closed:
-            return self._session
-        self._session = Session(self)
-        self._open_call_ring(self._session)
-        return self._session
-
-    def _open_call_ring(self, session: Any) -> None:
-        """Sends the native path's compute calls of `session` through a call
-        ring, when the daemon takes one (it is an optimisation: any refusal
-        leaves the calls on gRPC)."""
-        connection = self.native
-        if connection is None or os.environ.get(
-                native_path.CALL_RING_ENV, "").strip().lower() in ("off", "0"):
-            return
-        try:
-            connection.open_call_ring(session.id, session.key_prefix)
-        except (errors.Unimplemented, errors.FailedPrecondition,
-                errors.PermissionDenied, errors.InvalidArgument,
-                errors.ResourceExhausted, errors.Internal):
-            return
-        session.call_ring = True
-        session.on_close(connection.close_call_ring)
-
-    def _forget_session(self, session: Any) -> None:
-        if self._session is session:
-            self._session = None
-
-    def register_system_shared_memory(self, name: str, key: str, offset: int,
-                                      byte_size: int) -> None:
-        self._call("RegisterSystemSharedMemory",
-                   shm_pb2.RegisterSystemSharedMemoryRequest(
-                       name=name, key=key, offset=offset, byte_size=byte_size))
-
-    def register_cuda_shared_memory(self, name: str, raw_handle: bytes,
-                                    device_id: int, byte_size: int = 0) -> int:
-        """Registers a CUDA allocation; byte_size 0 means all of it. Returns
-        the bytes registered."""
-        response = self._call("RegisterCudaSharedMemory",
-                              shm_pb2.RegisterCudaSharedMemoryRequest(
-                                  name=name, raw_handle=raw_handle,
-                                  device_id=device_id, byte_size=byte_size))
-        return int(response.byte_size)
-
-    def register_cuda_events(self, device_id: int,
-                             raw_handles: Sequence[bytes]) -> List[bytes]:
-        """Registers this process's interprocess events on `device_id` with
-        the session; returns as many of the daemon's (see
-        :mod:`mhc_client.cuda_events`)."""
-        response = self._call("RegisterCudaEvents",
-                              shm_pb2.RegisterCudaEventsRequest(
-                                  device_id=device_id,
-                                  raw_handles=list(raw_handles)))
-        return [bytes(h) for h in response.raw_handles]
-
-    def unregister_shared_memory(self, name: str = "") -> List[str]:
-        """Unregisters one region, or all of the session's (name empty)."""
-        response = self._call("UnregisterSharedMemory",
-                              shm_pb2.UnregisterSharedMemoryRequest(name=name))
-        return list(response.unregistered)
-
-    def shared_memory_status(self, name: str = ""
-                             ) -> shm_pb2.SharedMemoryStatusResponse:
-        return self._call("SharedMemoryStatus",
-                          shm_pb2.SharedMemoryStatusRequest(name=name),
-                          retry=True)
 
     # ---------------------------------------------------------- benchmark
 
