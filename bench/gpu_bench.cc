@@ -9,7 +9,8 @@
 // two events with nothing between them, and with one empty kernel between
 // them; an op's time minus the latter is what its kernels add.
 //
-//   mhc_gpu_bench [--configs=all|first|I,J,...] [--reps=20] [--ops=all|a,b]
+//   mhc_gpu_bench [--configs=all|small|first|I,J,...] [--reps=20]
+//                 [--ops=all|a,b]
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
 //                                         every config: e.g. odd C = 5129)
 //                 [--flush=write|read]
@@ -44,8 +45,9 @@
 #include "mhc/dtype.h"
 
 ABSL_FLAG(std::string, configs, "all",
-          "configs: all, first, or indices I,J,... into the layer configs of "
-          "bench/configs.json");
+          "configs: all (the layer configs of bench/configs.json), small (its "
+          "small ones), first, or indices I,J,... into the layer configs "
+          "followed by the small ones");
 ABSL_FLAG(int32_t, reps, 20, "timed repetitions per measurement (median)");
 ABSL_FLAG(std::string, ops, "all",
           "op families: all, or a,b of projection, scale, sinkhorn, "
@@ -140,7 +142,11 @@ absl::Status ParseOptions(Options& flags) {
   }
   const std::string configs = absl::GetFlag(FLAGS_configs);
   if (configs == "all" || configs == "first") {
-    for (int c = 0; c < (configs == "all" ? kNumConfigs : 1); ++c) {
+    for (int c = 0; c < (configs == "all" ? kNumLayerConfigs : 1); ++c) {
+      flags.configs.push_back(c);
+    }
+  } else if (configs == "small") {
+    for (int c = kNumLayerConfigs; c < kNumConfigs; ++c) {
       flags.configs.push_back(c);
     }
   } else {
@@ -149,7 +155,7 @@ absl::Status ParseOptions(Options& flags) {
       if (!absl::SimpleAtoi(part, &index) || index < 0 ||
           index >= kNumConfigs) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--configs: all, first or indices 0 to ", kNumConfigs - 1));
+            "--configs: all, small, first or indices 0 to ", kNumConfigs - 1));
       }
       flags.configs.push_back(index);
     }

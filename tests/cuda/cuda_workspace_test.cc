@@ -64,7 +64,8 @@ double WorstShare(Backend& cuda, int n, bool backward, std::string* where) {
       OpKind::kHeadForward,       OpKind::kHeadBackward};
   double worst = 0.0;
   for (const std::string& preset : PresetNames()) {
-    for (const bench::Config& config : bench::kConfigs) {
+    for (int c = 0; c < bench::kNumLayerConfigs; ++c) {
+      const bench::Config& config = bench::kConfigs[c];
       const int64_t tokens = config.B * config.T;
       absl::StatusOr<LayerSpec> mhc = PresetSpec(preset, n, config.C);
       if (!mhc.ok()) continue;
