@@ -115,8 +115,9 @@ void CallRing::Serve() {
       continue;
     }
     if (stopping_.load(std::memory_order_acquire)) return;  // Stop answers
-    if (region_->Broken() || region_->Shrunk()) {
-      // The client truncated its own ring: nothing can be answered there.
+    if (region_->Broken()) {
+      // The client truncated its own ring (a read faulted): nothing can be
+      // answered there.
       answered_ = seq;
       continue;
     }

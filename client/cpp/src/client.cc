@@ -201,10 +201,10 @@ bool Client::TryCallRing(absl::string_view method,
                          absl::Status* status) const {
   const std::shared_ptr<CallRing> ring = std::atomic_load(&call_ring_);
   if (ring == nullptr ||
-      options.session_id.value_or(session_id_) != ring->session_id() ||
-      !ring->usable()) {
+      options.session_id.value_or(session_id_) != ring->session_id()) {
     return false;
   }
+  // A closed or broken ring answers "not sent", and the call goes by gRPC.
   bool sent = false;
   *status = ring->Call(method, request, response, options.stream_order,
                        options.timeout.value_or(options_.timeout), &sent);
