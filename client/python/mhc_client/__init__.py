@@ -18,7 +18,8 @@ from pkgutil import extend_path
 __path__ = extend_path(__path__, __name__)  # type: ignore[name-defined]
 
 from . import errors, tensors  # noqa: E402
-from .client import (AggregateBackwardResult, BenchmarkResult, Batch,  # noqa: E402
+from .benchmark_calls import BenchmarkResult  # noqa: E402
+from .client import (AggregateBackwardResult, Batch,  # noqa: E402
                      Client, Device, Gradients, HeadResult, PostBackwardResult,
                      PreResult, ProjectionResult, ScaleBackwardResult,
                      ScaleResult, ServerInfo, normalize_address)
