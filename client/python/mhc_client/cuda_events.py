@@ -52,26 +52,48 @@ class EventPool:
         where = torch.device("cuda", device)
         self._theirs: List[Any] = [torch.cuda.Event.from_ipc_handle(where, h)
                                    for h in theirs]
+        # Raw cudaEvent_t handles, for the native call path.
+        self.wait_handles = [event.cuda_event for event in self._mine]
+        self.signal_handles = [event.cuda_event for event in self._theirs]
         self._free_wait = list(range(size))
         self._free_signal = list(range(size))
         self._available = threading.Condition()
+        self._waiters = 0
 
     def acquire(self) -> Tuple[int, int]:
         """(wait index i, signal index j), blocking while none is free."""
+        # list.pop and list.append are atomic under the GIL: the lock is
+        # only for waiting on an empty pool, which is rare.
+        try:
+            wait = self._free_wait.pop()
+        except IndexError:
+            return self._acquire_waiting()
+        try:
+            return wait, self._free_signal.pop()
+        except IndexError:
+            self._free_wait.append(wait)
+            return self._acquire_waiting()
+
+    def _acquire_waiting(self) -> Tuple[int, int]:
         with self._available:
-            if not self._available.wait_for(
-                    lambda: self._free_wait and self._free_signal,
-                    timeout=ACQUIRE_TIMEOUT_S):
-                raise errors.ResourceExhausted(
-                    f"no free CUDA event pair on device {self.device}: "
-                    f"{self.size} requests are unanswered")
-            return self._free_wait.pop(), self._free_signal.pop()
+            self._waiters += 1
+            try:
+                if not self._available.wait_for(
+                        lambda: self._free_wait and self._free_signal,
+                        timeout=ACQUIRE_TIMEOUT_S):
+                    raise errors.ResourceExhausted(
+                        f"no free CUDA event pair on device {self.device}: "
+                        f"{self.size} requests are unanswered")
+                return self._free_wait.pop(), self._free_signal.pop()
+            finally:
+                self._waiters -= 1
 
     def release(self, wait_index: int, signal_index: int) -> None:
-        with self._available:
-            self._free_wait.append(wait_index)
-            self._free_signal.append(signal_index)
-            self._available.notify()
+        self._free_wait.append(wait_index)
+        self._free_signal.append(signal_index)
+        if self._waiters:  # read after the appends: no wake-up is lost
+            with self._available:
+                self._available.notify()
 
     def record_wait(self, index: int, stream: Any) -> None:
         """Marks the point of `stream` that the daemon's work must follow."""

@@ -26,7 +26,7 @@ through shared memory and a futex instead of gRPC messages.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import grpc
 
@@ -46,6 +46,23 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 # (output, region, offset, byte_size).
 TensorPlace = Tuple[str, int, Tuple[int, ...], Optional[str], int, int]
 OutputPlace = Tuple[str, str, int, int]
+
+# A CUDA tensor by address: (field, dtype code, shape, address, byte_size);
+# byte_size 0 is an empty tensor. A CUDA output: (output, address,
+# byte_size).
+CudaTensorPlace = Tuple[str, int, Tuple[int, ...], int, int]
+CudaOutputPlace = Tuple[str, int, int]
+
+
+class EventPair(NamedTuple):
+    """One call's stream-order events (see mhc_client.cuda_events): their
+    indices in the session's pool and their raw ``cudaEvent_t`` handles."""
+
+    wait_index: int
+    signal_index: int
+    wait_handle: int
+    signal_handle: int
+
 
 _module: Any = None
 _import_error: Optional[BaseException] = None
@@ -74,6 +91,14 @@ def load() -> Any:
         except ImportError as error:
             _import_error = error
     return _module
+
+
+def cuda_region_table() -> Any:
+    """A new, empty table of a session's registered CUDA allocations, for
+    :meth:`Connection.compute_cuda`; None without the extension. The
+    session keeps it in step with its registrations (mhc_client.shm)."""
+    module = load()
+    return module.CudaRegionTable() if module is not None else None
 
 
 def unavailable_reason() -> Optional[str]:
@@ -110,6 +135,25 @@ class Connection:
             self._connection.compute(
                 self._methods[rpc], layer, tensors, outputs, flags, session_id,
                 wait_event, signal_event, timeout, attempts)
+        except self._error as error:
+            raise _typed(error, rpc) from None
+
+    def compute_cuda(self, rpc: str, layer: str,
+                     tensors: Sequence[CudaTensorPlace],
+                     outputs: Sequence[CudaOutputPlace],
+                     flags: Sequence[Tuple[str, Any]], *, session_id: str,
+                     table: Any, stream: int, events: "EventPair",
+                     timeout: float, attempts: int) -> bool:
+        """One compute call on CUDA tensors named by device address, their
+        regions and offsets found in `table` (see :func:`cuda_region_table`)
+        and the call ordered with `stream` (a raw ``cudaStream_t``) by the
+        event pair. False, and nothing done, when an allocation is not in
+        `table`: the caller registers it and calls again."""
+        try:
+            return self._connection.compute_cuda(
+                self._methods[rpc], layer, tensors, outputs, flags, session_id,
+                events.wait_index, events.signal_index, timeout, attempts,
+                table, stream, events.wait_handle, events.signal_handle)
         except self._error as error:
             raise _typed(error, rpc) from None
 

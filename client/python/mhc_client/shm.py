@@ -47,6 +47,7 @@ import grpc
 import numpy as np
 
 from . import errors, tensors
+from . import native as native_path
 from ._proto import shm_pb2, tensor_pb2
 
 try:  # CPython's own binding of shm_open/shm_unlink (multiprocessing uses it).
@@ -311,6 +312,9 @@ class Session:
         # Buffer ids named by requests being built (never evicted meanwhile).
         self._cuda_pins: Dict[int, Set[int]] = {}
         self._cuda_lock = threading.RLock()
+        # The same allocations for the native call path (None without the
+        # extension): see mhc_client.native.cuda_region_table.
+        self.cuda_table: Any = native_path.cuda_region_table()
         self._event_pools: Dict[int, Any] = {}  # device -> EventPool or None
         self._arena: Optional[HostArena] = None
         self.cuda_registrations = 0
@@ -509,6 +513,8 @@ class Session:
                 region = self._register_allocation(allocation, tensor.device.index)
             else:
                 self._cuda.move_to_end(allocation.buffer_id)
+                if self.cuda_table is not None:  # marks it used now
+                    self.cuda_table.add(region.buffer_id, region.base, region.name)
             if pins is not None:
                 pins.add(allocation.buffer_id)
         return region, ptr - region.base
@@ -537,6 +543,8 @@ class Session:
                             allocation.buffer_id)
         self._cuda[allocation.buffer_id] = region
         self._cuda_at[(device, allocation.base)] = allocation.buffer_id
+        if self.cuda_table is not None:
+            self.cuda_table.add(allocation.buffer_id, allocation.base, name)
         self.cuda_registrations += 1
         return region
 
@@ -547,8 +555,7 @@ class Session:
             self._retry_parked()
             if len(self._cuda) + len(self._cuda_parked) < self.cuda_capacity:
                 return
-            pinned = set().union(*self._cuda_pins.values()) if self._cuda_pins else set()
-            victim = next((b for b in self._cuda if b not in pinned), None)
+            victim = self._eviction_victim()
             if victim is not None:
                 self._evict(victim)
                 continue
@@ -561,8 +568,21 @@ class Session:
                     f"{self.max_regions})")
             time.sleep(0.01)
 
+    def _eviction_victim(self) -> Optional[int]:
+        """The least recently used allocation that no request being built
+        or (native path) in flight names."""
+        pinned = set().union(*self._cuda_pins.values()) if self._cuda_pins else set()
+        table = self.cuda_table
+        free = [b for b in self._cuda
+                if b not in pinned and not (table is not None and table.in_use(b))]
+        if not free:
+            return None
+        return min(free, key=table.last_use) if table is not None else free[0]
+
     def _evict(self, buffer_id: int) -> None:
         region = self._cuda.pop(buffer_id)
+        if self.cuda_table is not None:
+            self.cuda_table.remove(buffer_id)
         if self._cuda_at.get((region.device, region.base)) == buffer_id:
             del self._cuda_at[(region.device, region.base)]
         self._unregister_name(region.name)
@@ -659,6 +679,8 @@ class Session:
         self._regions.clear()
         with self._cuda_lock:
             self._cuda.clear()
+            if self.cuda_table is not None:
+                self.cuda_table.clear()
             self._cuda_at.clear()
             self._cuda_parked.clear()
             self._event_pools.clear()

@@ -5,7 +5,9 @@ Three paths, picked per call from the first input tensor:
 * ``cuda``: CUDA tensors and a CUDA daemon on this node. Tensors stay where
   they are: each names its allocation's region (registered once per
   allocation, see :meth:`mhc_client.shm.Session.register_cuda_tensor`) and
-  the daemon reads and writes them in place. Outputs are allocated here
+  the daemon reads and writes them in place. With the native extension the
+  whole call (naming the regions, the events, the request) is one step in
+  C++ once the allocations are registered; Python registers new ones. Outputs are allocated here
   with ``torch.empty`` on the current stream. The call is ordered with the
   current stream by two interprocess events (shm.proto, "Stream order"):
   this process records one on the current stream once the inputs are
@@ -49,7 +51,8 @@ import torch
 
 from . import errors, tensors
 from .client import Client
-from .native import OutputPlace, TensorPlace
+from .native import (CudaOutputPlace, CudaTensorPlace, EventPair, OutputPlace,
+                     TensorPlace)
 from .ops import OpDef, op_def
 from .shm import aligned, torch_dtype_code
 
@@ -60,6 +63,10 @@ _AMBIGUOUS = (errors.DeadlineExceeded, errors.Cancelled, errors.Unavailable)
 # Tensors and event pairs of requests whose outcome is unknown, kept out of
 # reuse for the life of the process.
 _abandoned: List[Any] = []
+# The raw handle of a device's current stream, where torch has it (CUDA
+# builds): much cheaper than building a torch.cuda.Stream per call.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_MAX_CACHED_STREAMS = 64
 
 
 @dataclasses.dataclass
@@ -70,11 +77,14 @@ class TransportStats:
     device on the compute path (staying 0 in steady state on the ``cuda``
     path with a daemon that takes events). ``native_calls`` counts the
     ``cuda`` and ``arena`` calls sent by the native extension (see
-    :mod:`mhc_client.native`).
+    :mod:`mhc_client.native`); ``native_cuda_calls`` those of them done in
+    one step of the extension, tensors named by address (every ``cuda``
+    call in steady state, once their allocations are registered).
     """
 
     calls: int = 0
     native_calls: int = 0  # of the cuda and arena calls, native ones
+    native_cuda_calls: int = 0  # of those, the cuda calls done in one step
     cuda_calls: int = 0
     arena_calls: int = 0
     inline_calls: int = 0
@@ -128,6 +138,8 @@ class _Transport:
         self.mode = mode
         self._daemon_has_cuda: Optional[bool] = None
         self._shm: Optional[bool] = None if mode == "auto" else mode == "ipc"
+        # (device, raw handle) -> torch.cuda.Stream, see _current_stream.
+        self._streams: Dict[Tuple[int, int], Any] = {}
 
     # ------------------------------------------------------------ choice
 
@@ -202,7 +214,13 @@ class _Transport:
                   inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
                   device: torch.device, order_device: Optional[torch.device],
                   retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-        stream = torch.cuda.current_stream(device)
+        stream = self._current_stream(device)
+        if order_device is not None and order_device != device:
+            self._synchronize(order_device)
+        result = self._run_cuda_native(spec, session, layer, inputs, outputs,
+                                       device, stream, retry, flags)
+        if result is not None:
+            return result
         alive: List[torch.Tensor] = []
         places: List[TensorPlace] = []
         out_places: List[OutputPlace] = []
@@ -229,11 +247,77 @@ class _Transport:
                     _, _, _, region, offset, nbytes = _cuda_place(
                         session, name, out, pins)
                     out_places.append((name, region, offset, nbytes))
-        if order_device is not None and order_device != device:
-            self._synchronize(order_device)
         alive.extend(result.values())
         self._ordered_call(spec, session, layer, places, out_places, flags,
                            stream, retry, alive)
+        return result
+
+    def _run_cuda_native(self, spec: OpDef, session: Any, layer: str,
+                         inputs: Dict[str, Optional[torch.Tensor]],
+                         outputs: Outputs, device: torch.device, stream: Any,
+                         retry: bool, flags: Dict[str, Any]
+                         ) -> Optional[Dict[str, torch.Tensor]]:
+        """The call in one step of the native extension: tensors named by
+        address, regions found and events recorded and waited on there
+        (:meth:`mhc_client.native.Connection.compute_cuda`). None when it
+        does not apply or an allocation is not registered yet: the Python
+        path then takes the call and registers it."""
+        connection = self.client.native
+        table = session.cuda_table
+        if connection is None or table is None:
+            return None
+        index = device.index
+        if stream.cuda_stream == 0 and index != torch.cuda.current_device():
+            return None  # the legacy stream of another device's context
+        pool = session.cuda_events(index)
+        if pool is None:
+            return None
+        alive: List[torch.Tensor] = []
+        places: List[CudaTensorPlace] = []
+        for name, t in inputs.items():
+            if t is None:
+                continue
+            if not t.is_contiguous():
+                t = t.contiguous()
+            if t.get_device() != index:
+                raise errors.InvalidArgument(
+                    f"{spec.kind}: '{name}' is on {t.device}, the other "
+                    f"inputs on {device}")
+            t.record_stream(stream)  # see _run_cuda
+            alive.append(t)
+            places.append((name, torch_dtype_code(t), t.shape, t.data_ptr(),
+                           t.numel() * t.element_size()))
+        result: Dict[str, torch.Tensor] = {}
+        out_places: List[CudaOutputPlace] = []
+        for name, (shape, dtype) in outputs.items():
+            out = torch.empty(tuple(shape), dtype=dtype, device=device)
+            result[name] = out
+            if out.numel() > 0:
+                out_places.append((name, out.data_ptr(),
+                                   out.numel() * _ITEMSIZE[dtype]))
+        wait_index, signal_index = pool.acquire()
+        events = EventPair(wait_index, signal_index,
+                           pool.wait_handles[wait_index],
+                           pool.signal_handles[signal_index])
+        release = True
+        try:
+            sent = connection.compute_cuda(
+                spec.rpc, layer, places, out_places, tuple(flags.items()),
+                session_id=session.id, table=table, stream=stream.cuda_stream,
+                events=events, timeout=self.client.timeout,
+                attempts=self.client.retries if retry else 1)
+        except _AMBIGUOUS:
+            release = False
+            alive.extend(result.values())
+            _abandoned.append((alive, pool, wait_index, signal_index))
+            raise
+        finally:
+            if release:
+                pool.release(wait_index, signal_index)
+        if not sent:
+            return None
+        stats.native_calls += 1
+        stats.native_cuda_calls += 1
         return result
 
     def _ordered_call(self, spec: OpDef, session: Any, layer: str,
@@ -272,6 +356,19 @@ class _Transport:
                                         retry=retry, wait_event=wait_index,
                                         signal_event=signal_index):
             stats.native_calls += 1
+
+    def _current_stream(self, device: torch.device) -> Any:
+        """The current stream of `device`, as a torch.cuda.Stream reused
+        for as long as it is current."""
+        if _raw_current_stream is None:
+            return torch.cuda.current_stream(device)
+        key = (device.index, _raw_current_stream(device.index))
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= _MAX_CACHED_STREAMS:
+                self._streams.clear()  # handles of streams since destroyed
+            stream = self._streams[key] = torch.cuda.current_stream(device)
+        return stream
 
     def _synchronize(self, device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()

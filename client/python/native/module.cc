@@ -18,6 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cuda_driver.h"
+#include "cuda_regions.h"
 #include "google/protobuf/arena.h"
 #include "mhc/client/call_ring.h"
 #include "mhc/client/client.h"
@@ -31,6 +33,7 @@ namespace {
 // the stack keeps both off the heap.
 constexpr size_t kArenaBlockBytes = 4096;
 constexpr Py_ssize_t kComputeArgs = 10;
+constexpr Py_ssize_t kComputeCudaArgs = 14;
 
 PyObject* rpc_error = nullptr;  // mhc_client._native.RpcError
 
@@ -134,65 +137,141 @@ void ConnectionDealloc(PyObject* self) {
   Py_DECREF(type);  // instances of heap types own a reference to it
 }
 
-// compute(method, layer, tensors, outputs, flags, session_id, wait_event,
-//         signal_event, timeout_s, attempts): see request.h for the tuples.
-PyObject* Compute(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != kComputeArgs) {
-    PyErr_Format(PyExc_TypeError, "compute() takes %zd arguments, got %zd",
-                 kComputeArgs, nargs);
-    return nullptr;
-  }
-  ConnectionState* state = StateOf(self);
-  if (state == nullptr || state->client == nullptr) {
-    return Raise(
-        absl::FailedPreconditionError("the native connection is closed"));
-  }
+// The arguments compute() and compute_cuda() share, from args[0..9].
+struct CallArgs {
+  const ComputeMethod* method = nullptr;
+  CallOptions options;
+  int attempts = 1;
+};
+
+bool ParseCallArgs(PyObject* const* args, CallArgs& call) {
   const long index = PyLong_AsLong(args[0]);
   const absl::Span<const ComputeMethod> methods = ComputeMethod::All();
   if (index < 0 || static_cast<size_t>(index) >= methods.size()) {
     PyErr_Clear();
     PyErr_SetString(PyExc_ValueError, "compute(): no such method index");
-    return nullptr;
+    return false;
   }
-  const ComputeMethod& method = methods[static_cast<size_t>(index)];
+  call.method = &methods[static_cast<size_t>(index)];
   Py_ssize_t session_size = 0;
   const char* session = PyUnicode_AsUTF8AndSize(args[5], &session_size);
   const long wait_event = PyLong_AsLong(args[6]);
   const long signal_event = PyLong_AsLong(args[7]);
   const double timeout_s = PyFloat_AsDouble(args[8]);
-  const long attempts = PyLong_AsLong(args[9]);
-  if (PyErr_Occurred()) return nullptr;
-
-  alignas(std::max_align_t) char block[kArenaBlockBytes];
-  google::protobuf::ArenaOptions arena_options;
-  arena_options.initial_block = block;
-  arena_options.initial_block_size = sizeof(block);
-  google::protobuf::Arena arena(arena_options);
-  google::protobuf::Message* request = method.NewRequest(&arena);
-  google::protobuf::Message* response = method.NewResponse(&arena);
-  absl::Status status =
-      FillRequest(method, args[1], args[2], args[3], args[4], *request);
-  if (!status.ok()) return Raise(status);
-
+  call.attempts = static_cast<int>(PyLong_AsLong(args[9]));
+  if (PyErr_Occurred()) return false;
+  call.options.stream_order = {static_cast<int>(wait_event),
+                               static_cast<int>(signal_event)};
+  call.options.timeout = absl::Seconds(timeout_s);
   // The session id's bytes belong to a str the caller holds for the call.
-  CallOptions options;
-  options.stream_order = {static_cast<int>(wait_event),
-                          static_cast<int>(signal_event)};
-  options.timeout = absl::Seconds(timeout_s);
-  options.session_id =
+  call.options.session_id =
       absl::string_view(session, static_cast<size_t>(session_size));
-  std::shared_ptr<Client> client = state->client;
-  Stats& stats = state->stats;
+  return true;
+}
+
+// A request and its answer on the stack (one arena block).
+struct CallMessages {
+  explicit CallMessages(const ComputeMethod& method)
+      : arena(Options(block)),
+        request(method.NewRequest(&arena)),
+        response(method.NewResponse(&arena)) {}
+  static google::protobuf::ArenaOptions Options(char* block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = kArenaBlockBytes;
+    return options;
+  }
+  alignas(std::max_align_t) char block[kArenaBlockBytes];
+  google::protobuf::Arena arena;
+  google::protobuf::Message* request;
+  google::protobuf::Message* response;
+};
+
+// Sends the request without the GIL and checks that the outputs came back
+// in place.
+absl::Status Send(ConnectionState& state, const CallArgs& call,
+                  CallMessages& messages) {
+  std::shared_ptr<Client> client = state.client;
+  Stats& stats = state.stats;
+  absl::Status status;
   Py_BEGIN_ALLOW_THREADS;
   stats.calls.fetch_add(1, std::memory_order_relaxed);
-  NoteLargest(stats.largest_request_bytes, request->ByteSizeLong());
-  status = CallWithRetries(*client, method, *request, *response, options,
-                           static_cast<int>(attempts), stats);
-  if (status.ok()) status = CheckOutputsInPlace(method, *request, *response);
+  NoteLargest(stats.largest_request_bytes, messages.request->ByteSizeLong());
+  status =
+      CallWithRetries(*client, *call.method, *messages.request,
+                      *messages.response, call.options, call.attempts, stats);
+  if (status.ok()) {
+    status = CheckOutputsInPlace(*call.method, *messages.request,
+                                 *messages.response);
+  }
   if (!status.ok()) stats.failures.fetch_add(1, std::memory_order_relaxed);
   Py_END_ALLOW_THREADS;
+  return status;
+}
+
+ConnectionState* OpenState(PyObject* self) {
+  ConnectionState* state = StateOf(self);
+  if (state == nullptr || state->client == nullptr) {
+    Raise(absl::FailedPreconditionError("the native connection is closed"));
+    return nullptr;
+  }
+  return state;
+}
+
+bool CheckArgCount(const char* name, Py_ssize_t expected, Py_ssize_t nargs) {
+  if (nargs == expected) return true;
+  PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments, got %zd", name,
+               expected, nargs);
+  return false;
+}
+
+// compute(method, layer, tensors, outputs, flags, session_id, wait_event,
+//         signal_event, timeout_s, attempts): see request.h for the tuples.
+PyObject* Compute(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  CallArgs call;
+  if (!CheckArgCount("compute", kComputeArgs, nargs)) return nullptr;
+  ConnectionState* state = OpenState(self);
+  if (state == nullptr || !ParseCallArgs(args, call)) return nullptr;
+  CallMessages messages(*call.method);
+  absl::Status status = FillRequest(*call.method, args[1], args[2], args[3],
+                                    args[4], *messages.request);
+  if (status.ok()) status = Send(*state, call, messages);
   if (!status.ok()) return Raise(status);
   Py_RETURN_NONE;
+}
+
+// compute_cuda(method, layer, tensors, outputs, flags, session_id,
+//              wait_event, signal_event, timeout_s, attempts, table, stream,
+//              wait_handle, signal_handle): a call on CUDA tensors named by
+// address (request.h, FillCudaRequest), ordered with `stream`: the event
+// `wait_handle` (this process's event wait_event) is recorded on it before
+// the request goes, and it waits on `signal_handle` (the daemon's
+// signal_event) after the answer. False, and nothing done, when an
+// allocation is not in `table`.
+PyObject* ComputeCuda(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  CallArgs call;
+  if (!CheckArgCount("compute_cuda", kComputeCudaArgs, nargs)) return nullptr;
+  ConnectionState* state = OpenState(self);
+  if (state == nullptr || !ParseCallArgs(args, call)) return nullptr;
+  CudaRegionTable* table = CudaRegionTableOf(args[10]);
+  if (table == nullptr) return nullptr;
+  const auto stream = static_cast<CudaStreamHandle>(PyLong_AsSize_t(args[11]));
+  const auto wait = static_cast<CudaEventHandle>(PyLong_AsSize_t(args[12]));
+  const auto signal = static_cast<CudaEventHandle>(PyLong_AsSize_t(args[13]));
+  if (PyErr_Occurred()) return nullptr;
+  CallMessages messages(*call.method);
+  CudaRegionTable::Hold hold(*table);
+  bool placed = false;
+  absl::Status status =
+      FillCudaRequest(*call.method, args[1], args[2], args[3], args[4], *table,
+                      hold, placed, *messages.request);
+  if (!status.ok()) return Raise(status);
+  if (!placed) Py_RETURN_FALSE;
+  status = RecordEvent(wait, stream);
+  if (status.ok()) status = Send(*state, call, messages);
+  if (status.ok()) status = WaitEvent(stream, signal);
+  if (!status.ok()) return Raise(status);
+  Py_RETURN_TRUE;
 }
 
 // open_call_ring(session_id, key_prefix, area_bytes): makes a ring of the
@@ -269,6 +348,13 @@ PyMethodDef connection_methods[] = {
      METH_FASTCALL,
      "compute(method, layer, tensors, outputs, flags, session_id, "
      "wait_event, signal_event, timeout_s, attempts): one compute call"},
+    {"compute_cuda",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(ComputeCuda)),
+     METH_FASTCALL,
+     "compute_cuda(method, layer, tensors, outputs, flags, session_id, "
+     "wait_event, signal_event, timeout_s, attempts, table, stream, "
+     "wait_handle, signal_handle): one stream-ordered call on CUDA tensors "
+     "named by address; False when an allocation is not in table"},
     {"open_call_ring", OpenRing, METH_VARARGS,
      "open_call_ring(session_id, key_prefix, area_bytes): compute calls of "
      "that session go through a shared-memory call ring"},
@@ -352,5 +438,12 @@ PyMODINIT_FUNC PyInit__native() {
     return nullptr;
   }
   Py_INCREF(rpc_error);  // the module's reference was stolen; keep ours
+  PyObject* table_type = NewCudaRegionTableType();
+  if (table_type == nullptr ||
+      PyModule_AddObject(module, "CudaRegionTable", table_type) < 0) {
+    Py_XDECREF(table_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
   return module;
 }

@@ -76,9 +76,13 @@ const FieldDescriptor* FieldNamed(const Descriptor& type,
   return nullptr;
 }
 
-absl::Status SetTensor(const ComputeMethod& method, PyObject* entry,
-                       Message& request) {
-  MHC_RETURN_IF_ERROR(SequenceSize(entry, 6, "tensor").status());
+// The TensorRef field that `entry` (a tuple of `arity` starting with field
+// name, dtype and shape) names, with its dtype and shape set.
+absl::StatusOr<v1::TensorRef*> SetTensorHeader(const ComputeMethod& method,
+                                               PyObject* entry,
+                                               Py_ssize_t arity,
+                                               Message& request) {
+  MHC_RETURN_IF_ERROR(SequenceSize(entry, arity, "tensor").status());
   MHC_ASSIGN_OR_RETURN(absl::string_view name,
                        Str(Item(entry, 0), "tensor name"));
   const FieldDescriptor* field = FieldNamed(*request.GetDescriptor(), name);
@@ -101,6 +105,13 @@ absl::Status SetTensor(const ComputeMethod& method, PyObject* entry,
     MHC_ASSIGN_OR_RETURN(int64_t dim, Int(Item(shape, i), "shape"));
     ref->add_shape(dim);
   }
+  return ref;
+}
+
+absl::Status SetTensor(const ComputeMethod& method, PyObject* entry,
+                       Message& request) {
+  MHC_ASSIGN_OR_RETURN(v1::TensorRef * ref,
+                       SetTensorHeader(method, entry, 6, request));
   if (Item(entry, 3) == Py_None) {  // an empty tensor: no bytes, no region
     ref->mutable_inline_data();
     return absl::OkStatus();
@@ -112,6 +123,24 @@ absl::Status SetTensor(const ComputeMethod& method, PyObject* entry,
   shm->mutable_region()->assign(region.data(), region.size());
   shm->set_offset(offset);
   shm->set_byte_size(byte_size);
+  return absl::OkStatus();
+}
+
+// A CUDA tensor (field, dtype, shape, address, byte_size) placed through
+// `table`; `placed` false when its allocation is not registered.
+absl::Status SetCudaTensor(const ComputeMethod& method, PyObject* entry,
+                           CudaRegionTable& table, CudaRegionTable::Hold& hold,
+                           bool& placed, Message& request) {
+  MHC_ASSIGN_OR_RETURN(v1::TensorRef * ref,
+                       SetTensorHeader(method, entry, 5, request));
+  MHC_ASSIGN_OR_RETURN(uint64_t address, Size(Item(entry, 3), "address"));
+  MHC_ASSIGN_OR_RETURN(uint64_t byte_size, Size(Item(entry, 4), "byte_size"));
+  if (byte_size == 0) {  // an empty tensor: no bytes, no region
+    ref->mutable_inline_data();
+    return absl::OkStatus();
+  }
+  MHC_ASSIGN_OR_RETURN(
+      placed, table.Place(address, byte_size, hold, *ref->mutable_shm()));
   return absl::OkStatus();
 }
 
@@ -182,13 +211,23 @@ absl::Status SetFlag(const ComputeMethod& method, PyObject* entry,
   }
 }
 
+absl::Status SetLayerAndFlags(const ComputeMethod& method, PyObject* layer,
+                              PyObject* flags, Message& request) {
+  MHC_ASSIGN_OR_RETURN(absl::string_view layer_name, Str(layer, "layer"));
+  method.MutableLayer(request)->assign(layer_name.data(), layer_name.size());
+  MHC_ASSIGN_OR_RETURN(Py_ssize_t flag_count, SequenceSize(flags, -1, "flags"));
+  for (Py_ssize_t i = 0; i < flag_count; ++i) {
+    MHC_RETURN_IF_ERROR(SetFlag(method, Item(flags, i), request));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status FillRequest(const ComputeMethod& method, PyObject* layer,
                          PyObject* tensors, PyObject* outputs, PyObject* flags,
                          Message& request) {
-  MHC_ASSIGN_OR_RETURN(absl::string_view layer_name, Str(layer, "layer"));
-  method.MutableLayer(request)->assign(layer_name.data(), layer_name.size());
+  MHC_RETURN_IF_ERROR(SetLayerAndFlags(method, layer, flags, request));
   MHC_ASSIGN_OR_RETURN(Py_ssize_t tensor_count,
                        SequenceSize(tensors, -1, "tensors"));
   for (Py_ssize_t i = 0; i < tensor_count; ++i) {
@@ -199,11 +238,36 @@ absl::Status FillRequest(const ComputeMethod& method, PyObject* layer,
   for (Py_ssize_t i = 0; i < output_count; ++i) {
     MHC_RETURN_IF_ERROR(SetOutput(method, Item(outputs, i), request));
   }
-  MHC_ASSIGN_OR_RETURN(Py_ssize_t flag_count, SequenceSize(flags, -1, "flags"));
-  for (Py_ssize_t i = 0; i < flag_count; ++i) {
-    MHC_RETURN_IF_ERROR(SetFlag(method, Item(flags, i), request));
-  }
   return absl::OkStatus();
+}
+
+absl::Status FillCudaRequest(const ComputeMethod& method, PyObject* layer,
+                             PyObject* tensors, PyObject* outputs,
+                             PyObject* flags, CudaRegionTable& table,
+                             CudaRegionTable::Hold& hold, bool& placed,
+                             Message& request) {
+  placed = true;
+  MHC_ASSIGN_OR_RETURN(Py_ssize_t tensor_count,
+                       SequenceSize(tensors, -1, "tensors"));
+  for (Py_ssize_t i = 0; i < tensor_count && placed; ++i) {
+    MHC_RETURN_IF_ERROR(
+        SetCudaTensor(method, Item(tensors, i), table, hold, placed, request));
+  }
+  MHC_ASSIGN_OR_RETURN(Py_ssize_t output_count,
+                       SequenceSize(outputs, -1, "outputs"));
+  for (Py_ssize_t i = 0; i < output_count && placed; ++i) {
+    PyObject* entry = Item(outputs, i);
+    MHC_RETURN_IF_ERROR(SequenceSize(entry, 3, "output").status());
+    MHC_ASSIGN_OR_RETURN(absl::string_view name,
+                         Str(Item(entry, 0), "output name"));
+    MHC_ASSIGN_OR_RETURN(uint64_t address, Size(Item(entry, 1), "address"));
+    MHC_ASSIGN_OR_RETURN(uint64_t byte_size, Size(Item(entry, 2), "byte_size"));
+    MHC_ASSIGN_OR_RETURN(placed, table.Place(address, byte_size, hold,
+                                             (*method.MutableOutputRegions(
+                                                 request))[std::string(name)]));
+  }
+  if (!placed) return absl::OkStatus();
+  return SetLayerAndFlags(method, layer, flags, request);
 }
 
 absl::Status CheckOutputsInPlace(const ComputeMethod& method, Message& request,

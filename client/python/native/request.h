@@ -8,6 +8,7 @@
 #include <Python.h>
 
 #include "absl/status/status.h"
+#include "cuda_regions.h"
 #include "google/protobuf/message.h"
 #include "mhc/client/compute_method.h"
 
@@ -24,6 +25,19 @@ namespace mhc::client::python {
 absl::Status FillRequest(const ComputeMethod& method, PyObject* layer,
                          PyObject* tensors, PyObject* outputs, PyObject* flags,
                          google::protobuf::Message& request);
+
+// As FillRequest, for CUDA tensors named by device address:
+//   tensors: tuple of (field: str, dtype: int, shape: tuple of int,
+//            address: int, byte_size: int); byte_size 0 is an empty tensor
+//   outputs: tuple of (output: str, address: int, byte_size: int)
+// Each tensor's region and offset come from `table`, its allocation held in
+// `hold`. `placed` false (the request half built) when an allocation is not
+// in the table: the caller registers it and calls again.
+absl::Status FillCudaRequest(const ComputeMethod& method, PyObject* layer,
+                             PyObject* tensors, PyObject* outputs,
+                             PyObject* flags, CudaRegionTable& table,
+                             CudaRegionTable::Hold& hold, bool& placed,
+                             google::protobuf::Message& request);
 
 // INTERNAL unless every output the request placed in a region came back
 // as a reference to that place (so the caller's views hold the outputs).

@@ -210,3 +210,40 @@ def test_busy_region_is_unregistered_later(fake):
     session.register_cuda_tensor(FakeTensor(0x8000000))
     assert oldest not in client.regions, "the parked region was never retried"
     assert len(client.regions) <= session.cuda_capacity
+
+
+def test_native_table_follows_the_session(fake):
+    """The native call path's table (shm.Session.cuda_table) holds exactly
+    the session's registered allocations, through registrations, LRU
+    evictions and reallocations at reused addresses, and eviction takes the
+    allocation used least recently."""
+    allocator, client, session = fake
+    table = session.cuda_table
+    if table is None:
+        pytest.skip("the native extension is not built")
+    rng = random.Random(7)
+    seen = set()
+    for step in range(500):
+        base = 0x1000_0000 * rng.randint(1, 40)
+        if base in allocator.live and rng.random() < 0.3:
+            allocator.free(base)
+        if base not in allocator.live:
+            allocator.allocate(base, 1 << 20)
+        _check(session, client, allocator, FakeTensor(base + 64))
+        seen.add(allocator.live[base][0])
+        for buffer_id in seen:
+            registered = buffer_id in session._cuda
+            assert (table.last_use(buffer_id) > 0) == registered, \
+                f"step {step}: buffer {buffer_id} registered={registered}"
+    session.forget_cuda()
+    assert all(table.last_use(b) == 0 for b in seen)
+
+    # Fill the quota, use the first again: the second is evicted.
+    bases = [0x1000_0000 * (100 + i) for i in range(session.cuda_capacity + 1)]
+    ids = [allocator.allocate(base, 1 << 20) for base in bases]
+    for base in bases[:-1]:
+        _check(session, client, allocator, FakeTensor(base))
+    _check(session, client, allocator, FakeTensor(bases[0] + 8))
+    _check(session, client, allocator, FakeTensor(bases[-1]))
+    assert ids[0] in session._cuda and ids[1] not in session._cuda
+    assert table.last_use(ids[1]) == 0 and not table.in_use(ids[0])

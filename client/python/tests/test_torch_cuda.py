@@ -181,6 +181,41 @@ def test_training_loop_in_place_without_host_syncs(cuda_client):
             layer.close()
 
 
+def test_steady_state_calls_are_one_native_step(cuda_client):
+    """Once its allocations are registered, every call of a layer step is
+    one step of the native extension: no registration, no Python region
+    lookup, no host synchronisation."""
+    if cuda_client.native is None:
+        pytest.skip("the native extension is not in use")
+    torch.manual_seed(1)
+    layer = _make_stack(cuda_client, 1)[0]
+    try:
+        session = cuda_client.open_session()
+        x = torch.randn(3, 17, N, HIDDEN, device="cuda", requires_grad=True)
+        grad = torch.randn(3, 17, N, HIDDEN, device="cuda")
+        for step in range(13):
+            if step == 3:
+                mhc_torch.stats.reset()
+                registrations = session.cuda_registrations
+            x.grad = None
+            layer(x).backward(grad)
+        stats = mhc_torch.stats
+        assert stats.cuda_calls == 4 * 10, stats
+        assert stats.native_cuda_calls == stats.cuda_calls, stats
+        assert stats.host_syncs == 0, stats
+        assert session.cuda_registrations == registrations
+        snapshot = _snapshot([layer])
+        x64 = x.detach().double().requires_grad_()
+        params = {k: snapshot[0][k].double() for k in layer.param_names}
+        sub = nn.Linear(HIDDEN, HIDDEN).double().cuda()
+        sub.load_state_dict({k[4:]: v.double() for k, v in snapshot[0].items()
+                             if k.startswith("sub.")})
+        eager.layer(x64, params, layer.spec, sub).backward(grad.double())
+        assert _rel(x.grad, x64.grad) <= 1e-4, "dx through the native step"
+    finally:
+        layer.close()
+
+
 def test_reallocated_segment_is_not_read_through_a_stale_mapping(cuda_client, layer_name):
     cuda_client.create_layer(layer_name, HIDDEN, n=N, seed=3, matmul_precision="ieee")
     spec = cuda_client.get_layer(layer_name).spec
