@@ -169,8 +169,7 @@ __device__ __noinline__ void RepairedForwardMix(const DevSpec& s, int64_t m,
   const int e = flag - kRepairFlagBias;
   ForwardMixToken<NT>(ScaledSpec(s, e), m, h_s, ms_s, a, h_pre, hp);
   if (kept.h == nullptr) return;
-  for (int g = 0; g < s.N; ++g) kept.h[m * s.N + g] = ldexpf(h_s[g], e);
-  kept.mean_square[m] = ldexpf(ms_s, 2 * e);
+  StoreUnscaled(s, e, h_s, ms_s, kept.h + m * s.N, kept.mean_square + m);
 }
 
 template <int NT>
@@ -468,8 +467,8 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.h_post = take(split ? tokens * n : 0);
   b.logits = take(split ? tokens * n * n : 0);
   b.dlogits = take(split ? tokens * n * n : 0);
-  // The overflow repair's rows (overflow_repair.cuh); ints as floats.
-  const bool repair = spec.dynamic && !split;
+  // The overflow repair's rows (overflow_repair.h); ints as floats.
+  const bool repair = spec.dynamic;
   b.repair_scaled = take(repair ? tokens * (rows + 1) : 0);
   b.repair_flag = take(repair ? tokens : 0);
   b.repair_count = take(repair ? 1 : 0);
@@ -500,11 +499,12 @@ ForwardSlices ForwardSlicesOf(const LayerSpec& spec, int64_t tokens,
 }
 
 // The scale forward op of a SplitMix layer from h and the mean square (null
-// for static layers).
+// for static layers), with the overflow repair for dynamic layers.
 absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
                            const float* h, const float* mean_square,
                            const LayerWeights& weights, float* h_pre,
-                           float* h_post, float* logits, cudaStream_t stream) {
+                           float* h_post, float* logits,
+                           const ScaleRepair& repair, cudaStream_t stream) {
   ScaleForwardParams scale;
   scale.spec = spec;
   scale.tokens = tokens;
@@ -514,22 +514,27 @@ absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
   scale.h_pre = h_pre;
   scale.h_post = h_post;
   scale.logits = logits;
-  return LaunchScaleForward(scale, stream);
+  return LaunchScaleForward(scale, stream, spec->dynamic ? &repair : nullptr);
 }
 
 // The backward mixing of a SplitMix layer after dh_pre: the scale forward
 // again (H_pre for dx, the logits), the lane kernels' Sinkhorn reverse mode
 // (dlogits, and R for dx's residual term), then the scale backward, which
 // accumulates dalpha and dbeta through the contrib / col_partial slices.
+// The overflow repair (dynamic layers): the scale forward recomputes a
+// flagged token, flags every token and keeps the repaired one's scaled
+// projection in `rows`, where the scale backward reads it and leaves the
+// scaled dh / dms for the repair kernel, as the fused mixing kernel does.
 absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
                               const BackwardSlices& b, char* base,
-                              const BackwardMixDev& d, cudaStream_t stream) {
+                              const BackwardMixDev& d,
+                              const ScaleRepair& repair, cudaStream_t stream) {
   auto at = [&](size_t offset) {
     return reinterpret_cast<float*>(base + offset);
   };
   MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, d.h_in, d.ms_in,
                                     a.weights, at(b.h_pre), at(b.h_post),
-                                    at(b.logits), stream));
+                                    at(b.logits), repair, stream));
   MHC_RETURN_IF_ERROR(LaunchSinkhornLanesBackward(
       *a.spec, a.tokens, at(b.logits), a.dh_res, at(b.dlogits), d.r, stream));
   ScaleBackwardParams back;
@@ -546,7 +551,8 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
   back.grads.alpha = a.grads.alpha;
   back.grads.beta = a.grads.beta;
   const Workspace ws{base + b.contrib, b.dphi - b.contrib};
-  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream);
+  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream,
+                             a.spec->dynamic ? &repair : nullptr);
 }
 
 }  // namespace
@@ -590,8 +596,15 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
                                               a.x, a.weights.phi, gamma, base,
                                               h, ms, stream));
+      // A repaired token's kept projection is its float64 value, as the
+      // fused mixing kernel keeps it.
+      ScaleRepair repair;
+      repair.src = RepairSource{a.x, a.act_dtype, a.weights.phi, gamma};
+      repair.kept_h = a.h;
+      repair.kept_ms = a.h != nullptr ? a.mean_square : nullptr;
       MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, h, ms, a.weights,
-                                        h_pre, a.h_post, logits, stream));
+                                        h_pre, a.h_post, logits, repair,
+                                        stream));
       SinkhornForwardParams sinkhorn;
       sinkhorn.spec = a.spec;
       sinkhorn.tokens = a.tokens;
@@ -677,8 +690,9 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     d.ms_in = at(b.ms_fwd);
   }
   const bool split = SplitMix(*a.spec);
-  // Overflow repair (overflow_repair.cuh) on the fused mixing kernel's path.
-  const bool repair = s.dynamic && !split;
+  // Overflow repair (overflow_repair.cuh): the fused mixing kernel, or on
+  // SplitMix layers the scale op kernels, flag and count the tokens.
+  const bool repair = s.dynamic;
   const RepairSource src{a.x, a.act_dtype, a.weights.phi, gamma};
   const RepairRows rows{at(b.repair_scaled),
                         reinterpret_cast<int*>(at(b.repair_flag)),
@@ -697,7 +711,10 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
       });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   if (split) {
-    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, stream));
+    ScaleRepair fix;
+    fix.src = src;
+    fix.rows = rows;
+    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, fix, stream));
   } else {
     const unsigned mix_grid =
         GridSize((a.tokens + kMixThreads - 1) / kMixThreads);

@@ -2,9 +2,11 @@
 // docs/kernels.md "Overflow repair"): a token whose fp32 mean square
 // exceeds kRepairMeanSquare or is not finite, or whose h is not finite, is
 // recomputed from its x row in float64 by the thread that owns the token in
-// the mixing kernels, and kept scaled: h = h_s 2^e, ms = ms_s 2^(2e), eps_rms
-// scaled alike, so the scale math and its reverse mode stay in fp32 range.
-// Tokens with a non-finite x keep the fp32 values and come out non-finite.
+// the mixing kernels (the scale op kernels on SplitMix layers; the projection
+// op rounds it back to fp32), and kept scaled: h = h_s 2^e, ms = ms_s 2^(2e),
+// eps_rms scaled alike, so the scale math and its reverse mode stay in fp32
+// range. Tokens with a non-finite x keep the fp32 values and come out
+// non-finite.
 //
 // Determinism and batch invariance: whether a token is repaired and its
 // repaired values depend on that token's x and the layer alone; the float64
@@ -17,6 +19,7 @@
 
 #include "common.cuh"
 #include "mhc/dtype.h"
+#include "overflow_repair.h"
 
 namespace mhc::cuda {
 
@@ -24,25 +27,6 @@ namespace mhc::cuda {
 inline constexpr float kRepairMeanSquare = 0x1p64f;
 // A repaired token's flag is its exponent plus this bias (0: not repaired).
 inline constexpr int kRepairFlagBias = 1024;
-
-// Where a repaired token's projection is recomputed from; x == null turns
-// the repair off (the single-op kernels, which see h and ms alone).
-struct RepairSource {
-  const void* x = nullptr;  // [M, K] act dtype
-  DType dtype = DType::kF32;
-  const float* phi = nullptr;    // [N, K]
-  const float* gamma = nullptr;  // [K] or null
-};
-
-// What the fused backward's mixing kernel leaves for the repair kernel
-// (overflow_repair.cu): the scaled dh and dms of each repaired token (whose
-// dh and dms rows for the dx kernel are zeroed), every token's flag, and
-// the number of repaired tokens.
-struct RepairRows {
-  float* scaled = nullptr;  // [M, N + 1]: dh_s, dms_s
-  int* flag = nullptr;      // [M]
-  int* count = nullptr;     // [1], zeroed by dh_pre_kernel
-};
 
 __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
                                             float ms) {
@@ -99,6 +83,15 @@ static __device__ __noinline__ int RepairProjection(const DevSpec& s,
   }
   *ms_s = static_cast<float>(ldexp(ms, -2 * e));
   return e + kRepairFlagBias;
+}
+
+// The kept (unscaled fp32) projection of a repaired token: h_s 2^e and
+// ms_s 2^(2e), infinite where the true value exceeds fp32.
+__device__ __forceinline__ void StoreUnscaled(const DevSpec& s, int exponent,
+                                              const float* h_s, float ms_s,
+                                              float* h, float* ms) {
+  for (int g = 0; g < s.N; ++g) h[g] = ldexpf(h_s[g], exponent);
+  *ms = ldexpf(ms_s, 2 * exponent);
 }
 
 }  // namespace mhc::cuda

@@ -2,9 +2,13 @@
 // up to 1e30 and 16-bit x up to the dtype's largest finite value, mixed with
 // normal tokens and tokens holding an infinity or a NaN, through the fused
 // pre forward (keeping its projection) and the pre backward from x and from
-// that kept projection, against the float64 reference on the same inputs.
-// Widths 37, 1024 and 5129 take different projection and dx variants.
-// Skips without a GPU.
+// that kept projection, against the float64 reference on the same inputs;
+// n = 4 and the stream counts whose mHC layers split the mixing into the
+// scale and Sinkhorn op kernels; and the projection op alone. Widths 37,
+// 1024 and 5129 take different projection and dx variants. Skips without a
+// GPU.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -127,14 +131,18 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
   return out;
 }
 
-TEST(CudaOverflowTest, FusedOpsMatchReference) {
-  MHC_SKIP_WITHOUT_GPU();
-  Harness h;
+// Every preset with n streams over the given dtypes, widths and variants
+// (bit 0: gamma, bit 1: IEEE matmuls); head layers at the widths in `heads`.
+// The bad (inf / NaN) tokens come with width 37.
+void ExpectCases(Harness& h, int n, const std::vector<DType>& dtypes,
+                 const std::vector<int64_t>& hiddens,
+                 const std::vector<int>& variants,
+                 const std::vector<int64_t>& heads) {
   for (const std::string& preset : PresetNames()) {
-    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (int64_t hidden : {37, 1024, 5129}) {
-        for (int variant = 0; variant < 4; ++variant) {
-          absl::StatusOr<LayerSpec> base = PresetSpec(preset, 4, hidden);
+    for (DType dt : dtypes) {
+      for (int64_t hidden : hiddens) {
+        for (int variant : variants) {
+          absl::StatusOr<LayerSpec> base = PresetSpec(preset, n, hidden);
           ASSERT_TRUE(base.ok());
           LayerSpec spec = *base;
           spec.has_gamma = variant & 1;
@@ -142,12 +150,16 @@ TEST(CudaOverflowTest, FusedOpsMatchReference) {
               variant & 2 ? MatmulPrecision::kIeee : MatmulPrecision::kTf32;
           const bool bad = hidden == 37;
           for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+            if (kind == LayerKind::kHead &&
+                std::find(heads.begin(), heads.end(), hidden) == heads.end()) {
+              continue;
+            }
             spec.kind = kind;
-            SCOPED_TRACE(absl::StrCat(preset, " ", DTypeName(dt), " C=", hidden,
-                                      spec.has_gamma ? " gamma" : "",
-                                      variant & 2 ? " ieee" : " tf32",
-                                      kind == LayerKind::kHead ? " head" : "",
-                                      bad ? " with inf/NaN tokens" : ""));
+            SCOPED_TRACE(absl::StrCat(
+                preset, " n=", n, " ", DTypeName(dt), " C=", hidden,
+                spec.has_gamma ? " gamma" : "", variant & 2 ? " ieee" : " tf32",
+                kind == LayerKind::kHead ? " head" : "",
+                bad ? " with inf/NaN tokens" : ""));
             const int64_t m = 13;
             ActTensor x = RandomAct(dt, m * spec.K(), FreshSeed());
             MakeOverflowRows(spec, m, bad, FreshSeed(), x);
@@ -171,6 +183,85 @@ TEST(CudaOverflowTest, FusedOpsMatchReference) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// n = 4: the fused mixing kernels (sinkhorn4.cuh's form where it applies).
+TEST(CudaOverflowTest, FusedOpsMatchReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  ExpectCases(h, 4, {DType::kF32, DType::kBF16, DType::kF16}, {37, 1024, 5129},
+              {0, 1, 2, 3}, {37, 1024, 5129});
+}
+
+// n other than 4: mHC layers whose Sinkhorn the lane kernels cover run the
+// scale and Sinkhorn op kernels (SplitMix in fused_pre.cu), the LOG preset
+// and head layers the fused mixing kernels at other register widths. f16
+// x never overflows the mean square; fp32 and bf16 do.
+TEST(CudaOverflowTest, OtherStreamCountsMatchReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (int n : {2, 3, 6, 8}) {
+    Harness h;  // its buffers freed after each n
+    ExpectCases(h, n, {DType::kF32, DType::kBF16}, {37, 1024}, {1, 2}, {37});
+  }
+}
+
+// The projection op alone: tokens whose fp32 sum of squares overflows while
+// their mean square fits fp32 (fp32 x near 4e18) get the float64 values,
+// as do the tokens of the overflow case; inf / NaN tokens stay non-finite.
+TEST(CudaOverflowTest, ProjectionOpMatchesReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  for (int n : {4, 3}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int window = 0; window < 2; ++window) {
+        if (window == 1 && dt != DType::kF32) continue;
+        absl::StatusOr<LayerSpec> base = PresetSpec("deepseek_v4", n, 1024);
+        ASSERT_TRUE(base.ok());
+        LayerSpec spec = *base;
+        spec.has_gamma = true;
+        const bool bad = window == 0;
+        SCOPED_TRACE(absl::StrCat("n=", n, " ", DTypeName(dt),
+                                  window ? " mean square near 1e37" : ""));
+        const int64_t m = 13, k = spec.K(), big_n = spec.NumLogits();
+        ActTensor x = RandomAct(dt, m * k, FreshSeed());
+        if (window == 1) {
+          for (int64_t e = 0; e < x.size(); ++e) {
+            if (KindOf(e / k, false) == TokenKind::kNormal) continue;
+            StoreActivation(x.data(), dt, e, x.values[e] * 4e18f);
+            x.values[e] = LoadActivation(x.data(), dt, e);
+          }
+        } else {
+          MakeOverflowRows(spec, m, bad, FreshSeed(), x);
+        }
+        const float scale = 3.0f / std::sqrt(static_cast<float>(k));
+        Pair phi = h.Floats(big_n * k, 11, -scale, scale);
+        Pair gamma = h.Floats(k, 12, 0.5f, 1.5f);
+        Pair xp = h.Input(x.data(), x.bytes.size());
+        std::vector<float> outs[2][2];
+        for (int b : {0, 1}) {
+          Pair hv = h.Output(m * big_n * 4), ms = h.Output(m * 4);
+          LayerWeights w;
+          w.phi = phi.f(b);
+          w.gamma = gamma.f(b);
+          ProjectionForwardParams p{&spec, m,       dt,     xp.ptr(b),
+                                    w,     hv.f(b), ms.f(b)};
+          const absl::Status status = h.backend(b).ProjectionForward(
+              p, h.Scratch(b, OpKind::kProjectionForward, spec, m, dt));
+          EXPECT_TRUE(status.ok()) << status;
+          auto fetch = [&](Pair& q) {
+            return b == 0 ? std::vector<uint8_t>(q.host.begin(),
+                                                 q.host.begin() + q.bytes)
+                          : h.Fetch(q);
+          };
+          outs[b][0] = Floats(fetch(hv), DType::kF32);
+          outs[b][1] = Floats(fetch(ms), DType::kF32);
+        }
+        ExpectOverflowContract(spec, bad, "h", outs[1][0], outs[0][0], 1e-4);
+        ExpectOverflowContract(spec, bad, "mean_square", outs[1][1], outs[0][1],
+                               1e-4);
       }
     }
   }
