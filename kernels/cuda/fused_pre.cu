@@ -18,6 +18,8 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
+#include "overflow_repair.cuh"
+#include "overflow_repair.h"
 #include "proj_mma.cuh"
 #include "projection_backward_wide.h"
 #include "row_access.cuh"
@@ -147,10 +149,34 @@ struct KeptOut {
   float* mean_square;  // [M]
 };
 
+// A token whose projection overflowed fp32 (overflow_repair.cuh): the mixing
+// values from its float64 recompute, and its kept h / mean square unscaled.
+// Out of line, so the common path keeps its registers.
+template <int NT>
+__device__ __noinline__ void RepairedForwardMix(const DevSpec& s, int64_t m,
+                                                const RepairSource& src,
+                                                const float* h, float ms,
+                                                const ForwardDev& a,
+                                                float* h_pre, KeptOut kept) {
+  float h_s[NT * NT + 2 * NT];
+  float ms_s = 0.0f;
+  const int flag = RepairProjection(s, src, m, h_s, &ms_s);
+  float hp[NT];
+  if (flag == 0) {  // x is not finite: the fp32 values carry it
+    ForwardMixToken<NT>(s, m, h, ms, a, h_pre, hp);
+    return;
+  }
+  const int e = flag - kRepairFlagBias;
+  ForwardMixToken<NT>(ScaledSpec(s, e), m, h_s, ms_s, a, h_pre, hp);
+  if (kept.h == nullptr) return;
+  StoreUnscaled(s, e, h_s, ms_s, kept.h + m * s.N, kept.mean_square + m);
+}
+
 template <int NT>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
-                           ForwardDev a, float* h_pre, KeptOut kept) {
+                           ForwardDev a, float* h_pre, KeptOut kept,
+                           RepairSource src) {
   WaitForPrerequisiteGrid();  // the units' partials
   AllowDependentLaunch();     // the aggregate waits for this kernel's end
   constexpr int kTokens = PreMixThreads<NT>();
@@ -179,9 +205,13 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   __syncthreads();
   if (static_cast<int>(threadIdx.x) >= live) return;
   const float* h = h_s[threadIdx.x];
+  const float ms = h[s.N] / static_cast<float>(s.K);
+  if (NeedsRepair(s, h, ms)) {
+    RepairedForwardMix<NT>(s, m0 + threadIdx.x, src, h, ms, a, h_pre, kept);
+    return;
+  }
   float hp[NT];
-  ForwardMixToken<NT>(s, m0 + threadIdx.x, h, h[s.N] / static_cast<float>(s.K),
-                      a, h_pre, hp);
+  ForwardMixToken<NT>(s, m0 + threadIdx.x, h, ms, a, h_pre, hp);
 }
 
 struct BackwardMixDev {
@@ -281,7 +311,11 @@ inline constexpr int kDhPreBlocks = NT == 4 && kStrided ? 8 : 0;
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
-                  float* dh_pre) {
+                  float* dh_pre, int* repair_count) {
+  // The mixing kernel, next in the stream, counts its repaired tokens.
+  if (repair_count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    *repair_count = 0;
+  }
   const int lane = threadIdx.x & 31;
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kDhPreWarps + (threadIdx.x >> 5);
@@ -317,10 +351,40 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
 // The reverse mode with one thread per token (logits recomputed by the
 // projection, or none for static layers), so every token's Sinkhorn runs at
 // once instead of a few per block.
+// A token whose projection overflowed fp32 (overflow_repair.cuh): the reverse
+// mode from its scaled float64 recompute. Its scaled dh and dms go to `rows`
+// for the repair kernel, and zeros to the dx kernel's rows, so that kernel
+// adds no projection terms for it (x is finite: 0 x = 0 in dphi). Returns
+// the token's flag (0: x not finite, handled as any token).
+template <int NT>
+__device__ __noinline__ int RepairedBackwardMix(const DevSpec& s, int64_t m,
+                                                const RepairSource& src,
+                                                const float (&dhp)[NT],
+                                                const BackwardMixDev& a,
+                                                const MixKeep* keep,
+                                                const RepairRows& rows) {
+  float h_s[NT * NT + 2 * NT];
+  float ms_s = 0.0f;
+  const int flag = RepairProjection(s, src, m, h_s, &ms_s);
+  if (flag == 0) return 0;
+  BackwardMixToken<NT>(ScaledSpec(s, flag - kRepairFlagBias), m, h_s, ms_s, dhp,
+                       a, keep);
+  float* scaled = rows.scaled + m * (s.N + 1);
+  for (int g = 0; g < s.N; ++g) {
+    scaled[g] = a.dh[m * s.N + g];
+    a.dh[m * s.N + g] = 0.0f;
+  }
+  scaled[s.N] = a.dms[m];
+  a.dms[m] = 0.0f;
+  atomicAdd(rows.count, 1);  // an integer count: order does not matter
+  return flag;
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kMixThreads)
     fused_backward_mix_kernel(DevSpec s, int64_t tokens, const float* dh_pre,
-                              BackwardMixDev a, bool sinkhorn4) {
+                              BackwardMixDev a, bool sinkhorn4,
+                              RepairSource src, RepairRows rows) {
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
   if (m >= tokens) return;
@@ -330,12 +394,20 @@ __global__ void __launch_bounds__(kMixThreads)
   for (int i = 0; i < NT; ++i) dhp[i] = i < n ? dh_pre[m * n + i] : 0.0f;
   const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
+  const bool repair = s.dynamic && NeedsRepair(s, h_row, ms);
   if constexpr (NT == 4) {
     __shared__ float4 kept[2 * kLaneMaxIterations * kMixThreads];
     const MixKeep keep{kept, static_cast<int>(threadIdx.x)};
-    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, sinkhorn4 ? &keep : nullptr);
+    const MixKeep* k4 = sinkhorn4 ? &keep : nullptr;
+    const int flag =
+        repair ? RepairedBackwardMix<NT>(s, m, src, dhp, a, k4, rows) : 0;
+    if (flag == 0) BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
+    if (s.dynamic) rows.flag[m] = flag;
   } else {
-    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, nullptr);
+    const int flag =
+        repair ? RepairedBackwardMix<NT>(s, m, src, dhp, a, nullptr, rows) : 0;
+    if (flag == 0) BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, nullptr);
+    if (s.dynamic) rows.flag[m] = flag;
   }
 }
 
@@ -355,7 +427,8 @@ bool SplitMix(const LayerSpec& spec) {
 // dlogits only for SplitMix layers).
 struct BackwardSlices {
   size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, wide, h_fwd,
-      ms_fwd, h_post, logits, dlogits, proj_partial, total;
+      ms_fwd, h_post, logits, dlogits, repair_scaled, repair_flag, repair_count,
+      proj_partial, total;
 };
 
 // Byte offsets of consecutive 256-B aligned float slices.
@@ -394,6 +467,11 @@ BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
   b.h_post = take(split ? tokens * n : 0);
   b.logits = take(split ? tokens * n * n : 0);
   b.dlogits = take(split ? tokens * n * n : 0);
+  // The overflow repair's rows (overflow_repair.h); ints as floats.
+  const bool repair = spec.dynamic;
+  b.repair_scaled = take(repair ? tokens * (rows + 1) : 0);
+  b.repair_flag = take(repair ? tokens : 0);
+  b.repair_count = take(repair ? 1 : 0);
   b.proj_partial = take.offset;
   b.total = take.offset + MmaProjectionWorkspace(spec, tokens, dtype);
   return b;
@@ -421,11 +499,12 @@ ForwardSlices ForwardSlicesOf(const LayerSpec& spec, int64_t tokens,
 }
 
 // The scale forward op of a SplitMix layer from h and the mean square (null
-// for static layers).
+// for static layers), with the overflow repair for dynamic layers.
 absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
                            const float* h, const float* mean_square,
                            const LayerWeights& weights, float* h_pre,
-                           float* h_post, float* logits, cudaStream_t stream) {
+                           float* h_post, float* logits,
+                           const ScaleRepair& repair, cudaStream_t stream) {
   ScaleForwardParams scale;
   scale.spec = spec;
   scale.tokens = tokens;
@@ -435,22 +514,27 @@ absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
   scale.h_pre = h_pre;
   scale.h_post = h_post;
   scale.logits = logits;
-  return LaunchScaleForward(scale, stream);
+  return LaunchScaleForward(scale, stream, spec->dynamic ? &repair : nullptr);
 }
 
 // The backward mixing of a SplitMix layer after dh_pre: the scale forward
 // again (H_pre for dx, the logits), the lane kernels' Sinkhorn reverse mode
 // (dlogits, and R for dx's residual term), then the scale backward, which
 // accumulates dalpha and dbeta through the contrib / col_partial slices.
+// The overflow repair (dynamic layers): the scale forward recomputes a
+// flagged token, flags every token and keeps the repaired one's scaled
+// projection in `rows`, where the scale backward reads it and leaves the
+// scaled dh / dms for the repair kernel, as the fused mixing kernel does.
 absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
                               const BackwardSlices& b, char* base,
-                              const BackwardMixDev& d, cudaStream_t stream) {
+                              const BackwardMixDev& d,
+                              const ScaleRepair& repair, cudaStream_t stream) {
   auto at = [&](size_t offset) {
     return reinterpret_cast<float*>(base + offset);
   };
   MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, d.h_in, d.ms_in,
                                     a.weights, at(b.h_pre), at(b.h_post),
-                                    at(b.logits), stream));
+                                    at(b.logits), repair, stream));
   MHC_RETURN_IF_ERROR(LaunchSinkhornLanesBackward(
       *a.spec, a.tokens, at(b.logits), a.dh_res, at(b.dlogits), d.r, stream));
   ScaleBackwardParams back;
@@ -467,7 +551,8 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
   back.grads.alpha = a.grads.alpha;
   back.grads.beta = a.grads.beta;
   const Workspace ws{base + b.contrib, b.dphi - b.contrib};
-  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream);
+  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream,
+                             a.spec->dynamic ? &repair : nullptr);
 }
 
 }  // namespace
@@ -511,8 +596,15 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       MHC_RETURN_IF_ERROR(LaunchMmaProjection(*a.spec, a.tokens, a.act_dtype,
                                               a.x, a.weights.phi, gamma, base,
                                               h, ms, stream));
+      // A repaired token's kept projection is its float64 value, as the
+      // fused mixing kernel keeps it.
+      ScaleRepair repair;
+      repair.src = RepairSource{a.x, a.act_dtype, a.weights.phi, gamma};
+      repair.kept_h = a.h;
+      repair.kept_ms = a.h != nullptr ? a.mean_square : nullptr;
       MHC_RETURN_IF_ERROR(LaunchScaleOf(a.spec, a.tokens, h, ms, a.weights,
-                                        h_pre, a.h_post, logits, stream));
+                                        h_pre, a.h_post, logits, repair,
+                                        stream));
       SinkhornForwardParams sinkhorn;
       sinkhorn.spec = a.spec;
       sinkhorn.tokens = a.tokens;
@@ -530,7 +622,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
             pre_mix_forward_kernel<kNT>,
             dim3(GridSize((a.tokens + kTokens - 1) / kTokens)),
             dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d, h_pre,
-            KeptOut{a.h, a.mean_square});
+            KeptOut{a.h, a.mean_square},
+            RepairSource{a.x, a.act_dtype, a.weights.phi, gamma});
       };
       // Per-thread arrays sized to n (mixing state lives in registers).
       const cudaError_t err = s.n == 4   ? mix(IntTag<4>{})
@@ -596,6 +689,14 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }
+  const bool split = SplitMix(*a.spec);
+  // Overflow repair (overflow_repair.cuh): the fused mixing kernel, or on
+  // SplitMix layers the scale op kernels, flag and count the tokens.
+  const bool repair = s.dynamic;
+  const RepairSource src{a.x, a.act_dtype, a.weights.phi, gamma};
+  const RepairRows rows{at(b.repair_scaled),
+                        reinterpret_cast<int*>(at(b.repair_flag)),
+                        reinterpret_cast<int*>(at(b.repair_count))};
   const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.dy);
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
   DispatchStreams<StreamState::kLinear>(
@@ -605,19 +706,23 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                       decltype(rt)::value>
             <<<grid, kDhPreWarps * 32, 0, stream>>>(
                 s, a.tokens, static_cast<const T*>(a.x),
-                static_cast<const T*>(a.dy), at(b.dh_pre));
+                static_cast<const T*>(a.dy), at(b.dh_pre),
+                repair ? rows.count : nullptr);
       });
   MHC_CUDA_CHECK_LAUNCH(op, shape);
-  const bool split = SplitMix(*a.spec);
   if (split) {
-    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, stream));
+    ScaleRepair fix;
+    fix.src = src;
+    fix.rows = rows;
+    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, fix, stream));
   } else {
     const unsigned mix_grid =
         GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
     DispatchMix(s.n, [&](auto nt) {
       fused_backward_mix_kernel<decltype(nt)::value>
           <<<mix_grid, kMixThreads, 0, stream>>>(
-              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true));
+              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true),
+              src, rows);
     });
     MHC_CUDA_CHECK_LAUNCH(op, shape);
   }
@@ -646,6 +751,24 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, at(b.dphi),
                                             a.weights.phi, gamma, a.grads.phi,
                                             a.grads.gamma, stream));
+  }
+  if (repair) {
+    RepairBackwardArgs fix;
+    fix.x = a.x;
+    fix.dy = a.dy;
+    fix.dx_next = residual ? a.dx_next : nullptr;
+    fix.dx = a.dx;
+    fix.phi = a.weights.phi;
+    fix.gamma = gamma;
+    fix.h_pre = at(b.h_pre);
+    fix.r = residual ? at(b.r) : nullptr;
+    fix.grad_phi = want_phi ? a.grads.phi : nullptr;
+    fix.grad_gamma = want_phi && s.has_gamma ? a.grads.gamma : nullptr;
+    fix.scaled = rows.scaled;
+    fix.flag = rows.flag;
+    fix.count = rows.count;
+    MHC_RETURN_IF_ERROR(
+        LaunchRepairBackward(*a.spec, a.tokens, a.act_dtype, fix, stream));
   }
   if (split) return absl::OkStatus();  // the scale backward summed them
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,

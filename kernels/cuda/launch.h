@@ -45,13 +45,18 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream);
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
                                       Workspace ws, cudaStream_t stream);
+// `repair` (overflow_repair.h): the overflow repair of the SplitMix path in
+// the fused ops, which alone have x (n != 4); null for the single op.
+struct ScaleRepair;
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
-                                cudaStream_t stream);
+                                cudaStream_t stream,
+                                const ScaleRepair* repair = nullptr);
 // arrivals: a device counter that is 0 between launches (the backend owns
 // it and its stream serialises the users); the n = 4 kernel counts its
 // finished blocks there and its last block resets it.
 absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
-                                 unsigned* arrivals, cudaStream_t stream);
+                                 unsigned* arrivals, cudaStream_t stream,
+                                 const ScaleRepair* repair = nullptr);
 absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream);
 absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,

@@ -10,6 +10,8 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "overflow_repair.cuh"
+#include "overflow_repair.h"
 #include "proj_mma.cuh"
 #include "projection_backward_rows.h"
 #include "projection_backward_wgmma.h"
@@ -102,6 +104,29 @@ __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
   } else {
     mean_square[m] = sum / static_cast<float>(s.K);
   }
+}
+
+// The projection op's overflow repair (overflow_repair.cuh): a token whose
+// mean square exceeds kRepairMeanSquare or is not finite, or whose h is not
+// finite, gets its float64 values rounded to fp32, as the fused ops keep
+// them; the fp32 sum of squares overflows before the division by K where
+// the mean square itself still fits. A thread per token; the others return
+// after the check. Only the single op runs it: the fused ops repair in
+// their mixing kernels.
+constexpr int kRepairCheckThreads = 128;
+__global__ void __launch_bounds__(kRepairCheckThreads)
+    projection_repair_kernel(DevSpec s, int64_t tokens, RepairSource src,
+                             float* h, float* mean_square) {
+  const int64_t m =
+      static_cast<int64_t>(blockIdx.x) * kRepairCheckThreads + threadIdx.x;
+  if (m >= tokens) return;
+  float* row = h + m * s.N;
+  if (!NeedsRepair(s, row, mean_square[m])) return;
+  float ms_s = 0.0f;
+  // In place: the scaled values, then unscaled element by element.
+  const int flag = RepairProjection(s, src, m, row, &ms_s);
+  if (flag == 0) return;  // x is not finite: the fp32 values carry it
+  StoreUnscaled(s, flag - kRepairFlagBias, row, ms_s, row, mean_square + m);
 }
 
 struct DxDev {
@@ -449,9 +474,19 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
         "cuda projection forward ", ShapeString(*p.spec, p.tokens, p.act_dtype),
         ": workspace too small"));
   }
-  return LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x, p.weights.phi,
-                             p.weights.gamma, ws.data, p.h, p.mean_square,
-                             stream);
+  const float* gamma = p.spec->has_gamma ? p.weights.gamma : nullptr;
+  MHC_RETURN_IF_ERROR(LaunchMmaProjection(*p.spec, p.tokens, p.act_dtype, p.x,
+                                          p.weights.phi, p.weights.gamma,
+                                          ws.data, p.h, p.mean_square, stream));
+  const DevSpec s = MakeDevSpec(*p.spec);
+  projection_repair_kernel<<<GridSize((p.tokens + kRepairCheckThreads - 1) /
+                                      kRepairCheckThreads),
+                             kRepairCheckThreads, 0, stream>>>(
+      s, p.tokens, RepairSource{p.x, p.act_dtype, p.weights.phi, gamma}, p.h,
+      p.mean_square);
+  MHC_CUDA_CHECK_LAUNCH("projection forward (overflow repair)",
+                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  return absl::OkStatus();
 }
 
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {

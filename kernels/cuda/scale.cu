@@ -24,6 +24,8 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
+#include "overflow_repair.cuh"
+#include "overflow_repair.h"
 
 namespace mhc::cuda {
 namespace {
@@ -31,19 +33,12 @@ namespace {
 constexpr int kTokenThreads = 64;
 constexpr int kMaxAlpha = 3;  // gate groups: pre, post, H_res
 
+// Token m's gates and logits to their rows.
 template <int NT>
-__global__ void __launch_bounds__(kTokenThreads)
-    scale_forward_kernel(DevSpec s, int64_t tokens, const float* h,
-                         const float* mean_square, const float* alpha,
-                         const float* beta, float* h_pre, float* h_post,
-                         float* logits) {
-  const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (m >= tokens) return;
+__device__ __forceinline__ void StoreScaleToken(
+    const DevSpec& s, int64_t m, const float (&hp)[NT], const float (&hq)[NT],
+    const float (&a)[NT * NT], float* h_pre, float* h_post, float* logits) {
   const int n = StreamCount<NT>(s);
-  float hp[NT], hq[NT], a[NT * NT];
-  const float* h_row = s.dynamic ? h + m * s.N : nullptr;
-  const float ms = s.dynamic ? mean_square[m] : 0.0f;
-  ScaleForwardToken<NT>(s, h_row, ms, alpha, beta, hp, hq, a);
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     if (i >= n) break;
@@ -62,6 +57,61 @@ __global__ void __launch_bounds__(kTokenThreads)
   }
 }
 
+// A flagged token (overflow_repair.cuh): its gates and logits from the
+// scaled float64 recompute, then its kept projection unscaled (the forward)
+// or its scaled projection for the scale backward (the backward's rows), and
+// its flag; from the fp32 values when x is not finite. Out of line and last
+// in the kernel, so the common path keeps its registers.
+template <int NT>
+__device__ __noinline__ void RepairedScaleForward(
+    const DevSpec& s, int64_t m, const float* h, float ms,
+    const ScaleRepair& repair, const float* alpha, const float* beta,
+    float* h_pre, float* h_post, float* logits) {
+  float h_s[NT * NT + 2 * NT];
+  float ms_s = 0.0f;
+  const int flag = RepairProjection(s, repair.src, m, h_s, &ms_s);
+  if (repair.rows.flag != nullptr) repair.rows.flag[m] = flag;
+  float hp[NT], hq[NT], a[NT * NT];
+  if (flag == 0) {  // x is not finite: the fp32 values carry it
+    ScaleForwardToken<NT>(s, h, ms, alpha, beta, hp, hq, a);
+    StoreScaleToken<NT>(s, m, hp, hq, a, h_pre, h_post, logits);
+    return;
+  }
+  const int e = flag - kRepairFlagBias;
+  ScaleForwardToken<NT>(ScaledSpec(s, e), h_s, ms_s, alpha, beta, hp, hq, a);
+  StoreScaleToken<NT>(s, m, hp, hq, a, h_pre, h_post, logits);
+  if (repair.kept_h != nullptr) {
+    StoreUnscaled(s, e, h_s, ms_s, repair.kept_h + m * s.N, repair.kept_ms + m);
+  }
+  if (repair.rows.scaled != nullptr) {
+    float* row = repair.rows.scaled + m * (s.N + 1);
+    for (int g = 0; g < s.N; ++g) row[g] = h_s[g];
+    row[s.N] = ms_s;
+  }
+}
+
+// `repair` is on (x given) for the dynamic layers of the fused ops alone.
+template <int NT>
+__global__ void __launch_bounds__(kTokenThreads)
+    scale_forward_kernel(DevSpec s, int64_t tokens, const float* h,
+                         const float* mean_square, const float* alpha,
+                         const float* beta, float* h_pre, float* h_post,
+                         float* logits, ScaleRepair repair) {
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (m >= tokens) return;
+  float hp[NT], hq[NT], a[NT * NT];
+  const float* h_row = s.dynamic ? h + m * s.N : nullptr;
+  const float ms = s.dynamic ? mean_square[m] : 0.0f;
+  if (repair.src.x != nullptr && NeedsRepair(s, h_row, ms)) {
+    RepairedScaleForward<NT>(s, m, h_row, ms, repair, alpha, beta, h_pre,
+                             h_post, logits);
+    return;
+  }
+  if (repair.rows.flag != nullptr) repair.rows.flag[m] = 0;
+  ScaleForwardToken<NT>(s, h_row, ms, alpha, beta, hp, hq, a);
+  StoreScaleToken<NT>(s, m, hp, hq, a, h_pre, h_post, logits);
+}
+
 // One thread per token; the contributions of each warp's 32 tokens (lanes
 // past M add zeros) are summed by a fixed xor tree into one row per warp
 // (warp_rows: [WarpRows(M)][width]), which LaunchColumnSum then adds in
@@ -69,32 +119,79 @@ __global__ void __launch_bounds__(kTokenThreads)
 // scratch near 1 % of the op's tensors.
 int64_t WarpRows(int64_t tokens) { return (tokens + 31) / 32; }
 
+// A repaired token of the fused backward, whose scaled projection the scale
+// forward left in `rows`: its reverse mode from the scaled values, its
+// scaled dh and dms to `rows` for the repair kernel and zeros to the dx
+// kernel's rows (as RepairedBackwardMix in fused_pre.cu); from the fp32
+// values when x is not finite (flag 0). Out of line, as the forward's.
+template <int NT>
+__device__ __noinline__ void RepairedScaleBackward(
+    const DevSpec& s, int64_t m, const float* h, float ms,
+    const RepairRows& rows, const float* alpha, const float* beta,
+    const float* dh_pre, const float* dh_post, const float* dlogits, float* dh,
+    float* dmean_square, float* contrib) {
+  const int flag = rows.flag[m];
+  const int n = StreamCount<NT>(s);
+  float da[NT * NT];
+#pragma unroll
+  for (int e = 0; e < NT * NT; ++e) {
+    da[e] = (!s.head && e < n * n) ? dlogits[m * n * n + e] : 0.0f;
+  }
+  const float* up = s.head ? nullptr : dh_post + m * n;
+  if (flag == 0) {
+    ScaleBackwardToken<NT>(s, h, ms, alpha, beta, dh_pre + m * n, up, da,
+                           dh + m * s.N, dmean_square + m, contrib);
+    return;
+  }
+  float* row = rows.scaled + m * (s.N + 1);
+  float h_s[NT * NT + 2 * NT];
+  for (int g = 0; g < s.N; ++g) h_s[g] = row[g];
+  const float ms_s = row[s.N];
+  ScaleBackwardToken<NT>(ScaledSpec(s, flag - kRepairFlagBias), h_s, ms_s,
+                         alpha, beta, dh_pre + m * n, up, da, dh + m * s.N,
+                         dmean_square + m, contrib);
+  for (int g = 0; g < s.N; ++g) {
+    row[g] = dh[m * s.N + g];
+    dh[m * s.N + g] = 0.0f;
+  }
+  row[s.N] = dmean_square[m];
+  dmean_square[m] = 0.0f;
+  atomicAdd(rows.count, 1);  // an integer count: order does not matter
+}
+
+// `repair.rows` is given for the dynamic layers of the fused backward alone.
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     scale_backward_kernel(DevSpec s, int64_t tokens, const float* h,
                           const float* mean_square, const float* alpha,
                           const float* beta, const float* dh_pre,
                           const float* dh_post, const float* dlogits, float* dh,
-                          float* dmean_square, float* warp_rows) {
+                          float* dmean_square, float* warp_rows,
+                          ScaleRepair repair) {
   static_assert(kTokenThreads % 32 == 0, "whole warps");
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if ((m & ~int64_t{31}) >= tokens) return;  // the whole warp is past M
   const int n = StreamCount<NT>(s);
   const int width = s.N + s.num_alpha;
   float contrib[NT * NT + 2 * NT + kMaxAlpha];
-  if (m < tokens) {
+  const bool live = m < tokens;
+  const float* h_row = s.dynamic && live ? h + m * s.N : nullptr;
+  const float ms = s.dynamic && live ? mean_square[m] : 0.0f;
+  if (!live) {
+    for (int g = 0; g < width; ++g) contrib[g] = 0.0f;
+  } else if (repair.rows.flag != nullptr && NeedsRepair(s, h_row, ms)) {
+    RepairedScaleBackward<NT>(s, m, h_row, ms, repair.rows, alpha, beta, dh_pre,
+                              dh_post, dlogits, dh, dmean_square, contrib);
+  } else {
     float da[NT * NT];
 #pragma unroll
     for (int e = 0; e < NT * NT; ++e) {
       da[e] = (!s.head && e < n * n) ? dlogits[m * n * n + e] : 0.0f;
     }
-    ScaleBackwardToken<NT>(s, s.dynamic ? h + m * s.N : nullptr,
-                           s.dynamic ? mean_square[m] : 0.0f, alpha, beta,
-                           dh_pre + m * n, s.head ? nullptr : dh_post + m * n,
-                           da, s.dynamic ? dh + m * s.N : nullptr,
+    ScaleBackwardToken<NT>(s, h_row, ms, alpha, beta, dh_pre + m * n,
+                           s.head ? nullptr : dh_post + m * n, da,
+                           s.dynamic ? dh + m * s.N : nullptr,
                            s.dynamic ? dmean_square + m : nullptr, contrib);
-  } else {
-    for (int g = 0; g < width; ++g) contrib[g] = 0.0f;
   }
   if (warp_rows == nullptr) return;
   const int lane = threadIdx.x & 31;
@@ -449,8 +546,11 @@ size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
 }
 
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
-                                cudaStream_t stream) {
+                                cudaStream_t stream,
+                                const ScaleRepair* repair) {
   const DevSpec s = MakeDevSpec(*p.spec);
+  // The n = 4 kernels never get a repair: SplitMix layers have n != 4.
+  const ScaleRepair fix = repair != nullptr ? *repair : ScaleRepair{};
   if (UseScale4(s)) {
     const bool vec = Aligned16(p.h) && Aligned16(p.h_pre) &&
                      Aligned16(p.h_post) && Aligned16(p.logits);
@@ -474,9 +574,9 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
         GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
     DispatchMix(s.n, [&](auto nt) {
       scale_forward_kernel<decltype(nt)::value>
-          <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.h, p.mean_square,
-                                               p.weights.alpha, p.weights.beta,
-                                               p.h_pre, p.h_post, p.logits);
+          <<<grid, kTokenThreads, 0, stream>>>(
+              s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
+              p.h_pre, p.h_post, p.logits, fix);
     });
   }
   MHC_CUDA_CHECK_LAUNCH("scale forward",
@@ -485,8 +585,10 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
 }
 
 absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
-                                 unsigned* arrivals, cudaStream_t stream) {
+                                 unsigned* arrivals, cudaStream_t stream,
+                                 const ScaleRepair* repair) {
   const DevSpec s = MakeDevSpec(*p.spec);
+  const ScaleRepair fix = repair != nullptr ? *repair : ScaleRepair{};
   if (ws.bytes < ScaleBackwardWorkspace(*p.spec, p.tokens)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda scale backward ", ShapeString(*p.spec, p.tokens, DType::kF32),
@@ -527,7 +629,8 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
     scale_backward_kernel<decltype(nt)::value>
         <<<grid, kTokenThreads, 0, stream>>>(
             s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-            p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, warp_rows);
+            p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, warp_rows,
+            fix);
   });
   MHC_CUDA_CHECK_LAUNCH("scale backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));

@@ -206,6 +206,39 @@ def test_pre_backward_from_the_kept_projection(client, layer_name, rng):
         client.pre_backward(*args, dtype="bf16", h=projection.h)
 
 
+@pytest.mark.parametrize("preset", ["deepseek_v4", "megatron"])
+def test_huge_fp32_activations_stay_finite(client, layer_name, rng, preset):
+    """fp32 x up to 1e30, whose mean square (1e59) overflows fp32: pre and pre
+    backward, recomputed and from the kept projection, are finite and within
+    fp32 tolerance of float64 autograd, huge and normal tokens alike."""
+    spec = client.create_layer(layer_name, 16, n=4, preset=preset, seed=6,
+                               matmul_precision="ieee").spec
+    client.set_parameters(layer_name, _random_parameters(rng, spec))
+    params = _params(client, layer_name)
+    x = _x(rng, spec, lead=(8,))
+    x[::2] *= np.float32(1e30 / np.abs(x[::2]).max())
+    kept, projection = client.pre_keeping_projection(layer_name, x)
+    want = oracle(eager.pre, x, params, spec)
+    for got, exp in zip(kept, want):
+        assert np.isfinite(got).all()
+        for tokens in (slice(0, None, 2), slice(1, None, 2)):
+            assert rel_error(got[tokens], exp[tokens]) <= FP32_TOL
+    assert np.isinf(projection.mean_square[::2]).all()  # 1e59 does not fit
+    dy = rng.standard_normal((8, spec.hidden)).astype(np.float32)
+    dh_post = rng.standard_normal((8, 4)).astype(np.float32)
+    dh_res = rng.standard_normal((8, 4, 4)).astype(np.float32)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty, _, thp, thr = eager.pre(tx, _float64(params), spec)
+    loss = (ty * _float64(dy)).sum() + (thp * _float64(dh_post)).sum()
+    (loss + (thr * _float64(dh_res)).sum()).backward()
+    args = (layer_name, x, dy, dh_post, dh_res)
+    for extra in ({}, {"projection": projection}):
+        dx = client.pre_backward(*args, skip_parameter_gradients=True, **extra)
+        assert np.isfinite(dx).all()
+        for tokens in (slice(0, None, 2), slice(1, None, 2)):
+            assert rel_error(dx[tokens], tx.grad.numpy()[tokens]) <= FP32_TOL
+
+
 def test_post_backward_dx_and_dest_rows(client, layer_name, rng):
     spec = client.create_layer(layer_name, 9, n=3, preset="liger", seed=4).spec
     x = _x(rng, spec, (5,))

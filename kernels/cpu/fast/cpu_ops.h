@@ -80,7 +80,7 @@ int64_t BackwardChannels(const LayerSpec& spec);
 // Per-token record the fused backward ops keep between their token pass and
 // their channel-block pass (offsets in floats).
 struct FusedRecord {
-  int64_t dh, dz, dms, h_pre, r, da, stride;
+  int64_t dh, dz, dms, h_pre, r, da, exponent, stride;
 };
 inline FusedRecord MakeFusedRecord(const LayerSpec& spec) {
   const int64_t big_n = spec.NumLogits();
@@ -92,7 +92,8 @@ inline FusedRecord MakeFusedRecord(const LayerSpec& spec) {
   rec.h_pre = rec.dms + 1;
   rec.r = rec.h_pre + n;
   rec.da = rec.r + n * n;
-  rec.stride = rec.da + 3;
+  rec.exponent = rec.da + 3;  // RepairGroup's exponent, 0 when not repaired
+  rec.stride = rec.exponent + 1;
   return rec;
 }
 
@@ -116,6 +117,29 @@ inline constexpr int kProjGroup = 16;
 void ProjectTokens(const LayerSpec& spec, DType dtype, const void* x,
                    int64_t m0, int count, const LayerWeights& w,
                    const ThreadScratch& s, float* h, float* ms);
+
+// Overflow repair (docs/SPEC.md section 7). A token whose fp32 mean square
+// exceeds kRepairMeanSquare or is not finite, or whose h is not finite, is
+// recomputed from its x row in float64 and kept scaled: h = h_s 2^e,
+// ms = ms_s 2^(2e), with ms_s near 1, so that r, dms and the products with
+// x stay inside fp32 range. Up to the limit the fp32 path (and its dms,
+// about r^3) is exact enough; tokens with a non-finite x are left to it, so
+// their outputs turn non-finite.
+inline constexpr float kRepairMeanSquare = 0x1p64f;
+bool NeedsRepair(const LayerSpec& spec, const float* h, float ms);
+// The spec a repaired token's scale math runs with: eps_rms scaled as ms is
+// (2^-2e INSIDE, 2^-e OUTSIDE), so r_s = r 2^e and h_s r_s = h r.
+LayerSpec ScaledSpec(const LayerSpec& spec, int exponent);
+// Repairs the tokens m0 .. m0 + count - 1 of a group whose h / ms need it:
+// overwrites their h[t][N] and ms[t] with the scaled values and sets
+// exponent[t] (0 for tokens left alone, whose values are unchanged).
+void RepairGroup(const LayerSpec& spec, DType dtype, const void* x, int64_t m0,
+                 int count, const LayerWeights& w, const ThreadScratch& s,
+                 float* h, float* ms, int* exponent);
+// The kept (unscaled fp32) projection of a repaired token: h_s 2^e and
+// ms_s 2^(2e), infinite where the true value exceeds fp32.
+void UnscaleProjection(const LayerSpec& spec, int exponent, const float* h_s,
+                       float ms_s, float* h, float* ms);
 
 // Logits and gates of one token. h/ms unused for static layers.
 void ScaleToken(const LayerSpec& spec, const LayerWeights& w, const float* h,
@@ -167,12 +191,13 @@ void StreamDotsToken(const LayerSpec& spec, DType dtype, const void* x,
 struct BackwardExtras {
   const float* rows = nullptr;  // per-token records, `stride` floats
   int64_t stride = 0;
-  int64_t dh_offset = -1;      // dh[N] (dynamic)
-  int64_t dms_offset = -1;     // dms
-  int64_t h_pre_offset = -1;   // H_pre[n], with dy
-  int64_t r_offset = -1;       // R[n][n], with dx_next
-  const float* dh = nullptr;   // standalone projection backward: [M, N]
-  const float* dms = nullptr;  // [M]
+  int64_t dh_offset = -1;        // dh[N] (dynamic)
+  int64_t dms_offset = -1;       // dms
+  int64_t exponent_offset = -1;  // RepairGroup's exponent: dh, dms scaled
+  int64_t h_pre_offset = -1;     // H_pre[n], with dy
+  int64_t r_offset = -1;         // R[n][n], with dx_next
+  const float* dh = nullptr;     // standalone projection backward: [M, N]
+  const float* dms = nullptr;    // [M]
   const void* dy = nullptr;
   const void* dx_next = nullptr;
 };

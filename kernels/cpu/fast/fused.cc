@@ -26,10 +26,11 @@ struct KeptProjection {
 };
 
 // h and ms of a token group into the thread's group buffers: computed from x,
-// or copied from the kept projection (static layers have neither).
+// or copied from the kept projection (static layers have neither); tokens
+// that overflowed fp32 are repaired (RepairGroup sets their exponent).
 void ProjectGroup(const LayerSpec& spec, DType dtype, const void* x, int64_t m0,
                   int count, const LayerWeights& w, const ThreadScratch& s,
-                  const KeptProjection& kept = {}) {
+                  int* exponent, const KeptProjection& kept = {}) {
   if (spec.dynamic && kept.h != nullptr) {
     const int64_t big_n = spec.NumLogits();
     std::memcpy(s.hgroup, kept.h + m0 * big_n, count * big_n * sizeof(float));
@@ -39,15 +40,27 @@ void ProjectGroup(const LayerSpec& spec, DType dtype, const void* x, int64_t m0,
   } else {
     for (int t = 0; t < count; ++t) s.msgroup[t] = 0.0f;
   }
+  if (spec.dynamic) {
+    RepairGroup(spec, dtype, x, m0, count, w, s, s.hgroup, s.msgroup, exponent);
+  } else {
+    for (int t = 0; t < count; ++t) exponent[t] = 0;
+  }
+}
+
+// The spec a token's scale math runs with (ScaledSpec for repaired tokens).
+LayerSpec MixSpec(const LayerSpec& spec, int exponent) {
+  return exponent == 0 ? spec : ScaledSpec(spec, exponent);
 }
 
 // Pass 1 of the backward for one token (kMhc or kHead).
 void BackwardTokenPass(const OpContext& ctx, DType dtype, const void* x,
                        const void* dy, const float* dh_post,
                        const float* dh_res, bool keep_r, int64_t m,
-                       const float* h, float ms, const LayerWeights& w,
-                       const ThreadScratch& s, float* row) {
+                       const float* h, float ms, int exponent,
+                       const LayerWeights& w, const ThreadScratch& s,
+                       float* row) {
   const LayerSpec& spec = *ctx.spec;
+  const LayerSpec mix_spec = MixSpec(spec, exponent);
   const int n = spec.n;
   const int64_t nn = static_cast<int64_t>(n) * n;
   const FusedRecord rec = MakeFusedRecord(spec);
@@ -58,7 +71,7 @@ void BackwardTokenPass(const OpContext& ctx, DType dtype, const void* x,
   float* dlogits = p + nn;
   float* dh_pre = dlogits + nn;
   float* h_pre = row + rec.h_pre;
-  ScaleToken(spec, w, h, ms, h_pre, mhc ? h_post : nullptr,
+  ScaleToken(mix_spec, w, h, ms, h_pre, mhc ? h_post : nullptr,
              mhc ? logits : nullptr);
   StreamDotsToken(spec, dtype, x, dy, m, s, dh_pre);
   if (mhc) {
@@ -74,9 +87,10 @@ void BackwardTokenPass(const OpContext& ctx, DType dtype, const void* x,
       }
     }
   }
-  ScaleBackwardToken(spec, w, h, ms, dh_pre, mhc ? dh_post + m * n : nullptr,
-                     mhc ? dlogits : nullptr, row + rec.dz, row + rec.da,
-                     row + rec.dh, row + rec.dms);
+  ScaleBackwardToken(mix_spec, w, h, ms, dh_pre,
+                     mhc ? dh_post + m * n : nullptr, mhc ? dlogits : nullptr,
+                     row + rec.dz, row + rec.da, row + rec.dh, row + rec.dms);
+  row[rec.exponent] = static_cast<float>(exponent);
 }
 
 void FusedBackward(const OpContext& ctx, DType dtype, int64_t tokens,
@@ -91,12 +105,13 @@ void FusedBackward(const OpContext& ctx, DType dtype, int64_t tokens,
   const int64_t big_n = spec.NumLogits();
   ForTokenGroups(
       ctx, tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
-        ProjectGroup(spec, dtype, x, m0, count, w, s, kept);
+        int exponent[kProjGroup];
+        ProjectGroup(spec, dtype, x, m0, count, w, s, exponent, kept);
         for (int t = 0; t < count; ++t) {
           const int64_t m = m0 + t;
           BackwardTokenPass(ctx, dtype, x, dy, dh_post, dh_res, keep_r, m,
-                            s.hgroup + t * big_n, s.msgroup[t], w, s,
-                            rows + m * rec.stride);
+                            s.hgroup + t * big_n, s.msgroup[t], exponent[t], w,
+                            s, rows + m * rec.stride);
         }
       });
   BackwardExtras ex;
@@ -104,6 +119,7 @@ void FusedBackward(const OpContext& ctx, DType dtype, int64_t tokens,
   ex.stride = rec.stride;
   ex.dh_offset = rec.dh;
   ex.dms_offset = rec.dms;
+  ex.exponent_offset = rec.exponent;
   ex.h_pre_offset = rec.h_pre;
   ex.r_offset = keep_r ? rec.r : -1;
   ex.dy = dy;
@@ -123,17 +139,25 @@ absl::Status PreForward(const OpContext& ctx, const PreForwardParams& p) {
   const bool stream = StreamOutput(p.act_dtype, p.tokens * spec.hidden);
   ForTokenGroups(
       ctx, p.tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
-        ProjectGroup(spec, p.act_dtype, p.x, m0, count, p.weights, s);
+        int exponent[kProjGroup];
+        ProjectGroup(spec, p.act_dtype, p.x, m0, count, p.weights, s, exponent);
         if (p.h != nullptr) {
           std::memcpy(p.h + m0 * big_n, s.hgroup,
                       count * big_n * sizeof(float));
           std::memcpy(p.mean_square + m0, s.msgroup, count * sizeof(float));
+          for (int t = 0; t < count; ++t) {
+            if (exponent[t] == 0) continue;
+            UnscaleProjection(spec, exponent[t], s.hgroup + t * big_n,
+                              s.msgroup[t], p.h + (m0 + t) * big_n,
+                              p.mean_square + m0 + t);
+          }
         }
         for (int t = 0; t < count; ++t) {
           const int64_t m = m0 + t;
           float* h_pre = s.small;
           float* logits = h_pre + n;
-          ScaleToken(spec, p.weights, s.hgroup + t * big_n, s.msgroup[t], h_pre,
+          ScaleToken(MixSpec(spec, exponent[t]), p.weights,
+                     s.hgroup + t * big_n, s.msgroup[t], h_pre,
                      p.h_post + m * n, logits);
           SinkhornToken(spec, logits, p.h_res + m * nn, nullptr);
           AggregateToken(spec, p.act_dtype, p.x, m, h_pre, s, p.y, stream);
@@ -158,12 +182,13 @@ absl::Status HeadForward(const OpContext& ctx, const HeadForwardParams& p) {
   const bool stream = StreamOutput(p.act_dtype, p.tokens * spec.hidden);
   ForTokenGroups(
       ctx, p.tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
-        ProjectGroup(spec, p.act_dtype, p.x, m0, count, p.weights, s);
+        int exponent[kProjGroup];
+        ProjectGroup(spec, p.act_dtype, p.x, m0, count, p.weights, s, exponent);
         for (int t = 0; t < count; ++t) {
           const int64_t m = m0 + t;
           float* mix = s.small;
-          ScaleToken(spec, p.weights, s.hgroup + t * big_n, s.msgroup[t], mix,
-                     nullptr, nullptr);
+          ScaleToken(MixSpec(spec, exponent[t]), p.weights,
+                     s.hgroup + t * big_n, s.msgroup[t], mix, nullptr, nullptr);
           AggregateToken(spec, p.act_dtype, p.x, m, mix, s, p.y, stream);
           if (p.mix != nullptr)
             std::memcpy(p.mix + m * n, mix, n * sizeof(float));

@@ -8,6 +8,7 @@
 // token's values; dphi'[g][k] is summed over tokens in token order by the one
 // task that owns column k (tasks are channel blocks), then scaled by gamma
 // and added once, so parameter gradients do not depend on the thread count.
+#include <cmath>
 #include <cstring>
 
 #include "cpu/fast/cpu_ops.h"
@@ -55,11 +56,22 @@ void ProjectTokens(const LayerSpec& spec, DType dtype, const void* x,
 absl::Status ProjectionForward(const OpContext& ctx,
                                const ProjectionForwardParams& p) {
   const int64_t big_n = p.spec->NumLogits();
-  ForTokenGroups(
-      ctx, p.tokens, [&](int64_t m0, int count, const ThreadScratch& s) {
-        ProjectTokens(*p.spec, p.act_dtype, p.x, m0, count, p.weights, s,
-                      p.h + m0 * big_n, p.mean_square + m0);
-      });
+  ForTokenGroups(ctx, p.tokens,
+                 [&](int64_t m0, int count, const ThreadScratch& s) {
+                   float* h = p.h + m0 * big_n;
+                   float* ms = p.mean_square + m0;
+                   ProjectTokens(*p.spec, p.act_dtype, p.x, m0, count,
+                                 p.weights, s, h, ms);
+                   // Overflowed tokens get the float64 values rounded once.
+                   int exponent[kProjGroup];
+                   RepairGroup(*p.spec, p.act_dtype, p.x, m0, count, p.weights,
+                               s, h, ms, exponent);
+                   for (int t = 0; t < count; ++t) {
+                     if (exponent[t] == 0) continue;
+                     UnscaleProjection(*p.spec, exponent[t], h + t * big_n,
+                                       ms[t], h + t * big_n, ms + t);
+                   }
+                 });
   return absl::OkStatus();
 }
 
@@ -154,9 +166,19 @@ void ChannelBlockBackward(const OpContext& ctx, DType dtype, int64_t tokens,
           const float* dh =
               ex.dh != nullptr ? ex.dh + m * big_n : row + ex.dh_offset;
           const float dms = ex.dms != nullptr ? ex.dms[m] : row[ex.dms_offset];
+          // A repaired token's dh and dms are scaled (RepairGroup): its x
+          // is scaled to match here, for dx and for dphi', and its
+          // projection terms scaled back once.
+          const int exponent = ex.exponent_offset >= 0
+                                   ? static_cast<int>(row[ex.exponent_offset])
+                                   : 0;
+          const float unscale =
+              exponent != 0 ? std::ldexp(1.0f, -exponent) : 1.0f;
+          if (exponent != 0) Scale(unscale, v, kb, v);
           Combine(dh, phi_rows, static_cast<int>(big_n), kb, false, t);
           if (gamma) Multiply(t, s.gamma, kb, t);
           Axpy(dms * ms_scale, v, kb, t);
+          if (exponent != 0) Scale(unscale, t, kb, t);
         } else {
           std::memset(t, 0, kb * sizeof(float));
         }

@@ -5,6 +5,7 @@
 // held to. Single threaded, fixed order: bitwise deterministic; token outputs
 // and dx are batch invariant; parameter gradients are summed in token order.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "cpu/reference/reference_math.h"
@@ -30,8 +31,20 @@ LayerState ComputeState(const LayerSpec& spec, int64_t tokens, const double* x,
   const int64_t n = spec.n;
   LayerState state;
   if (spec.dynamic && kept_h != nullptr) {
-    state.h.assign(kept_h, kept_h + tokens * spec.NumLogits());
+    const int64_t rows = spec.NumLogits();
+    state.h.assign(kept_h, kept_h + tokens * rows);
     state.mean_square.assign(kept_mean_square, kept_mean_square + tokens);
+    // A kept value that overflowed fp32 stands for one that did not fit:
+    // that token's projection comes from x again (docs/SPEC.md section 7).
+    for (int64_t m = 0; m < tokens; ++m) {
+      bool finite = std::isfinite(state.mean_square[m]);
+      for (int64_t g = 0; g < rows; ++g) {
+        finite = finite && std::isfinite(state.h[m * rows + g]);
+      }
+      if (finite) continue;
+      ProjectionForward(spec, 1, x + m * spec.K(), w, &state.h[m * rows],
+                        &state.mean_square[m]);
+    }
   } else if (spec.dynamic) {
     state.h.assign(tokens * spec.NumLogits(), 0.0);
     state.mean_square.assign(tokens, 0.0);

@@ -1,0 +1,158 @@
+// Inputs at the edge of the activation range and the overflow contract of
+// docs/SPEC.md section 7, shared by the CPU and CUDA suites: tokens whose x
+// is finite but whose fp32 sum of squares overflows get finite outputs
+// within the usual tolerances of the float64 reference; tokens with an
+// infinite or NaN x get non-finite outputs where the reference has them,
+// and no other token's outputs change.
+#ifndef MHC_TESTS_COMMON_OVERFLOW_CASES_H_
+#define MHC_TESTS_COMMON_OVERFLOW_CASES_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+#include "mhc/backend.h"
+
+namespace mhc::testing {
+
+// What a token of an overflow case holds.
+enum class TokenKind { kNormal, kHuge, kInfinite, kNaN };
+
+// Token m's kind: huge and normal tokens interleaved, and with `bad` one
+// token with an infinite element and one with a NaN.
+inline TokenKind KindOf(int64_t m, bool bad) {
+  if (bad && m % 5 == 3)
+    return m % 10 == 3 ? TokenKind::kInfinite : TokenKind::kNaN;
+  return m % 3 == 1 ? TokenKind::kNormal : TokenKind::kHuge;
+}
+
+// The largest magnitude the case gives x of `dtype`: fp32 reaches 1e30,
+// the 16-bit types their largest finite value.
+inline float HugeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return Bf16ToFloat(0x7F7F);  // largest finite bf16
+    case DType::kF16:
+      return 65504.0f;
+    default:
+      return 1e30f;
+  }
+}
+
+// Rewrites the x rows of `x` ([tokens, K] in `spec`'s layout) by kind: a
+// huge token is uniform in +-huge / (2 n) with one element at +-huge whose
+// channel's other streams are 0, so that y = sum_i H_pre[i] x[i] (H_pre
+// <= 1 + eps_pre) stays finite in every dtype.
+inline void MakeOverflowRows(const LayerSpec& spec, int64_t tokens, bool bad,
+                             uint64_t seed, ActTensor& x) {
+  const int64_t k = spec.K();
+  const float huge = HugeOf(x.dtype);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int64_t> channel(0, spec.hidden - 1);
+  std::uniform_int_distribution<int> stream(0, spec.n - 1);
+  auto set = [&](int64_t m, int i, int64_t c, float value) {
+    const int64_t at = m * k + spec.XIndex(i, c);
+    StoreActivation(x.data(), x.dtype, at, value);
+    x.values[at] = LoadActivation(x.data(), x.dtype, at);
+  };
+  for (int64_t m = 0; m < tokens; ++m) {
+    const TokenKind kind = KindOf(m, bad);
+    if (kind == TokenKind::kNormal) continue;
+    const float spread = huge / static_cast<float>(2 * spec.n);
+    for (int i = 0; i < spec.n; ++i) {
+      for (int64_t c = 0; c < spec.hidden; ++c) {
+        set(m, i, c, unit(rng) * spread);
+      }
+    }
+    const int64_t c0 = channel(rng);
+    const int i0 = stream(rng);
+    for (int i = 0; i < spec.n; ++i) set(m, i, c0, 0.0f);
+    const float sign = unit(rng) < 0.0f ? -1.0f : 1.0f;
+    float special = sign * huge;
+    if (kind == TokenKind::kInfinite) {
+      special = sign * std::numeric_limits<float>::infinity();
+    } else if (kind == TokenKind::kNaN) {
+      special = std::numeric_limits<float>::quiet_NaN();
+    }
+    set(m, i0, c0, special);
+  }
+}
+
+// dy for x near the bf16 maximum: dH_pre = sum_c dy[c] x[i][c] and the
+// parameter gradients built from it (dbeta, dalpha: sums of dz over tokens)
+// are gradients of the math itself and overflow fp32 with dy of order 1, as
+// the reference's do. Scaled by a power of two below 1 / (256 C), they fit.
+inline void ShrinkUpstreamGradient(int64_t hidden, ActTensor& dy) {
+  if (dy.dtype != DType::kBF16) return;
+  const float scale =
+      std::ldexp(1.0f, -8 - static_cast<int>(std::ceil(std::log2(hidden))));
+  for (int64_t e = 0; e < dy.size(); ++e) {
+    StoreActivation(dy.data(), dy.dtype, e, dy.values[e] * scale);
+    dy.values[e] = LoadActivation(dy.data(), dy.dtype, e);
+  }
+}
+
+// Floats per token of a per-token output, or 0 for parameter gradients.
+inline int64_t PerTokenFloats(const LayerSpec& spec, const std::string& name) {
+  const int64_t n = spec.n;
+  if (name == "y") return spec.hidden;
+  if (name == "dx" || name == "x") return spec.K();
+  if (name == "h_pre" || name == "h_post" || name == "mix") return n;
+  if (name == "h_res") return n * n;
+  if (name == "h") return spec.NumLogits();
+  if (name == "mean_square") return 1;
+  return 0;
+}
+
+// Whether the true value of a kept projection output may exceed fp32: h and
+// the mean square of a huge token, infinite in fp32 as in the reference
+// rounded to fp32.
+inline bool MayOverflow(const std::string& name) {
+  return name == "h" || name == "mean_square";
+}
+
+// Checks one output of a case: per-token outputs of finite tokens finite
+// (except a kept h / mean square that the reference also overflows) and
+// within `tol` normwise of the reference over those tokens; outputs of bad
+// tokens non-finite exactly where the reference's are, and close elsewhere;
+// parameter gradients within `tol` normwise, or, with bad tokens, non-finite
+// exactly where the reference's are.
+inline void ExpectOverflowContract(const LayerSpec& spec, bool bad,
+                                   const std::string& name,
+                                   const std::vector<float>& got,
+                                   const std::vector<float>& ref, double tol) {
+  SCOPED_TRACE(name);
+  ASSERT_EQ(got.size(), ref.size());
+  const int64_t per = PerTokenFloats(spec, name);
+  double max_ref = 0.0, max_err = 0.0;
+  int64_t mismatched = 0, nonfinite = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    const bool token_bad = per > 0 && KindOf(static_cast<int64_t>(e) / per,
+                                             bad) >= TokenKind::kInfinite;
+    const bool whole_bad = per == 0 && bad;
+    const bool ref_finite = std::isfinite(ref[e]);
+    if (token_bad || whole_bad || (MayOverflow(name) && !ref_finite)) {
+      if (std::isfinite(got[e]) != ref_finite) ++mismatched;
+      if (!ref_finite || whole_bad) continue;
+    } else if (!std::isfinite(got[e]) || !ref_finite) {
+      ++nonfinite;
+      continue;
+    }
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[e])));
+    max_err =
+        std::max(max_err, std::fabs(static_cast<double>(got[e]) - ref[e]));
+  }
+  EXPECT_EQ(nonfinite, 0) << "non-finite outputs of finite tokens";
+  EXPECT_EQ(mismatched, 0) << "finite where the reference is not, or back";
+  EXPECT_LE(max_ref == 0.0 ? max_err : max_err / max_ref, tol);
+}
+
+}  // namespace mhc::testing
+
+#endif  // MHC_TESTS_COMMON_OVERFLOW_CASES_H_

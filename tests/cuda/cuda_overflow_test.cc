@@ -1,0 +1,271 @@
+// The overflow contract (docs/SPEC.md section 7) on the CUDA backend: fp32 x
+// up to 1e30 and 16-bit x up to the dtype's largest finite value, mixed with
+// normal tokens and tokens holding an infinity or a NaN, through the fused
+// pre forward (keeping its projection) and the pre backward from x and from
+// that kept projection, against the float64 reference on the same inputs;
+// n = 4 and the stream counts whose mHC layers split the mixing into the
+// scale and Sinkhorn op kernels; and the projection op alone. Widths 37,
+// 1024 and 5129 take different projection and dx variants. Skips without a
+// GPU.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/overflow_cases.h"
+#include "cuda/cuda_harness.h"
+#include "gtest/gtest.h"
+
+namespace mhc::testing {
+namespace {
+
+std::vector<float> Floats(const std::vector<uint8_t>& bytes, DType dtype) {
+  const int64_t count = bytes.size() / DTypeSize(dtype);
+  std::vector<float> out(count);
+  for (int64_t e = 0; e < count; ++e) {
+    out[e] = LoadActivation(bytes.data(), dtype, e);
+  }
+  return out;
+}
+
+struct Outputs {
+  std::vector<std::pair<std::string, std::vector<float>>> named;
+};
+
+// Pre forward with the kept projection, then pre backward from x and from
+// the kept projection, on backend b (0 the reference, 1 CUDA).
+Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
+                 ActTensor& x, ActTensor& dy, ActTensor& dx_next) {
+  const int64_t n = spec.n, c = spec.hidden, k = spec.K();
+  const int64_t big_n = spec.NumLogits();
+  const float scale = 3.0f / std::sqrt(static_cast<float>(k));
+  uint64_t seed = 1000;  // the same parameters on both backends
+  Pair phi = h.Floats(big_n * k, ++seed, -scale, scale);
+  Pair alpha = h.Floats(3, ++seed, 0.5f, 1.5f);
+  Pair beta = h.Floats(big_n, ++seed);
+  Pair gamma = h.Floats(k, ++seed, 0.5f, 1.5f);
+  Pair dh_post = h.Floats(m * n, ++seed);
+  Pair dh_res = h.Floats(m * n * n, ++seed);
+  Pair xp = h.Input(x.data(), x.bytes.size());
+  Pair dyp = h.Input(dy.data(), dy.bytes.size());
+  Pair dnp = h.Input(dx_next.data(), dx_next.bytes.size());
+  LayerWeights w;
+  w.phi = phi.f(b);
+  w.alpha = alpha.f(b);
+  w.beta = beta.f(b);
+  w.gamma = spec.has_gamma ? gamma.f(b) : nullptr;
+  auto fetch = [&](Pair& p) {
+    return b == 0
+               ? std::vector<uint8_t>(p.host.begin(), p.host.begin() + p.bytes)
+               : h.Fetch(p);
+  };
+  Outputs out;
+  const bool mhc = spec.kind == LayerKind::kMhc;
+  Pair y = h.Output(m * c * DTypeSize(dt)), hp = h.Output(m * n * 4);
+  Pair hq = h.Output(m * n * 4), hr = h.Output(m * n * n * 4);
+  Pair kh = h.Output(m * big_n * 4), kms = h.Output(m * 4);
+  if (mhc) {
+    PreForwardParams p{&spec,   m,       dt,      xp.ptr(b), w,       y.ptr(b),
+                       hp.f(b), hq.f(b), hr.f(b), kh.f(b),   kms.f(b)};
+    EXPECT_TRUE(
+        h.backend(b)
+            .PreForward(p, h.Scratch(b, OpKind::kPreForward, spec, m, dt))
+            .ok());
+    out.named = {{"y", Floats(fetch(y), dt)},
+                 {"h_pre", Floats(fetch(hp), DType::kF32)},
+                 {"h_post", Floats(fetch(hq), DType::kF32)},
+                 {"h_res", Floats(fetch(hr), DType::kF32)},
+                 {"h", Floats(fetch(kh), DType::kF32)},
+                 {"mean_square", Floats(fetch(kms), DType::kF32)}};
+  } else {
+    HeadForwardParams p{&spec, m, dt, xp.ptr(b), w, y.ptr(b), hp.f(b)};
+    EXPECT_TRUE(
+        h.backend(b)
+            .HeadForward(p, h.Scratch(b, OpKind::kHeadForward, spec, m, dt))
+            .ok());
+    out.named = {{"y", Floats(fetch(y), dt)},
+                 {"mix", Floats(fetch(hp), DType::kF32)}};
+  }
+  for (bool kept : {false, true}) {
+    if (kept && !mhc) break;
+    Pair dx = h.Output(m * k * DTypeSize(dt));
+    Pair g_phi = h.Floats(big_n * k, 77), g_alpha = h.Floats(3, 78);
+    Pair g_beta = h.Floats(big_n, 79), g_gamma = h.Floats(k, 80);
+    LayerGrads grads{g_phi.f(b), g_alpha.f(b), g_beta.f(b),
+                     spec.has_gamma ? g_gamma.f(b) : nullptr, nullptr};
+    absl::Status status;
+    if (mhc) {
+      PreBackwardParams p;
+      p.spec = &spec;
+      p.tokens = m;
+      p.act_dtype = dt;
+      p.x = xp.ptr(b);
+      p.weights = w;
+      p.dy = dyp.ptr(b);
+      p.dh_post = dh_post.f(b);
+      p.dh_res = dh_res.f(b);
+      p.dx_next = dnp.ptr(b);
+      p.dx = dx.ptr(b);
+      p.grads = grads;
+      if (kept) {
+        p.h = kh.f(b);
+        p.mean_square = kms.f(b);
+      }
+      status = h.backend(b).PreBackward(
+          p, h.Scratch(b, OpKind::kPreBackward, spec, m, dt));
+    } else {
+      HeadBackwardParams p{&spec, m,          dt,        xp.ptr(b),
+                           w,     dyp.ptr(b), dx.ptr(b), grads};
+      status = h.backend(b).HeadBackward(
+          p, h.Scratch(b, OpKind::kHeadBackward, spec, m, dt));
+    }
+    EXPECT_TRUE(status.ok()) << status;
+    out.named.push_back({"dx", Floats(fetch(dx), dt)});
+    out.named.push_back({"dphi", Floats(fetch(g_phi), DType::kF32)});
+    out.named.push_back({"dbeta", Floats(fetch(g_beta), DType::kF32)});
+    if (spec.has_gamma) {
+      out.named.push_back({"dgamma", Floats(fetch(g_gamma), DType::kF32)});
+    }
+  }
+  return out;
+}
+
+// Every preset with n streams over the given dtypes, widths and variants
+// (bit 0: gamma, bit 1: IEEE matmuls); head layers at the widths in `heads`.
+// The bad (inf / NaN) tokens come with width 37.
+void ExpectCases(Harness& h, int n, const std::vector<DType>& dtypes,
+                 const std::vector<int64_t>& hiddens,
+                 const std::vector<int>& variants,
+                 const std::vector<int64_t>& heads) {
+  for (const std::string& preset : PresetNames()) {
+    for (DType dt : dtypes) {
+      for (int64_t hidden : hiddens) {
+        for (int variant : variants) {
+          absl::StatusOr<LayerSpec> base = PresetSpec(preset, n, hidden);
+          ASSERT_TRUE(base.ok());
+          LayerSpec spec = *base;
+          spec.has_gamma = variant & 1;
+          spec.matmul_precision =
+              variant & 2 ? MatmulPrecision::kIeee : MatmulPrecision::kTf32;
+          const bool bad = hidden == 37;
+          for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+            if (kind == LayerKind::kHead &&
+                std::find(heads.begin(), heads.end(), hidden) == heads.end()) {
+              continue;
+            }
+            spec.kind = kind;
+            SCOPED_TRACE(absl::StrCat(
+                preset, " n=", n, " ", DTypeName(dt), " C=", hidden,
+                spec.has_gamma ? " gamma" : "", variant & 2 ? " ieee" : " tf32",
+                kind == LayerKind::kHead ? " head" : "",
+                bad ? " with inf/NaN tokens" : ""));
+            const int64_t m = 13;
+            ActTensor x = RandomAct(dt, m * spec.K(), FreshSeed());
+            MakeOverflowRows(spec, m, bad, FreshSeed(), x);
+            ActTensor dy = RandomAct(dt, m * hidden, FreshSeed());
+            ShrinkUpstreamGradient(hidden, dy);
+            ActTensor dx_next = RandomAct(dt, m * spec.K(), FreshSeed());
+            const Outputs want = RunLayer(h, 0, spec, m, dt, x, dy, dx_next);
+            const Outputs got = RunLayer(h, 1, spec, m, dt, x, dy, dx_next);
+            ASSERT_EQ(got.named.size(), want.named.size());
+            const bool ieee = variant & 2;
+            for (size_t o = 0; o < got.named.size(); ++o) {
+              const std::string& name = got.named[o].first;
+              const bool act16 =
+                  dt != DType::kF32 && (name == "y" || name == "dx");
+              const bool grad = name[0] == 'd' && name != "dx";
+              const double tol = act16  ? 1e-2
+                                 : grad ? (ieee ? 1e-3 : 1e-2)
+                                        : (ieee ? 1e-4 : 2e-3);
+              ExpectOverflowContract(spec, bad, name, got.named[o].second,
+                                     want.named[o].second, tol);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// n = 4: the fused mixing kernels (sinkhorn4.cuh's form where it applies).
+TEST(CudaOverflowTest, FusedOpsMatchReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  ExpectCases(h, 4, {DType::kF32, DType::kBF16, DType::kF16}, {37, 1024, 5129},
+              {0, 1, 2, 3}, {37, 1024, 5129});
+}
+
+// n other than 4: mHC layers whose Sinkhorn the lane kernels cover run the
+// scale and Sinkhorn op kernels (SplitMix in fused_pre.cu), the LOG preset
+// and head layers the fused mixing kernels at other register widths. f16
+// x never overflows the mean square; fp32 and bf16 do.
+TEST(CudaOverflowTest, OtherStreamCountsMatchReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (int n : {2, 3, 6, 8}) {
+    Harness h;  // its buffers freed after each n
+    ExpectCases(h, n, {DType::kF32, DType::kBF16}, {37, 1024}, {1, 2}, {37});
+  }
+}
+
+// The projection op alone: tokens whose fp32 sum of squares overflows while
+// their mean square fits fp32 (fp32 x near 4e18) get the float64 values,
+// as do the tokens of the overflow case; inf / NaN tokens stay non-finite.
+TEST(CudaOverflowTest, ProjectionOpMatchesReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  for (int n : {4, 3}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int window = 0; window < 2; ++window) {
+        if (window == 1 && dt != DType::kF32) continue;
+        absl::StatusOr<LayerSpec> base = PresetSpec("deepseek_v4", n, 1024);
+        ASSERT_TRUE(base.ok());
+        LayerSpec spec = *base;
+        spec.has_gamma = true;
+        const bool bad = window == 0;
+        SCOPED_TRACE(absl::StrCat("n=", n, " ", DTypeName(dt),
+                                  window ? " mean square near 1e37" : ""));
+        const int64_t m = 13, k = spec.K(), big_n = spec.NumLogits();
+        ActTensor x = RandomAct(dt, m * k, FreshSeed());
+        if (window == 1) {
+          for (int64_t e = 0; e < x.size(); ++e) {
+            if (KindOf(e / k, false) == TokenKind::kNormal) continue;
+            StoreActivation(x.data(), dt, e, x.values[e] * 4e18f);
+            x.values[e] = LoadActivation(x.data(), dt, e);
+          }
+        } else {
+          MakeOverflowRows(spec, m, bad, FreshSeed(), x);
+        }
+        const float scale = 3.0f / std::sqrt(static_cast<float>(k));
+        Pair phi = h.Floats(big_n * k, 11, -scale, scale);
+        Pair gamma = h.Floats(k, 12, 0.5f, 1.5f);
+        Pair xp = h.Input(x.data(), x.bytes.size());
+        std::vector<float> outs[2][2];
+        for (int b : {0, 1}) {
+          Pair hv = h.Output(m * big_n * 4), ms = h.Output(m * 4);
+          LayerWeights w;
+          w.phi = phi.f(b);
+          w.gamma = gamma.f(b);
+          ProjectionForwardParams p{&spec, m,       dt,     xp.ptr(b),
+                                    w,     hv.f(b), ms.f(b)};
+          const absl::Status status = h.backend(b).ProjectionForward(
+              p, h.Scratch(b, OpKind::kProjectionForward, spec, m, dt));
+          EXPECT_TRUE(status.ok()) << status;
+          auto fetch = [&](Pair& q) {
+            return b == 0 ? std::vector<uint8_t>(q.host.begin(),
+                                                 q.host.begin() + q.bytes)
+                          : h.Fetch(q);
+          };
+          outs[b][0] = Floats(fetch(hv), DType::kF32);
+          outs[b][1] = Floats(fetch(ms), DType::kF32);
+        }
+        ExpectOverflowContract(spec, bad, "h", outs[1][0], outs[0][0], 1e-4);
+        ExpectOverflowContract(spec, bad, "mean_square", outs[1][1], outs[0][1],
+                               1e-4);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mhc::testing
