@@ -18,9 +18,9 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
-#include "proj_mma.cuh"
-#include "projection_backward_wide.h"
-#include "row_access.cuh"
+#include "primitives/row_access.cuh"
+#include "projection/backward/wide.h"
+#include "projection/forward/mma.cuh"
 #include "sinkhorn4.cuh"
 
 namespace mhc::cuda {
