@@ -1,6 +1,7 @@
 // The projection plan's tables on the device: for every row, the row's
 // example launch reaches that row's variant (the plan with the tensors'
-// real alignment), and its results match the float64 reference. Skips without a
+// real alignment, and the variant the CUDA backend reports for the
+// launch), and its results match the float64 reference. Skips without a
 // GPU.
 #include <cmath>
 #include <string>
@@ -78,6 +79,7 @@ TEST(CudaDispatchTest, EveryForwardRowRunsItsVariant) {
         cuda::PlanProjectionForward(spec, e.dtype, M, alignment);
     EXPECT_EQ(plan.row, static_cast<int>(i));
     EXPECT_EQ(cuda::ToString(plan.variant), want);
+    EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
     Workspace ws = h.Scratch(1, OpKind::kProjectionForward, spec, M, e.dtype);
     if (!spec.dynamic) {
       // No projection to run: the backend refuses the launch.
@@ -137,6 +139,7 @@ void CheckProjectionBackward(const PlanExample& e, const std::string& want,
       cuda::PlanProjectionBackward(spec, e.dtype, M, alignment, e.terms);
   EXPECT_EQ(plan.row, row);
   EXPECT_EQ(cuda::ToString(plan.variant), want);
+  EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
   for (int b = 0; b < 2; ++b) {
     Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, e.dtype);
     const absl::Status status = h.backend(b).ProjectionBackward(p[b], ws);
