@@ -267,12 +267,15 @@ class Bench {
       std::printf(
           "{\"impl\": \"mhcd\", \"op\": \"%s\", \"direction\": \"%s\", "
           "\"config\": \"%lld,%lld,%lld\", \"M\": %lld, \"n\": %d, \"C\": "
-          "%lld, \"dtype\": \"bf16\", \"mode\": \"deterministic\", \"us\": "
-          "%.2f, \"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f}\n",
+          "%lld, \"dtype\": \"bf16\", \"mode\": \"deterministic\", "
+          "\"variant\": \"%s\", \"us\": %.2f, \"bytes\": %.0f, \"gbps\": "
+          "%.1f, \"pct_copy\": %.1f}\n",
           Info(c).op, Info(c).direction, static_cast<long long>(cfg.B),
           static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
           static_cast<long long>(M), streams_,
-          static_cast<long long>(Hidden(config)), *us, bytes, gbps, pct);
+          static_cast<long long>(Hidden(config)),
+          std::string(CaseVariant(c, gpu_, spec, dev_, M)).c_str(), *us, bytes,
+          gbps, pct);
       absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
       if (!good.ok()) return good.status();
       ok = ok && *good;

@@ -217,6 +217,37 @@ inline PreBackwardParams PreBackwardOf(const LayerSpec& spec, int64_t M,
   return p;
 }
 
+inline ProjectionForwardParams ProjectionForwardOf(const LayerSpec& spec,
+                                                   int64_t M,
+                                                   const Tensors& t) {
+  ProjectionForwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.Weights(), p.h = t.f(kH), p.mean_square = t.f(kMs);
+  return p;
+}
+inline ProjectionBackwardParams ProjectionBackwardOf(const LayerSpec& spec,
+                                                     int64_t M,
+                                                     const Tensors& t) {
+  ProjectionBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.Weights(), p.dh = t.f(kDh), p.dmean_square = t.f(kDms);
+  p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
+  return p;
+}
+
+// The kernel variant case `c` runs on `be` (the projection plan's name;
+// Backend::kDefaultVariant for the ops with one kernel).
+inline absl::string_view CaseVariant(int c, const Backend& be,
+                                     const LayerSpec& spec, const Tensors& t,
+                                     int64_t M) {
+  if (c == kProjFwd)
+    return be.ProjectionVariant(ProjectionForwardOf(spec, M, t));
+  if (c == kProjBwd) {
+    return be.ProjectionVariant(ProjectionBackwardOf(spec, M, t));
+  }
+  return Backend::kDefaultVariant;
+}
+
 // Runs one case on `be` over `M` tokens of `t`. keep_projection: the layer
 // cases' pre forward keeps h and the mean square for the pre backward, as a
 // training step would (otherwise the backward recomputes them from x).
@@ -224,19 +255,10 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
                             const LayerSpec& head, const Tensors& t, int64_t M,
                             bool keep_projection) {
   switch (c) {
-    case kProjFwd: {
-      ProjectionForwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.weights = t.Weights(), p.h = t.f(kH), p.mean_square = t.f(kMs);
-      return be.ProjectionForward(p, t.ws);
-    }
-    case kProjBwd: {
-      ProjectionBackwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.weights = t.Weights(), p.dh = t.f(kDh), p.dmean_square = t.f(kDms);
-      p.dx = t.p[kDx], p.grads.phi = t.f(kGPhi);
-      return be.ProjectionBackward(p, t.ws);
-    }
+    case kProjFwd:
+      return be.ProjectionForward(ProjectionForwardOf(spec, M, t), t.ws);
+    case kProjBwd:
+      return be.ProjectionBackward(ProjectionBackwardOf(spec, M, t), t.ws);
     case kScaleFwd: {
       ScaleForwardParams p;
       p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);

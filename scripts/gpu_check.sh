@@ -27,6 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
 step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
 step cuda_projection_test "${bin}/cuda_projection_test" --gtest_brief=1
+step cuda_dispatch_test "${bin}/cuda_dispatch_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
 step cuda_pinned_shm "${bin}/server_shm_registry_test" \

@@ -144,7 +144,9 @@ Metrics::Metrics(const BuildInfo& build)
            .Help(
                "Device time of one kernel launch (CUDA events on GPUs, the "
                "host clock on CPU backends), by op family, direction, "
-               "activation dtype, layout, streams n and device.")
+               "activation dtype, layout, streams n, device and the "
+               "backend's kernel variant (docs/kernels.md; \"default\" "
+               "where it has one).")
            .Register(*registry_);
   kernel_bytes_ = &prometheus::BuildCounter()
                        .Name("mhcd_kernel_bytes_total")
@@ -486,6 +488,7 @@ void Metrics::RecordKernel(absl::string_view device, const KernelSample& sample,
   labels["dtype"] = std::string(DTypeName(sample.dtype));
   labels["layout"] = std::string(LayoutName(sample.layout));
   labels["n"] = absl::StrCat(sample.n);
+  labels["variant"] = std::string(sample.variant);
   kernel_seconds_->Add(labels, KernelBuckets()).Observe(sample.seconds);
 }
 

@@ -43,7 +43,9 @@ struct KernelSample {
   Layout layout = Layout::kStreamMajor;
   int n = 0;
   int64_t tokens = 0;
-  uint64_t bytes = 0;    // tensor bytes read and written by the launch
+  uint64_t bytes = 0;  // tensor bytes read and written by the launch
+  // The backend's kernel variant (a name from a small fixed set).
+  absl::string_view variant = Backend::kDefaultVariant;
   double seconds = 0.0;  // device time
 };
 

@@ -1,6 +1,5 @@
 #include "server/nccl_transport.h"
 
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
 
@@ -65,10 +64,11 @@ absl::Status NcclStatus(const NcclApi& api, ncclComm_t comm,
   }
 }
 
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": CUDA: ", cudaGetErrorString(error)));
+// `status` with `what` in front of its message.
+absl::Status Annotated(const absl::Status& status, absl::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(what, ": ", status.message()));
 }
 
 // Polls `done` until it is true, the deadline passes or `stop` is set:
@@ -101,32 +101,27 @@ class NcclComm final : public GroupComm {
  public:
   NcclComm(const NcclApi* api, int world_size, std::vector<LocalRank> ranks)
       : api_(api), world_size_(world_size) {
-    for (const LocalRank& rank : ranks) members_.push_back({rank});
-  }
-  ~NcclComm() override {
-    Abort();
-    for (Member& member : members_) {
-      if (member.done == nullptr) continue;
-      cudaSetDevice(member.rank.executor->cuda_ordinal());
-      cudaEventDestroy(member.done);
+    for (const LocalRank& rank : ranks) {
+      members_.push_back(Member{rank, nullptr, nullptr});
     }
   }
+  ~NcclComm() override { Abort(); }
 
   // Starts every local rank's communicator without waiting for the others.
   absl::Status Start(const ncclUniqueId& id) {
     for (Member& member : members_) {
-      MHC_RETURN_IF_ERROR(CudaStatus(
-          cudaSetDevice(member.rank.executor->cuda_ordinal()), "group"));
-      MHC_RETURN_IF_ERROR(CudaStatus(
-          cudaEventCreateWithFlags(&member.done, cudaEventDisableTiming),
-          "group: event"));
+      absl::StatusOr<std::unique_ptr<CudaStreamMarker>> done =
+          MakeCudaStreamMarker(member.rank.executor->cuda_ordinal());
+      MHC_RETURN_IF_ERROR(Annotated(done.status(), "group: event"));
+      member.done = *std::move(done);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     absl::Status status;
     api_->GroupStart();
     for (Member& member : members_) {
-      cudaSetDevice(member.rank.executor->cuda_ordinal());
+      // NCCL takes the communicator's device from the calling thread.
+      UseCudaDevice(member.rank.executor->cuda_ordinal()).IgnoreError();
       const ncclResult_t result = api_->CommInitRankConfig(
           &member.comm, world_size_, id, member.rank.rank, &config);
       if (!Pending(result) && status.ok()) {
@@ -149,25 +144,34 @@ class NcclComm final : public GroupComm {
       absl::Time deadline) override {
     const size_t count = words.front().size();
     const size_t bytes = count * sizeof(uint64_t);
-    // Formation only: plain allocations and copies are fine here.
+    // Formation only: plain allocations and copies through each rank's
+    // backend are fine here.
     std::vector<uint64_t*> buffers(members_.size(), nullptr);
+    auto on_device = [&](size_t i, auto&& fn) {
+      return members_[i].rank.executor->WithDevice(
+          [&](Backend& backend) -> absl::Status { return fn(backend); });
+    };
     auto free_buffers = [&] {
       for (size_t i = 0; i < members_.size(); ++i) {
         if (buffers[i] == nullptr) continue;
-        cudaSetDevice(members_[i].rank.executor->cuda_ordinal());
-        cudaFree(buffers[i]);
+        on_device(i, [&](Backend& backend) {
+          backend.Free(buffers[i]);
+          return absl::OkStatus();
+        }).IgnoreError();
       }
     };
     absl::Status status;
     for (size_t i = 0; i < members_.size() && status.ok(); ++i) {
-      cudaSetDevice(members_[i].rank.executor->cuda_ordinal());
-      status = CudaStatus(cudaMalloc(&buffers[i], bytes * (world_size_ + 1)),
-                          "group: gather");
-      if (status.ok()) {
-        status = CudaStatus(cudaMemcpy(buffers[i], words[i].data(), bytes,
-                                       cudaMemcpyHostToDevice),
-                            "group: gather");
-      }
+      status = Annotated(
+          on_device(
+              i,
+              [&](Backend& backend) -> absl::Status {
+                MHC_ASSIGN_OR_RETURN(
+                    void* buffer, backend.Allocate(bytes * (world_size_ + 1)));
+                buffers[i] = static_cast<uint64_t*>(buffer);
+                return backend.CopyToDevice(buffer, words[i].data(), bytes);
+              }),
+          "group: gather");
     }
     if (status.ok()) {
       status = Run(
@@ -179,12 +183,18 @@ class NcclComm final : public GroupComm {
     }
     std::vector<std::vector<uint64_t>> rows(world_size_,
                                             std::vector<uint64_t>(count));
-    for (int rank = 0; rank < world_size_ && status.ok(); ++rank) {
-      cudaSetDevice(members_[0].rank.executor->cuda_ordinal());
-      status = CudaStatus(
-          cudaMemcpy(rows[rank].data(), buffers[0] + count * (rank + 1), bytes,
-                     cudaMemcpyDeviceToHost),
-          "group: gather");
+    if (status.ok()) {
+      status =
+          Annotated(on_device(0,
+                              [&](Backend& backend) -> absl::Status {
+                                for (int rank = 0; rank < world_size_; ++rank) {
+                                  MHC_RETURN_IF_ERROR(backend.CopyToHost(
+                                      rows[rank].data(),
+                                      buffers[0] + count * (rank + 1), bytes));
+                                }
+                                return absl::OkStatus();
+                              }),
+                    "group: gather");
     }
     free_buffers();
     if (!status.ok()) return status;
@@ -235,7 +245,7 @@ class NcclComm final : public GroupComm {
   struct Member {
     LocalRank rank;
     ncclComm_t comm = nullptr;
-    cudaEvent_t done = nullptr;  // recorded after each collective
+    std::unique_ptr<CudaStreamMarker> done;  // recorded after each collective
   };
 
   // Until no local communicator has work in progress on the host side
@@ -289,12 +299,9 @@ class NcclComm final : public GroupComm {
         [&]() -> absl::StatusOr<bool> {
           bool finished = true;
           for (Member& member : members_) {
-            const cudaError_t query = cudaEventQuery(member.done);
-            if (query == cudaErrorNotReady) {
-              finished = false;
-            } else if (query != cudaSuccess) {
-              return CudaStatus(query, what);
-            }
+            absl::StatusOr<bool> done = member.done->Done();
+            MHC_RETURN_IF_ERROR(Annotated(done.status(), what));
+            if (!*done) finished = false;
             ncclResult_t state = ncclSuccess;
             api_->CommGetAsyncError(member.comm, &state);
             if (!Pending(state)) {
@@ -325,10 +332,8 @@ class NcclComm final : public GroupComm {
     MHC_RETURN_IF_ERROR(status);
     MHC_RETURN_IF_ERROR(WaitIdle(deadline, what));
     for (size_t i = 0; i < members_.size(); ++i) {
-      MHC_RETURN_IF_ERROR(CudaStatus(
-          cudaSetDevice(members_[i].rank.executor->cuda_ordinal()), what));
       MHC_RETURN_IF_ERROR(
-          CudaStatus(cudaEventRecord(members_[i].done, streams[i]), what));
+          Annotated(members_[i].done->Record(streams[i]), what));
     }
     return absl::OkStatus();
   }

@@ -9,7 +9,9 @@ float* F(void* p) { return static_cast<float*>(p); }
 
 }  // namespace
 
-absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws) {
+namespace {
+
+ProjectionForwardParams ProjectionParams(const BoundOp& op) {
   using S = slot::Projection;
   ProjectionForwardParams p;
   p.spec = op.spec;
@@ -19,11 +21,10 @@ absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws) {
   p.weights = op.weights;
   p.h = F(op.out[S::kH]);
   p.mean_square = F(op.out[S::kMeanSquare]);
-  return b.ProjectionForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
-                                      Workspace ws) {
+ProjectionBackwardParams ProjectionBackwardParamsOf(const BoundOp& op) {
   using S = slot::ProjectionBackward;
   ProjectionBackwardParams p;
   p.spec = op.spec;
@@ -35,7 +36,27 @@ absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
   p.dmean_square = F(op.in[S::kDmeanSquare]);
   p.dx = op.out[S::kDx];
   p.grads = op.grads;
-  return b.ProjectionBackward(p, ws);
+  return p;
+}
+
+}  // namespace
+
+absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ProjectionForward(ProjectionParams(op), ws);
+}
+
+absl::string_view ProjectionVariant(const Backend& b, const BoundOp& op) {
+  return b.ProjectionVariant(ProjectionParams(op));
+}
+
+absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
+                                      Workspace ws) {
+  return b.ProjectionBackward(ProjectionBackwardParamsOf(op), ws);
+}
+
+absl::string_view ProjectionBackwardVariant(const Backend& b,
+                                            const BoundOp& op) {
+  return b.ProjectionVariant(ProjectionBackwardParamsOf(op));
 }
 
 absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws) {

@@ -80,6 +80,9 @@ struct HeadBackward {
 }  // namespace slot
 
 absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws);
+absl::string_view ProjectionVariant(const Backend& b, const BoundOp& op);
+absl::string_view ProjectionBackwardVariant(const Backend& b,
+                                            const BoundOp& op);
 absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
                                       Workspace ws);
 absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws);

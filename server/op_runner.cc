@@ -83,8 +83,11 @@ absl::Status LaunchOp(Executor& executor, Backend& backend, Workspace ws,
   for (int index : op.outputs) {
     bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
   }
+  KernelSample sample = SampleOf(batch, op);
+  if (op.def->variant != nullptr)
+    sample.variant = op.def->variant(backend, bound);
   absl::Status status = executor.Launch(
-      SampleOf(batch, op), [&] { return op.def->launch(backend, bound, ws); });
+      sample, [&] { return op.def->launch(backend, bound, ws); });
   if (!status.ok()) {
     absl::StatusCode code =
         status.code() == absl::StatusCode::kResourceExhausted

@@ -43,6 +43,16 @@ absl::Status Backend::RecordEvent(DeviceEvent event) {
   return WaitForEvent(event);
 }
 
+absl::string_view Backend::ProjectionVariant(
+    const ProjectionForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::ProjectionVariant(
+    const ProjectionBackwardParams&) const {
+  return kDefaultVariant;
+}
+
 absl::StatusOr<Backend::ExportedMemory> Backend::ExportMemory(void*) {
   return absl::UnimplementedError(
       absl::StrCat("the ", Name(),

@@ -2,7 +2,7 @@
 // of a LayerSpec, activation loads and stores (fp32 accumulate, one
 // round-to-nearest-even at the end), 16-byte vector access, deterministic
 // block reductions and the status macros that name the failing op. The row
-// kernels' stream and channel accesses are in row_access.cuh.
+// kernels' stream and channel accesses are in primitives/row_access.cuh.
 #ifndef MHC_KERNELS_CUDA_COMMON_CUH_
 #define MHC_KERNELS_CUDA_COMMON_CUH_
 

@@ -277,6 +277,16 @@ absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
   return absl::OkStatus();
 }
 
+absl::string_view CudaBackend::ProjectionVariant(
+    const ProjectionForwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::ProjectionVariant(
+    const ProjectionBackwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
 size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,
                                    int64_t tokens, DType act_dtype) const {
   if (tokens <= 0) return 0;

@@ -55,6 +55,11 @@ class CudaBackend final : public Backend {
   absl::Status RecordEvent(DeviceEvent event) override;
   absl::Status CheckDevice() override;
   absl::StatusOr<ExportedMemory> ExportMemory(void* pointer) override;
+  // The projection plan's variant (projection/plan.h).
+  absl::string_view ProjectionVariant(
+      const ProjectionForwardParams& p) const override;
+  absl::string_view ProjectionVariant(
+      const ProjectionBackwardParams& p) const override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
                         DType act_dtype) const override;
 

@@ -1,8 +1,8 @@
 // Compile-time dispatch of the activation dtype and the stream shape. n = 2,
 // 4 (the production case) and 8 get instantiations with n == NT and V
-// channels per thread, vector or strided (row_access.cuh): 16-byte accesses,
-// 8-byte ones at n = 8, where the post backward holds 2 x 8 streams of V
-// channels. n = 16 gets them (8-byte accesses) in the kernels whose
+// channels per thread, vector or strided (primitives/row_access.cuh): 16-byte
+// accesses, 8-byte ones at n = 8, where the post backward holds 2 x 8 streams
+// of V channels. n = 16 gets them (8-byte accesses) in the kernels whose
 // per-thread state grows with n alone (kStreamsLinear): a thread of the
 // post's FFMA backward keeps NT^2 sums, which at 16 streams of V channels
 // would spill. Every other case runs the generic path with runtime n and
@@ -64,7 +64,7 @@ inline int VectorWidth(DType dtype) {
 }
 
 // How the row kernels of one launch touch their activation rows
-// (row_access.cuh).
+// (primitives/row_access.cuh).
 enum class RowAccess { kElement, kVector, kStrided };
 
 // For n = 2, 4, 8 and 16: vector accesses where C is a multiple of the

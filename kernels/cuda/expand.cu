@@ -4,7 +4,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
-#include "row_access.cuh"
+#include "primitives/row_access.cuh"
 
 namespace mhc::cuda {
 namespace {

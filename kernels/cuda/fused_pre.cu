@@ -1,9 +1,9 @@
 // Fused pre forward (projection + sum of squares + scale + Sinkhorn +
 // aggregate) and the fused pre backward; the head ops (head.cu) run the same
 // kernels with the kHead kind. Dynamic layers run the tensor-core projection
-// units (proj_mma.cuh: the K split depends on K and N only, chunk partials
-// are added in order), then a thread per token for the mixing math, then the
-// aggregate kernel; static layers (no projection) one kernel per
+// units (projection/forward/mma.cuh: the K split depends on K and N only, chunk
+// partials are added in order), then a thread per token for the mixing math,
+// then the aggregate kernel; static layers (no projection) one kernel per
 // kTileTokens tokens.
 // Determinism / batch invariance: a token's h and mean square come from the
 // projection units, its mixing values from one thread, its y / dx from
@@ -11,7 +11,7 @@
 // (a warp per token); nothing depends on M. The backward: projection
 // recompute (skipped when the forward kept h and the mean square: they are
 // the recompute's bits), dh_pre, the per-token reverse mode, then the dx /
-// dphi kernel (projection_backward_mma.cu where it applies). Parameter
+// dphi kernel (projection/backward/mma*.cu where it applies). Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
 // summed in a fixed order (launch.h), never with atomics.
 #include "common.cuh"
@@ -20,9 +20,9 @@
 #include "mix.cuh"
 #include "overflow_repair.cuh"
 #include "overflow_repair.h"
-#include "proj_mma.cuh"
-#include "projection_backward_wide.h"
-#include "row_access.cuh"
+#include "primitives/row_access.cuh"
+#include "projection/backward/wide.h"
+#include "projection/forward/mma.cuh"
 #include "sinkhorn4.cuh"
 
 namespace mhc::cuda {

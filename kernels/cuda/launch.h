@@ -21,13 +21,15 @@
 #include "mhc/ops/sinkhorn.h"
 #include "mhc/ops/weights.h"
 #include "mhc/types.h"
+#include "projection/geometry.h"
+#include "projection/plan.h"
 
 namespace mhc::cuda {
 
 // Rounds a byte count up so that every workspace slice stays 256-B aligned.
-inline size_t AlignBytes(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+using proj::AlignBytes;
 
-// The tensor-core projection's chunk partials (0 where it does not apply).
+// The projection's chunk partials (0 for static layers).
 size_t MmaProjectionWorkspace(const LayerSpec& spec, int64_t tokens,
                               DType dtype);
 size_t ProjectionForwardWorkspace(const LayerSpec& spec, int64_t tokens,
@@ -43,6 +45,10 @@ size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
 
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream);
+// The plan a projection op's launch follows (its variant names the kernel
+// metrics' label).
+ProjectionForwardPlan PlanOf(const ProjectionForwardParams& p);
+ProjectionBackwardPlan PlanOf(const ProjectionBackwardParams& p);
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
                                       Workspace ws, cudaStream_t stream);
 // `repair` (overflow_repair.h): the overflow repair of the SplitMix path in
@@ -140,11 +146,11 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
 absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                                  cudaStream_t stream);
 
-// Shared pieces (projection.cu) used by the fused launchers.
+// Shared pieces (projection/launch.cu) used by the fused launchers.
 
-// The tensor-core projection of a dynamic layer (proj_mma.cuh), in
-// workspace of MmaProjectionWorkspace bytes: the chunk partials (at its
-// start; SumChunks reads them), then h [M, N] and mean_square [M].
+// The projection of a dynamic layer (the plan's variant), in workspace of
+// MmaProjectionWorkspace bytes: the chunk partials (at its start; SumChunks
+// reads them), then h [M, N] and mean_square [M].
 absl::Status LaunchProjectionPartials(const LayerSpec& spec, int64_t tokens,
                                       DType dtype, const void* x,
                                       const float* phi, const float* gamma,
@@ -173,18 +179,16 @@ struct DxArgs {
   const void* dx_next = nullptr;  // [M, K] with r
   void* dx = nullptr;
   float* dphi_partial = nullptr;  // optional
-  // WideDxScratchBytes of scratch, where UseWideDx holds
-  // (projection_backward_wide.h).
+  // WideDxScratchBytes of scratch, for the plan's wide variants
+  // (projection/backward/wide.h).
   void* wide_scratch = nullptr;
 };
+// The plan's variant (projection/plan.h) for these tensors.
 absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
-// The tensor-core version (projection_backward_mma.cu), for dynamic layers
-// with n a power of two and at most 80 logits (MmaDxSuitsLayer);
-// LaunchDxAndPhiPartials picks it when UseMmaDx, which adds the request's
-// limits, holds.
-bool MmaDxSuitsLayer(const LayerSpec& spec);
-bool UseMmaDx(const DxArgs& a);
-absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
+// The mma variant (projection/backward/mma.cu), with the plan's row copies.
+absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
+                                       const ProjectionBackwardPlan& plan,
+                                       cudaStream_t stream);
 
 // grads_phi[g][k] += sum_chunks partial * gamma[k] (or without gamma);
 // grads_gamma[k] += sum_g (sum_chunks partial[g][k]) phi[g][k].

@@ -67,6 +67,12 @@ struct RepairBackwardArgs {
   const int* count = nullptr;
 };
 
+// The projection op's repair of its h and mean square, stream ordered after
+// the projection; no host sync.
+absl::Status LaunchProjectionRepair(const LayerSpec& spec, int64_t tokens,
+                                    const RepairSource& src, float* h,
+                                    float* mean_square, cudaStream_t stream);
+
 // Stream ordered after the dx kernel and the dphi reduction; no host sync.
 absl::Status LaunchRepairBackward(const LayerSpec& spec, int64_t tokens,
                                   DType dtype, const RepairBackwardArgs& a,

@@ -11,7 +11,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "post_mixing.cuh"
-#include "row_access.cuh"
+#include "primitives/row_access.cuh"
 
 namespace mhc::cuda {
 namespace {

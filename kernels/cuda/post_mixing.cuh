@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "common.cuh"
-#include "row_access.cuh"
+#include "primitives/row_access.cuh"
 
 namespace mhc::cuda {
 

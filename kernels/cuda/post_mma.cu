@@ -26,7 +26,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "post_mixing.cuh"
-#include "proj_mma_bf16.cuh"
+#include "projection/forward/mma_bf16.cuh"
 
 namespace mhc::cuda {
 namespace {

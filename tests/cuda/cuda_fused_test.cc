@@ -222,7 +222,7 @@ TEST_P(CudaFusedTest, PreAndHead) {
 }
 
 // The n = 8 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
-// on 16 bytes; projection_backward_wgmma.cu) with and without dx_next: a
+// on 16 bytes; projection/backward/wgmma_n8.cu) with and without dx_next: a
 // partial channel tile (C = 1032), a partial last stage in the second token
 // chunk, gamma on and off.
 TEST(CudaFusedN8Test, PreOnWarpgroupMmas) {

@@ -88,8 +88,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {4, 512, 40000, DType::kBF16, MatmulPrecision::kTf32, false, false},
       // The same with four K chunks (564 bf16 units) and three phi' terms.
       {4, 2048, 9000, DType::kBF16, MatmulPrecision::kIeee, true, false},
-      // The GEMM tiles of wide layers (projection_forward_wide.cu and, for
-      // TF32 with aligned rows, projection_forward_wgmma.cu): 3 and 2
+      // The GEMM tiles of wide layers (projection/forward/mma_wide.cu and, for
+      // TF32 with aligned rows, projection/forward/wgmma_tf32_wide.cu): 3 and 2
       // mma tiles per warp, three K chunks (n = 16, C = 4096), several logit
       // groups, odd K and unaligned rows (element copies), odd N, IEEE with
       // bf16 and fp32 x, and more units (314) than CTAs (n = 9, M = 20000).
@@ -102,13 +102,14 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {7, 777, 200, DType::kBF16, MatmulPrecision::kTf32, true, false},
       {8, 300, 300, DType::kF32, MatmulPrecision::kIeee, true, false},
       // Their warpgroup-mma form (TF32, aligned rows;
-      // projection_forward_wgmma.cu) without gamma: fp16 x in two groups of
-      // 96 logits, 144-logit units with a last tile of one token.
+      // projection/forward/wgmma_tf32_wide.cu) without gamma: fp16 x in two
+      // groups of 96 logits, 144-logit units with a last tile of one token.
       {12, 336, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
       {9, 1024, 129, DType::kBF16, MatmulPrecision::kTf32, false, false},
-      // The 80-logit bf16 tiles (n = 7, 8; projection_forward_bf16_wide.cu):
-      // gamma and none, a partial last stage (C = 1029), IEEE, 63 logits,
-      // more units (144 at n = 8, C = 4096, M = 3000) than CTAs.
+      // The 80-logit bf16 tiles (n = 7, 8;
+      // projection/forward/wgmma_bf16_wide.cu): gamma and none, a partial last
+      // stage (C = 1029), IEEE, 63 logits, more units (144 at n = 8, C = 4096,
+      // M = 3000) than CTAs.
       {8, 1024, 7000, DType::kBF16, MatmulPrecision::kTf32, true, false},
       {8, 1029, 650, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {8, 4096, 3000, DType::kBF16, MatmulPrecision::kTf32, false, false},

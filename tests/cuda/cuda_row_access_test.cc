@@ -1,8 +1,8 @@
 // The row kernels (aggregate, post, expand) and the projection backward on
 // activation tensors that start off every vector boundary, which sends the
 // row kernels down the strided path of kernels/cuda/row_access.cuh and the
-// projection's dx / dphi tiles through staged_slots.cuh (16-bit rows one
-// element off a word realigned on chip): the elementwise outputs and the
+// projection's dx / dphi tiles through primitives/staged_slots.cuh (16-bit rows
+// one element off a word realigned on chip): the elementwise outputs and the
 // projection's gradients bit for bit those of the vector path on the same
 // data, the row kernels' channel sums (summed in another order) within fp32
 // rounding, and not a byte written outside the outputs. Odd C against the
@@ -203,8 +203,8 @@ const std::set<std::string> kChannelSums = {"aggregate dh_pre", "post dh_post",
 const std::set<std::string> kPostRows = {"post x_next", "post df", "post dx"};
 // The phi gradients of n = 4 and 8 16-bit stream-major layers: aligned rows
 // sum a token chunk in the warpgroup mmas' accumulators
-// (projection_backward_rows.cu, projection_backward_wgmma.cu), shifted ones
-// per stage in fp32 (projection_backward_mma.cuh).
+// (projection/backward/wgmma_n4.cu, projection/backward/wgmma_n8.cu), shifted
+// ones per stage in fp32 (projection/backward/mma.cuh).
 const std::set<std::string> kPhiSums = {"projection dphi", "projection dgamma"};
 
 TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {

@@ -41,10 +41,11 @@ TEST(ObservabilityTest, AuditedDaemonReportsKernelsAndDeterminism) {
   MHC_ASSERT_OK_AND_ASSIGN(
       std::string scrape,
       HttpGet(daemon->metrics_host(), daemon->metrics_port(), "/metrics"));
-  EXPECT_EQ(MetricSample(scrape, "mhcd_kernel_duration_seconds_count{",
-                         {"op=\"pre\"", "direction=\"forward\"",
-                          "dtype=\"bf16\"", "n=\"4\"", "device=\"cpu\""}),
-            2);
+  EXPECT_EQ(
+      MetricSample(scrape, "mhcd_kernel_duration_seconds_count{",
+                   {"op=\"pre\"", "direction=\"forward\"", "dtype=\"bf16\"",
+                    "n=\"4\"", "device=\"cpu\"", "variant=\"default\""}),
+      2);
   EXPECT_EQ(MetricSample(scrape, "mhcd_kernel_tokens_sum{",
                          {"op=\"post\"", "direction=\"backward\""}),
             18);

@@ -166,6 +166,15 @@ class Backend {
   virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,
                                 int64_t tokens, DType act_dtype) const = 0;
 
+  // The kernel variant a projection launch with these params takes: a name
+  // from a small fixed set (docs/kernels.md), the `variant` label of the
+  // kernel metrics; kDefaultVariant where the backend has one kernel.
+  static constexpr absl::string_view kDefaultVariant = "default";
+  virtual absl::string_view ProjectionVariant(
+      const ProjectionForwardParams& p) const;
+  virtual absl::string_view ProjectionVariant(
+      const ProjectionBackwardParams& p) const;
+
   absl::Status ProjectionForward(const ProjectionForwardParams& p,
                                  Workspace ws);
   absl::Status ProjectionBackward(const ProjectionBackwardParams& p,

@@ -39,6 +39,23 @@ absl::StatusOr<void*> CudaOpStream(Backend& cuda_backend);
 // runtime: IPC handles, interprocess events and page-locked host memory.
 std::unique_ptr<DeviceIpc> MakeCudaDeviceIpc();
 
+// What a collective library running beside a CUDA backend's ops (NCCL, for
+// groups) needs of the device besides Backend: the calling thread's current
+// device, which NCCL's calls take theirs from, and a marker on the op
+// stream that the host polls instead of waiting for the device.
+absl::Status UseCudaDevice(int device);
+class CudaStreamMarker {
+ public:
+  virtual ~CudaStreamMarker() = default;
+  // Marks the work issued so far on `stream` (CudaOpStream's).
+  virtual absl::Status Record(void* stream) = 0;
+  // Whether the marked work has run, without waiting; an error when the
+  // device failed. True before the first Record.
+  virtual absl::StatusOr<bool> Done() = 0;
+};
+absl::StatusOr<std::unique_ptr<CudaStreamMarker>> MakeCudaStreamMarker(
+    int device);
+
 // Test-only fault injection (mhcd --fault_injection): from this call on,
 // the process's CUDA backends fail their `alloc`-th device allocation,
 // `launch`-th op launch (each op the backend runs, one or more kernels) and

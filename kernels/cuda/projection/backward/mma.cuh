@@ -1,0 +1,706 @@
+// Tensor-core projection backward: dx = dh phi' + dms 2 v / K (+ the fused
+// pre backward's aggregate and residual terms) and the per-chunk partial
+// sums of dphi = dh^T v, from one read of x.
+//
+// A CTA owns the channels [c0, c0 + 128 / n) of every stream (128 columns
+// of K) and one fixed chunk of kTokenChunk tokens, which it walks in stages
+// of kStageTokens tokens through a cp.async pipeline. Owning whole channels
+// keeps the residual term's reads of dx_next (all streams of a channel)
+// inside the CTA's own tile. Each warp owns 16 of the columns and runs two
+// mma.m16n8k8 tf32 products per stage on the staged tile:
+//   dx tile [tokens x 16 cols] = dh [tokens x N] . phi' [N x 16 cols]
+//   dphi^T [16 cols x N]      += x^T [16 cols x tokens] . dh [tokens x N]
+// phi' stays in registers for the whole CTA; x reaches the dphi mma through
+// ldmatrix.trans, which hands each lane tokens 2u and 2u + 1: the mma's
+// k slots u and u + 4 are mapped to those tokens for both operands.
+//
+// dh is rounded to tf32 once per stage, straight into the mma fragment
+// layouts, so each warp's operands are single vector loads. A stage's dx
+// goes over the warp's own columns of the staged x tile and leaves in whole
+// rows: 16-byte stores, or for rows off the 16-byte boundary (odd C, offset
+// tensors, staged through primitives/staged_slots.cuh, still asynchronous) two
+// rows of element stores per instruction (RowCopy). Every mode computes the
+// same bits.
+//
+// Numerics: 16-bit x converts to tf32 exactly. dh and phi' are rounded to
+// tf32 (MATMUL_PRECISION_TF32) or split into tf32 high and low parts with the
+// three-product correction (IEEE, ~2^-21 relative, fp32 x split as well).
+// dphi accumulates each stage in fresh mma registers and adds the stage into
+// fp32 with rounded adds, as the forward does.
+//
+// Determinism / batch invariance: a token's dx is a dot product over g in the
+// mma's fixed order plus per-element terms, independent of M and of the
+// token's slot in the tile. dphi partials are per (chunk, column), tokens in
+// order within the chunk, reduced over chunks in order by
+// LaunchPhiGradReduce. No atomics.
+//
+// This header holds the kernel and its launch; mma_bf16
+// / _f16 / _f32.cu build it once per activation dtype, so the three builds
+// (the largest of the library) compile in parallel.
+#ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_CUH_
+#define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_CUH_
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "primitives/kernel_fit.h"
+#include "primitives/staged_slots.cuh"
+#include "projection/backward/mma_tiles.cuh"
+#include "projection/forward/mma.cuh"
+
+namespace mhc::cuda::dx_mma {
+
+// kVectorRows: built for RowCopy::kVector alone, so the aligned path carries
+// none of the other modes' registers or checks. kTerms: built with the pre
+// backward's aggregate and residual terms, each switched on where the request
+// has it. The vector kernels fit either way and are built with them only;
+// the other modes build the plain projection backward apart, since the
+// terms' registers would otherwise spill into their copy loops.
+template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
+__global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
+    dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
+                       MmaDxDev a) {
+  extern __shared__ __align__(16) char smem[];
+  constexpr int RS = RowStride<T>(NT);
+  constexpr int kVecElems = 16 / sizeof(T);
+  constexpr bool kSplitX = kIeee && sizeof(T) == 4;
+  constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
+  // dphi tiles per pass over the staged x fragments: all of them up to 24
+  // logits, in fresh registers either way.
+  constexpr int kAccTiles = NT <= 3 ? NT : kDphiGroupTiles;
+  static_assert(NT % kAccTiles == 0, "passes cover the tiles");
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int n = s.n;
+  const int log_n = __ffs(n) - 1;
+  const int wc = kCols >> log_n;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * wc;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
+  // int, so that the per-stage counts never go through 64-bit math.
+  const int chunk_tokens =
+      static_cast<int>(min(tokens - begin, static_cast<int64_t>(kTokenChunk)));
+  const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
+  const bool aggregate = kTerms && a.h_pre != nullptr;
+  const bool residual = kTerms && a.r != nullptr;
+  const bool want_dphi = a.dphi_partial != nullptr;
+  const SmemPlan plan = PlanSmem<T>(n, s.N, kIeee, aggregate, residual);
+  T* xs = reinterpret_cast<T*>(smem + plan.x);
+  T* dxns = reinterpret_cast<T*>(smem + plan.dxn);
+  T* dys = reinterpret_cast<T*>(smem + plan.dy);
+  float* dh_raw = reinterpret_cast<float*>(smem + plan.dh_raw);
+  float* dh_a = reinterpret_cast<float*>(smem + plan.dh_a);
+  float* dh_b = reinterpret_cast<float*>(smem + plan.dh_b);
+  float* dmss = reinterpret_cast<float*>(smem + plan.dms);
+  float* hps = reinterpret_cast<float*>(smem + plan.hp);
+  float* rs = reinterpret_cast<float*>(smem + plan.r);
+  const RowCopy copy = kVectorRows ? RowCopy::kVector : a.copy;
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* dx_next = static_cast<const T*>(a.dx_next);
+  T* dx = static_cast<T*>(a.dx);
+
+  // This thread's 16-byte vector of every activation row it copies: the
+  // same columns at every stage.
+  constexpr int kPerRow = kCols / kVecElems;
+  constexpr int kRowStep = kThreads / kPerRow;
+  const int vec_j = (tid % kPerRow) * kVecElems;
+  const int vec_k = ColumnOf(s, log_n, c0, vec_j).k;
+  // The same columns as a slot (RowCopy::kSlots): a run is one stream's
+  // channels of the tile (stream major) or the whole tile row (minor).
+  SlotColumns x_slot;
+  if (s.minor) {
+    const int64_t k = c0 * n + vec_j;
+    x_slot = MakeSlotColumns<T>(
+        k, min(static_cast<int64_t>(kCols - vec_j), s.K - k), kCols);
+  } else {
+    const int stream = vec_j >> (7 - log_n);
+    const int chan = vec_j & (wc - 1);
+    const int64_t left = min(static_cast<int64_t>(wc - chan), s.C - c0 - chan);
+    x_slot = MakeSlotColumns<T>(left > 0 ? stream * s.C + c0 + chan : 0, left,
+                                kCols + 2 * stream);
+  }
+  // Walks this thread's slots of one [kStageTokens x 128 columns] activation
+  // tile (x or dx_next) whose first `rows` rows hold tokens: f(i, staged row,
+  // global row, row holds a token) for its i-th row.
+  constexpr int kRowsPerThread = kStageTokens / kRowStep;
+  static_assert(kRowsPerThread <= kSlotPlanRows, "a plan word per tensor");
+  const int row0 = tid / kPerRow;
+  const int row0_offset = row0 * static_cast<int>(s.K);
+  const int row_step_offset = kRowStep * static_cast<int>(s.K);
+  auto for_row_slots = [&](const T* src, T* dst, int64_t m0, int rows,
+                           auto&& f) {
+    const T* tile = src + m0 * s.K + row0_offset;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = row0 + i * kRowStep;
+      const bool ok = row < rows;
+      f(i, dst + row * RS, ok ? tile + i * row_step_offset : src, ok);
+    }
+  };
+  auto row_plans = [&](const T* tensor) {
+    uint32_t plans = 0;
+    for (int i = 0; i < kRowsPerThread && copy == RowCopy::kSlots; ++i) {
+      const int64_t row = row0 + i * kRowStep;
+      plans |= SlotPlanOf(tensor + row * s.K + x_slot.k, x_slot)
+               << (kSlotPlanBits * i);
+    }
+    return plans;
+  };
+  const uint32_t x_plans = row_plans(x);
+  const uint32_t xn_plans = residual ? row_plans(dx_next) : 0;
+  // Copies one activation tile.
+  auto load_rows = [&](const T* src, T* dst, int64_t m0, int rows,
+                       uint32_t plans) {
+    if (copy == RowCopy::kVector) {
+      for_row_slots(src, dst, m0, rows,
+                    [&](int, T* drow, const T* srow, bool ok) {
+                      const bool in = ok && vec_k >= 0;
+                      CpAsync<16>(drow + vec_j, in ? srow + vec_k : src, in);
+                    });
+      return;
+    }
+    if (copy == RowCopy::kSlots) {
+      for_row_slots(src, dst, m0, rows,
+                    [&](int i, T* drow, const T* srow, bool ok) {
+                      IssueSlot(drow, vec_j, srow, x_slot, ok,
+                                RowPlan(plans, i), src + tokens * s.K);
+                    });
+      return;
+    }
+    for (int v = tid; v < kStageTokens * kPerRow; v += kThreads) {
+      const int row = v / kPerRow;
+      const int j = (v % kPerRow) * kVecElems;
+      T* d = dst + row * RS + j;
+      // Unaligned rows: element copies, each column checked (odd C).
+      for (int e = 0; e < kVecElems; ++e) {
+        const Column ce = ColumnOf(s, log_n, c0, j + e);
+        d[e] = row < rows && ce.k >= 0 ? src[(m0 + row) * s.K + ce.k]
+                                       : FromFloat<T>(0.0f);
+      }
+    }
+  };
+  // This thread's slot of the dy rows ([kStageTokens x wc channels] of an
+  // [M, C] tensor, wc / kVecElems slots per row: a divisor of 32), counted
+  // from thread FirstThread::kDy.
+  const int dy_per_row = wc / kVecElems;
+  const int dy_tid = (tid - FirstThread::kDy) & (kThreads - 1);
+  const int dy_c = (dy_tid % dy_per_row) * kVecElems;
+  const int dy_row0 = dy_tid / dy_per_row;
+  const int dy_row_step = kThreads / dy_per_row;
+  const SlotColumns dy_slot = MakeSlotColumns<T>(
+      c0 + dy_c, min(static_cast<int64_t>(wc - dy_c), s.C - c0 - dy_c), wc);
+  auto for_dy_slots = [&](T* dst, int64_t m0, int rows, auto&& f) {
+    int i = 0;
+    for (int row = dy_row0; row < kStageTokens; row += dy_row_step, ++i) {
+      const bool ok = row < rows;
+      f(i, dst + row * plan.dy_row, ok ? dy + (m0 + row) * s.C : dy, ok);
+    }
+  };
+  uint32_t dy_plans = 0;
+  if (aggregate && copy == RowCopy::kSlots) {
+    // Plans from the rows' own offsets (a stage's global rows stop at M).
+    for_dy_slots(dys, 0, kStageTokens, [&](int i, T*, const T*, bool) {
+      const int64_t row = dy_row0 + i * dy_row_step;
+      dy_plans |= SlotPlanOf(dy + row * s.C + dy_slot.k, dy_slot)
+                  << (kSlotPlanBits * i);
+    });
+  }
+  // First token and valid tokens of stage st.
+  auto first_token = [&](int st) {
+    return begin + static_cast<int64_t>(st) * kStageTokens;
+  };
+  auto rows_of = [&](int st) {
+    return min(chunk_tokens - st * kStageTokens, kStageTokens);
+  };
+  // A stage's run of `width` floats per token (dh, dms, H_pre, R rows): the
+  // rows of its tokens, zero past them; thread `first` takes the first copy.
+  auto load_run = [&](float* dst, const float* base, int width, int64_t m0,
+                      int rows, int first) {
+    const float* src = base + m0 * width;
+    const int total = kStageTokens * width;  // a multiple of 4
+    const int valid = rows * width;
+    const int run_tid = (tid - first) & (kThreads - 1);
+    if (a.runs16) {
+      for (int v = 4 * run_tid; v < total; v += 4 * kThreads) {
+        const int left = valid - v;
+        if (left >= 4 || left <= 0) {
+          CpAsync<16>(dst + v, left > 0 ? src + v : base, left > 0);
+        } else {
+          // The tensor may end inside this vector: no read past it.
+          for (int e = 0; e < 4; ++e) {
+            CpAsync<4>(dst + v + e, e < left ? src + v + e : base, e < left);
+          }
+        }
+      }
+    } else {
+      for (int v = run_tid; v < total; v += kThreads) {
+        CpAsync<4>(dst + v, v < valid ? src + v : base, v < valid);
+      }
+    }
+  };
+  // The terms' tensors as the TermsTag has them (stage_dx below).
+  auto load_stage = [&](int st, auto terms_tag) {
+    using Terms = decltype(terms_tag);
+    constexpr int kTermsN = Terms::value;
+    if (st >= stages) return;
+    const int buf = st % kStages;
+    const int64_t m0 = first_token(st);
+    const int rows = rows_of(st);
+    load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
+    load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows,
+             FirstThread::kDh);
+    load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, FirstThread::kDms);
+    if constexpr (kTermsN == 0) return;
+    const int tn = kTermsN > 0 ? kTermsN : n;
+    if (Terms::Residual(residual)) {
+      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
+      load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows,
+               FirstThread::kR);
+    }
+    T* dy_dst = dys + buf * kStageTokens * plan.dy_row;
+    if (copy == RowCopy::kElements) {
+      for (int v = tid; v < kStageTokens * wc; v += kThreads) {
+        const int row = v / wc;
+        const int c = v % wc;
+        dy_dst[row * plan.dy_row + c] = row < rows && c0 + c < s.C
+                                            ? dy[(m0 + row) * s.C + c0 + c]
+                                            : FromFloat<T>(0.0f);
+      }
+    } else {
+      for_dy_slots(dy_dst, m0, rows,
+                   [&](int i, T* drow, const T* srow, bool ok) {
+                     if (copy == RowCopy::kVector) {
+                       const bool in = ok && dy_slot.valid > 0;
+                       CpAsync<16>(drow + dy_c, in ? srow + dy_slot.k : dy, in);
+                     } else {
+                       IssueSlot(drow, dy_c, srow, dy_slot, ok,
+                                 RowPlan(dy_plans, i), dy + tokens * s.C);
+                     }
+                   });
+    }
+    load_run(hps + buf * kStageTokens * tn, a.h_pre, tn, m0, rows,
+             FirstThread::kHPre);
+  };
+
+  // Realigns this thread's unaligned 16-bit slots of a landed stage.
+  auto realign_stage = [&](int st) {
+    if (sizeof(T) == 4 || copy != RowCopy::kSlots) return;
+    const int buf = st % kStages;
+    const int64_t m0 = first_token(st);
+    const int rows = rows_of(st);
+    auto realign_rows = [&](T* tile, uint32_t plans) {
+      // Only the staged rows matter here; x stands in for the global rows.
+      for_row_slots(x, tile, m0, rows, [&](int i, T* drow, const T*, bool ok) {
+        RealignSlot(drow, vec_j, x_slot, ok, RowPlan(plans, i));
+      });
+    };
+    realign_rows(xs + buf * kStageTokens * RS, x_plans);
+    if (residual) realign_rows(dxns + buf * kStageTokens * RS, xn_plans);
+    if (aggregate) {
+      for_dy_slots(dys + buf * kStageTokens * plan.dy_row, m0, rows,
+                   [&](int i, T* drow, const T*, bool ok) {
+                     RealignSlot(drow, dy_c, dy_slot, ok, RowPlan(dy_plans, i));
+                   });
+    }
+  };
+
+  // This warp's 16 columns: j0 .. j0 + 15.
+  const int j0 = warp * 16;
+  // phi' fragments (B of the dx product): rows g = 8 kt + quad (+4), column
+  // j0 + 8 nt + grp.
+  uint32_t ph_hi[NT][2][2];
+  [[maybe_unused]] uint32_t ph_lo[NT][2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const Column col = ColumnOf(s, log_n, c0, j0 + 8 * nt + grp);
+    const float gm = a.gamma != nullptr && col.k >= 0 ? a.gamma[col.k] : 1.0f;
+#pragma unroll
+    for (int kt = 0; kt < NT; ++kt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int g = 8 * kt + quad + 4 * h;
+        const float v =
+            col.k >= 0 && g < s.N ? a.phi[g * s.K + col.k] * gm : 0.0f;
+        SplitTf32<kIeee>(v, ph_hi[kt][nt][h], ph_lo[kt][nt][h]);
+      }
+    }
+  }
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  // This lane's part of storing the warp's dx rows (16 columns each), every
+  // kStoreRows rows from store_row: with vector rows 16 bytes (kStoreLanes
+  // lanes per row; each quarter warp reads rows kStoreLanes apart, which sit
+  // in distinct banks), else one element (16 lanes per row).
+  constexpr int kStoreLanes = kVectorRows ? 16 / kVecElems : 16;
+  constexpr int kStoreRows = 32 / kStoreLanes;
+  const int quarter = lane >> 3;
+  const int store_row = kVectorRows ? (lane & 7) / kStoreLanes * kStoreLanes +
+                                          quarter % kStoreLanes +
+                                          quarter / kStoreLanes * 8
+                                    : lane >> 4;
+  const int store_j =
+      j0 + (kVectorRows ? lane % kStoreLanes * kVecElems : lane & 15);
+  const int store_k = ColumnOf(s, log_n, c0, store_j).k;
+  const int store_step = kStoreRows * static_cast<int>(s.K);
+
+  float dphi[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dphi[nt][e] = 0.0f;
+  }
+
+  // Rounds the landed dh of stage buffer `buf` into the fragments of dh_a /
+  // dh_b (zero past N up to the tiles' width), one fragment per thread.
+  auto convert_dh = [&](int buf) {
+    const float* raw = dh_raw + buf * kStageTokens * s.N;
+    auto at = [&](int t, int g) { return g < s.N ? raw[t * s.N + g] : 0.0f; };
+    auto put = [&](float* dst, int floats, int f, const auto& v) {
+      constexpr int V = sizeof(v) / sizeof(float);
+      float hi[V];
+      [[maybe_unused]] float lo[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        uint32_t h, l;
+        SplitTf32<kIeee>(v[e], h, l);
+        hi[e] = __uint_as_float(h);
+        if constexpr (kIeee) lo[e] = __uint_as_float(l);
+      }
+      StoreVec<float, V>(dst + f * V, hi);
+      if constexpr (kIeee) StoreVec<float, V>(dst + floats + f * V, lo);
+    };
+    constexpr int kAFrags = kDhAFloats / 4, kBFrags = kDhBFloats / 2;
+#pragma unroll
+    for (int f0 = 0; f0 < kAFrags; f0 += kThreads) {
+      const int f = f0 + tid;
+      if (f >= kAFrags) break;
+      const int fl = f & 31, tile = f >> 5;  // tile = NT mt + kt
+      const int t = tile / NT * 16 + (fl >> 2);
+      const int g = tile % NT * 8 + (fl & 3);
+      const float v[4] = {at(t, g), at(t + 8, g), at(t, g + 4),
+                          at(t + 8, g + 4)};
+      put(dh_a, kDhAFloats, f, v);
+    }
+    const int b_tid = (tid - FirstThread::kDhB) & (kThreads - 1);
+#pragma unroll
+    for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
+      const int f = f0 + b_tid;
+      if (f >= kBFrags) break;
+      const int fl = f & 31, tile = f >> 5;  // tile = NT (2 half + step) + nt
+      const int t = tile / NT * 8 + 2 * (fl & 3);
+      const int g = tile % NT * 8 + (fl >> 2);
+      const float v[2] = {at(t, g), at(t + 1, g)};
+      put(dh_b, kDhBFloats, f, v);
+    }
+  };
+
+  // dphi^T += x^T dh over one stage, the logit tiles in passes of kAccTiles
+  // (one pass up to 24 logits); the first pass loads the x fragments of each
+  // 16-token half just before its products, later passes reuse them.
+  auto stage_dphi = [&](const T* xt) {
+    // A fragments per 16-token half and k step: [half][step][slot].
+    uint32_t xa[2][2][4];
+    [[maybe_unused]] uint32_t xl[2][2][4];
+    auto load_x = [&](int half) {
+      LoadXTransposed<kSplitX>(lane, xt, RS, half * 16, j0, xa[half], xl[half]);
+    };
+#pragma unroll
+    for (int t0 = 0; t0 < NT; t0 += kAccTiles) {
+      float acc[kAccTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kAccTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int half = 0; half < kStageTokens / 16; ++half) {
+        if (t0 == 0) load_x(half);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
+          const float* d = dh_b + ((half * 2 + step) * NT + t0) * 64 + 2 * lane;
+#pragma unroll
+          for (int nt = 0; nt < kAccTiles; ++nt) {
+            const float2 b = *reinterpret_cast<const float2*>(d + 64 * nt);
+            Mma1688(acc[nt], xa[half][step], b.x, b.y);
+            if constexpr (kIeee) {
+              const float2 bl =
+                  *reinterpret_cast<const float2*>(d + kDhBFloats + 64 * nt);
+              Mma1688(acc[nt], xa[half][step], bl.x, bl.y);
+            }
+            if constexpr (kSplitX) Mma1688(acc[nt], xl[half][step], b.x, b.y);
+          }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kAccTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dphi[t0 + nt][e] += acc[nt][e];
+      }
+    }
+  };
+
+  // dx for the stage's tokens and this warp's columns, stored to global.
+  // Rows past the stage's tokens compute (zero-filled, finite) values too,
+  // so the epilogue runs without branches; only the stores below skip them.
+  // terms_tag: a TermsTag, each a separate copy of the stage loop so none
+  // carries another's checks. The lane's staged rows are set once per
+  // stage: every pair below is them plus compile-time offsets.
+  auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
+    using Terms = decltype(terms_tag);
+    constexpr int kTermsN = Terms::value;
+    T* xt = xs + buf * kStageTokens * RS;
+    const int lane_row = buf * kStageTokens + grp;
+    T* x_pairs = xt + grp * RS + j0 + 2 * quad;
+    const float* dms_rows = dmss + lane_row;
+    [[maybe_unused]] TermLane<T> terms;
+    if constexpr (kTermsN > 0) {
+      terms = TermLaneOf<T, kTermsN, RS>(Terms::Minor(s.minor), j0, quad,
+                                         lane_row, dxns, dys, hps, rs);
+    }
+    // The stage's dx goes over this warp's own columns of the x tile, which
+    // the other lanes' ldmatrix reads must have left. All products, then all
+    // terms, then all stores: a store into the x tile may alias any staged
+    // operand as far as the compiler knows, so a load after it would wait
+    // for it.
+    __syncwarp();
+    constexpr int kMt = kStageTokens / 16;
+    float d[kMt][2][4];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[mt][nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kt = 0; kt < NT; ++kt) {
+        // Logits 8 kt + quad (+4) of tokens 16 mt + grp (+8).
+        const float* p = dh_a + ((mt * NT + kt) * 32 + lane) * 4;
+        float hi[4];
+        [[maybe_unused]] float lo[4];
+        LoadVec<float, 4>(p, hi);
+        if constexpr (kIeee) LoadVec<float, 4>(p + kDhAFloats, lo);
+        uint32_t ah[4];
+        [[maybe_unused]] uint32_t al[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ah[e] = __float_as_uint(hi[e]);
+          if constexpr (kIeee) al[e] = __float_as_uint(lo[e]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          Mma1688(d[mt][nt], ah, __uint_as_float(ph_hi[kt][nt][0]),
+                  __uint_as_float(ph_hi[kt][nt][1]));
+          if constexpr (kIeee) {
+            Mma1688(d[mt][nt], al, __uint_as_float(ph_hi[kt][nt][0]),
+                    __uint_as_float(ph_hi[kt][nt][1]));
+            Mma1688(d[mt][nt], ah, __uint_as_float(ph_lo[kt][nt][0]),
+                    __uint_as_float(ph_lo[kt][nt][1]));
+          }
+        }
+      }
+    }
+    // The lane's output pair of rows dt and the 8 nt columns right of its
+    // first: d[mt][nt][2 h], d[mt][nt][2 h + 1] with dt = 16 mt + 8 h.
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dt = mt * 16 + 8 * h;  // rows below the lane's first
+        const float dm = dms_rows[dt] * ms_scale;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
+          float out[2] = {fmaf(dm, v.x, d[mt][nt][2 * h]),
+                          fmaf(dm, v.y, d[mt][nt][2 * h + 1])};
+          if constexpr (kTermsN > 0) {
+            AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
+                                     Terms::Residual(residual), terms, dt, nt,
+                                     out);
+          } else if constexpr (kTermsN < 0) {
+            const int j = j0 + 8 * nt + 2 * quad;
+            const int row = lane_row + dt;
+            const T* dxn_row = dxns + row * RS;
+            const T* dy_row = dys + row * plan.dy_row;
+            const float* hp_row = hps + row * n;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const Column col = ColumnOf(s, log_n, c0, j + e);
+              float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
+              if (residual) {
+                const float* r_row = rs + (row * n + col.stream) * n;
+                for (int i = 0; i < n; ++i) {
+                  acc = fmaf(
+                      r_row[i],
+                      ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]), acc);
+                }
+              }
+              out[e] += acc;
+            }
+          }
+          d[mt][nt][2 * h] = out[0];
+          d[mt][nt][2 * h + 1] = out[1];
+        }
+      }
+    }
+    // Into the x slots whose last reads were above; to dx below.
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float out[2] = {d[mt][nt][2 * h], d[mt][nt][2 * h + 1]};
+          StoreVec<T, 2>(x_pairs + (mt * 16 + 8 * h) * RS + 8 * nt, out);
+        }
+      }
+    }
+    __syncwarp();
+    // Whole rows of the warp's columns per instruction, so each writes whole
+    // sectors (vector rows) or at least never pairs of 2-byte halves.
+    T* out = dx + (m0 + store_row) * s.K + store_k;
+#pragma unroll
+    for (int i = 0; i < kStageTokens / kStoreRows; ++i) {
+      const int t = store_row + i * kStoreRows;
+      if (t < rows && store_k >= 0) {
+        if constexpr (kVectorRows) {
+          *reinterpret_cast<uint4*>(out + i * store_step) =
+              *reinterpret_cast<const uint4*>(xt + t * RS + store_j);
+        } else {
+          out[i * store_step] = xt[t * RS + store_j];
+        }
+      }
+    }
+  };
+
+  auto run_stages = [&](auto terms_tag) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      load_stage(st, terms_tag);
+      CpAsyncCommit();
+    }
+    for (int st = 0; st < stages; ++st) {
+      CpAsyncWait<kStages - 2>();
+      realign_stage(st);
+      __syncthreads();
+      load_stage(st + kStages - 1, terms_tag);
+      CpAsyncCommit();
+      const int buf = st % kStages;
+      convert_dh(buf);
+      __syncthreads();
+      if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
+      stage_dx(buf, first_token(st), rows_of(st), terms_tag);
+    }
+  };
+  // The residual term comes only with the aggregate one (the fused pre
+  // backward), so !aggregate is the plain projection backward.
+  if (!aggregate) {
+    run_stages(TermsTag<0>{});
+  } else if constexpr (kTerms) {
+    // n = 4 layers have 24 logits (NT = 3), n = 8 layers 80; heads of n = 4
+    // and 8 up to 8 (NT = 1), and no residual term. Vector rows fix the
+    // layout and the residual flag per stage loop; the slot and element
+    // copies read them at run time (built fixed, their pre backward ran many
+    // times slower: docs/decisions.md).
+    auto with_flags = [&](auto n_tag) {
+      constexpr int kN = decltype(n_tag)::value;
+      auto with_layout = [&](auto minor_tag) {
+        constexpr int kMinor = decltype(minor_tag)::value;
+        if (!residual) {
+          run_stages(TermsTag<kN, kMinor, 0>{});
+        } else if constexpr (NT != 1) {
+          run_stages(TermsTag<kN, kMinor, 1>{});
+        } else {
+          run_stages(TermsTag<kN>{});
+        }
+      };
+      if constexpr (!kVectorRows) {
+        run_stages(TermsTag<kN>{});
+      } else if (s.minor) {
+        with_layout(IntTag<1>{});
+      } else {
+        with_layout(IntTag<0>{});
+      }
+    };
+    if (n == 4 && NT != kMaxTiles) {
+      with_flags(IntTag<4>{});
+    } else if (n == 8 && NT != 3) {
+      with_flags(IntTag<8>{});
+    } else {
+      run_stages(TermsTag<-1>{});
+    }
+  }
+  CpAsyncWait<0>();
+  if (!want_dphi) return;
+  // dphi^T fragment: rows (columns of K) j0 + grp (+8), logits 8 nt + 2 quad
+  // (+1).
+  float* partial = a.dphi_partial + blockIdx.y * s.N * s.K;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const Column col = ColumnOf(s, log_n, c0, j0 + grp + 8 * h);
+    if (col.k < 0) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int g = 8 * nt + 2 * quad + e;
+        if (g < s.N) partial[g * s.K + col.k] = dphi[nt][2 * h + e];
+      }
+    }
+  }
+}
+
+template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
+cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
+                        const MmaDxDev& d, cudaStream_t stream) {
+  const SmemPlan plan =
+      PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
+  // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
+  const int wc = kCols / s.n;
+  const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
+  return LaunchLargeSmem(dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>,
+                         grid, kThreads, plan.total, stream, s, tokens,
+                         static_cast<const T*>(x), d);
+}
+
+// The kernel built for T, its logit tiles, precision, copy mode and terms.
+template <typename T>
+cudaError_t LaunchDxMmaFor(const DevSpec& s, int64_t tokens, const void* x,
+                           const MmaDxDev& d, bool ieee, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  auto go = [&](auto nt_tag) {
+    DispatchBool(ieee, [&](auto ieee_tag) {
+      auto launch = [&](auto vector_tag, auto terms_tag) {
+        err = LaunchTyped<T, decltype(nt_tag)::value, decltype(ieee_tag)::value,
+                          decltype(vector_tag)::value,
+                          decltype(terms_tag)::value>(s, tokens, x, d, stream);
+      };
+      if (d.copy == RowCopy::kVector) {
+        launch(std::true_type{}, std::true_type{});
+      } else {
+        DispatchBool(d.h_pre != nullptr || d.r != nullptr, [&](auto terms_tag) {
+          launch(std::false_type{}, terms_tag);
+        });
+      }
+    });
+  };
+  switch (TilesFor(s.N)) {
+    case 1:
+      go(IntTag<1>{});
+      break;
+    case 3:
+      go(IntTag<3>{});
+      break;
+    default:
+      go(IntTag<kMaxTiles>{});
+  }
+  return err;
+}
+
+}  // namespace mhc::cuda::dx_mma
+
+#endif  // MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_CUH_

@@ -1,0 +1,10 @@
+// The tensor-core dx / dphi kernel built for f16 activations.
+#include "projection/backward/mma.cuh"
+
+namespace mhc::cuda::dx_mma {
+
+template cudaError_t LaunchDxMmaFor<__half>(const DevSpec&, int64_t,
+                                            const void*, const MmaDxDev&, bool,
+                                            cudaStream_t);
+
+}  // namespace mhc::cuda::dx_mma

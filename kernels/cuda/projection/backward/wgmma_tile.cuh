@@ -1,0 +1,86 @@
+// What the warpgroup-mma dx / dphi kernels (projection/backward/wgmma_n8.cu,
+// projection/backward/wgmma_n4.cu) share: a CTA's tile (kChans channels of
+// every stream, one token chunk), the per-stage rounding of dh into both
+// operand layouts, and the store of the dphi^T accumulators into the chunk's
+// partial rows.
+#ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
+#define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
+
+#include <cstdint>
+
+#include "dispatch.cuh"
+#include "primitives/wgmma.cuh"
+#include "projection/forward/mma.cuh"
+
+namespace mhc::cuda {
+
+// Channels [c0, c0 + chans) of every stream (chans < kChans past the last
+// full tile) and tokens [begin, begin + chunk_tokens), in stages of
+// kStageTokens tokens.
+template <int kStageTokens>
+struct DxTile {
+  int64_t c0;
+  int chans;
+  int64_t begin;
+  int chunk_tokens;
+  int stages;
+
+  __device__ __forceinline__ int64_t StageToken(int st) const {
+    return begin + static_cast<int64_t>(st) * kStageTokens;
+  }
+  __device__ __forceinline__ int StageRows(int st) const {
+    return min(kStageTokens, chunk_tokens - st * kStageTokens);
+  }
+};
+
+template <int kChans, int kStageTokens>
+__device__ __forceinline__ DxTile<kStageTokens> ThisDxTile(const DevSpec& s,
+                                                           int64_t tokens) {
+  DxTile<kStageTokens> t;
+  t.c0 = static_cast<int64_t>(blockIdx.x) * kChans;
+  t.chans = static_cast<int>(min(static_cast<int64_t>(kChans), s.C - t.c0));
+  t.begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
+  t.chunk_tokens = static_cast<int>(
+      min(tokens - t.begin, static_cast<int64_t>(kTokenChunk)));
+  t.stages = (t.chunk_tokens + kStageTokens - 1) / kStageTokens;
+  return t;
+}
+
+// Logits 4 c .. 4 c + 3 (of a 32-logit block) of token t's dh, q, rounded to
+// tf32 into both operand layouts: chunk c of the token's 128-byte swizzled
+// row t at token_rows (dx's operand), and element pos (the token's
+// WgmmaTokenPosition in its 32-token block) of logit rows 4 c .. 4 c + 3 at
+// logit_rows (dphi's B).
+__device__ __forceinline__ void StoreRoundedDh(float4 q, int t, int c, int pos,
+                                               char* token_rows,
+                                               float* logit_rows) {
+  const float r[4] = {RoundTf32(q.x), RoundTf32(q.y), RoundTf32(q.z),
+                      RoundTf32(q.w)};
+  *reinterpret_cast<float4*>(token_rows + SwizzledChunkAt(t, c)) =
+      make_float4(r[0], r[1], r[2], r[3]);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) logit_rows[SwizzledRow(4 * c + e, pos)] = r[e];
+}
+
+// A warp's dphi^T accumulators of m64nNk8 wgmmas over its 16 columns of the
+// tile from col0 (column j: stream j / kChans, channel j % kChans): dphi[i]
+// is column col0 + grp + 8 ((i / 2) % 2), logit 8 (i / 4) + 2 quad + i % 2.
+// partial: the chunk's [N][K] rows.
+template <int kLogits, int kChans, int kStageTokens>
+__device__ __forceinline__ void StoreDphiPartial(
+    const float (&dphi)[kLogits / 2], const DevSpec& s,
+    const DxTile<kStageTokens>& tile, int col0, int lane, float* partial) {
+  const int grp = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kLogits / 2; ++i) {
+    const int j = col0 + grp + 8 * ((i >> 1) & 1);
+    const int g = 8 * (i >> 2) + 2 * quad + (i & 1);
+    if (j % kChans < tile.chans) {
+      partial[g * s.K + (j / kChans) * s.C + tile.c0 + j % kChans] = dphi[i];
+    }
+  }
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_

@@ -1,0 +1,227 @@
+// What the bf16 warpgroup-mma projection units share
+// (projection/forward/wgmma_bf16.cu: one logit group;
+// projection/forward/wgmma_bf16_wide.cu: 80 logits): the stage geometry, phi'
+// split into bf16 B tiles, x rows copied into wgmma's A layout, the sum of
+// squares on mma.sync, and the accumulators' flush and store.
+//
+// Numerics: phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines
+// it) split into bf16 terms hi + mid (TF32 precision: 16 significant bits)
+// or hi + mid + lo (IEEE); products of bf16 x and a term are exact in fp32.
+// The tensor cores accumulate a few stages (they truncate against a long
+// running sum), then Flush adds them to fp32 sums with rounded adds.
+#ifndef MHC_KERNELS_CUDA_PROJECTION_FORWARD_BF16_UNIT_CUH_
+#define MHC_KERNELS_CUDA_PROJECTION_FORWARD_BF16_UNIT_CUH_
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "mhc/types.h"
+#include "primitives/wgmma.cuh"
+#include "projection/forward/mma.cuh"
+
+namespace mhc::cuda::bf16_unit {
+
+inline constexpr int kStageK = kMmaBk;         // 64 bf16: one 128-byte row
+inline constexpr int kRowBytes = kStageK * 2;  // of a token or of a logit
+inline constexpr int kRowChunks = kRowBytes / 16;
+static_assert(kRowBytes == 128,
+              "rows of primitives/wgmma.cuh's swizzled layout");
+
+__host__ __device__ constexpr int Terms(bool ieee) { return ieee ? 3 : 2; }
+
+// The bf16 terms of one phi' chunk (logit row g, 16-byte chunk c) into the
+// term tiles at `tiles`, kTileBytes apart, consumed from v.
+template <int kTileBytes, int kTerms>
+__device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
+                                              int c) {
+  const int at = SwizzledChunkAt(g, c);
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) {
+    uint4 w;
+    w.x = SplitPair(v[0], v[1]);
+    w.y = SplitPair(v[2], v[3]);
+    w.z = SplitPair(v[4], v[5]);
+    w.w = SplitPair(v[6], v[7]);
+    *reinterpret_cast<uint4*>(tiles + t * kTileBytes + at) = w;
+  }
+}
+
+// A unit of kTokens tokens: tokens m0 .. m0 + rows - 1 over its K chunk
+// [kbeg, kend) (span k, in `stages` stages of kStageK).
+struct UnitSpan {
+  int64_t m0, kbeg, kend;
+  int rows, span, stages;
+};
+template <int kTokens>
+__device__ __forceinline__ UnitSpan UnitSpanOf(const DevSpec& s, int64_t tokens,
+                                               const ChunkPlan& plan,
+                                               const MmaUnit& unit) {
+  UnitSpan u;
+  u.m0 = unit.tile * kTokens;
+  u.kbeg = static_cast<int64_t>(unit.chunk) * plan.chunk;
+  u.kend = min(s.K, u.kbeg + plan.chunk);
+  u.rows = static_cast<int>(min(static_cast<int64_t>(kTokens), tokens - u.m0));
+  u.span = static_cast<int>(u.kend - u.kbeg);
+  u.stages = (u.span + kStageK - 1) / kStageK;
+  return u;
+}
+
+// One thread's share of a unit's x tile (kTokens rows by kThreads threads):
+// piece xc of rows xr + i kRowsPerPass. Rows go in copies of kCopyBytes
+// (the plan's x_copy_bytes: 16, or 8 / 4 where an odd C leaves rows of 4 C / 2
+// C elements on 8 / 4 bytes); the pieces keep their place in the swizzled row,
+// so the width never changes the bits. (16-byte copies from the boundaries
+// around such rows, shifted into place through a raw ring, measured slower than
+// the narrow copies: docs/decisions.md.)
+template <int kThreads, int kTokens, int kCopyBytes>
+class XCopies {
+ public:
+  __device__ explicit XCopies(int tid)
+      : xc_(tid % kRowPieces), xr_(tid / kRowPieces) {}
+
+  // The copies of unit u (kTokens tokens).
+  __device__ void Begin(const __nv_bfloat16* x, int64_t K, const UnitSpan& u) {
+    src_ = x + (u.m0 + xr_) * K + u.kbeg + xc_ * kPieceElems;
+    rows_ = 0;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      if (xr_ + i * kRowsPerPass < u.rows) rows_ |= 1u << i;
+    }
+    // A piece holds k below the chunk's end (K is a multiple of the piece)
+    // when its stage offset is below:
+    klimit_ = u.span - xc_ * kPieceElems;
+  }
+
+  // The copies of the stage at k offset kst into `tile`; `any` is a valid
+  // address for the zero-filled ones.
+  __device__ void Load(char* tile, int64_t K, int kst,
+                       const __nv_bfloat16* any) const {
+    const bool k_ok = kst < klimit_;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool ok = k_ok && ((rows_ >> i) & 1u);
+      const int at =
+          SwizzledChunkAt(xr_ + i * kRowsPerPass, xc_ * kCopyBytes / 16) +
+          xc_ * kCopyBytes % 16;
+      CpAsync<kCopyBytes>(tile + at,
+                          ok ? src_ + kst + i * kRowsPerPass * K : any, ok);
+    }
+  }
+
+ private:
+  static constexpr int kPieceElems = kCopyBytes / 2;
+  static constexpr int kRowPieces = kRowBytes / kCopyBytes;
+  static constexpr int kRowsPerPass = kThreads / kRowPieces;
+  static constexpr int kPasses = kTokens / kRowsPerPass;
+  static_assert(kPasses <= 32, "a mask bit per pass");
+  int xc_, xr_;
+  const __nv_bfloat16* src_ = nullptr;
+  unsigned rows_ = 0;
+  int klimit_ = 0;
+};
+
+// A warp's kW logits and sums of squares of its 16 token rows (slab ..
+// slab + 15 of the unit), in the wgmma accumulator layout
+// (primitives/wgmma.cuh).
+template <int kW>
+struct WarpSums {
+  float acc[kW / 2], fresh[kW / 2], gram[2][4];
+  float ss[2];
+
+  __device__ void Zero() {
+    ZeroFill(acc);
+    ZeroFill(fresh);
+    ZeroFill(gram);
+    ss[0] = ss[1] = 0.0f;
+  }
+
+  // The warpgroup's wgmmas of one staged 64-k tile into fresh: per 16 k,
+  // one per term (B tiles kTileBytes apart).
+  template <int kTerms, int kTileBytes>
+  __device__ void IssueStage(uint64_t a_desc, uint64_t b_desc) {
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < kStageK / 16; ++j) {
+#pragma unroll
+      for (int t = 0; t < kTerms; ++t) {
+        WgmmaBf16<kW>(fresh, DescriptorPlus(a_desc, 32 * j),
+                      DescriptorPlus(b_desc, t * kTileBytes + 32 * j));
+      }
+    }
+    WgmmaCommit();
+  }
+
+  // x x^T of the warp's rows of one staged 64-k tile: each token's x.x
+  // lands on the diagonal, exact products added in fp32.
+  __device__ void AddSquares(const char* tile, int slab, int lane) {
+    // ldmatrix rows: lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows
+    // at k 8 of each 16-k step.
+    const int row = slab + (lane & 15);
+#pragma unroll
+    for (int j = 0; j < kStageK / 16; ++j) {
+      uint32_t a[4];
+      LdMatrixX4(a, tile + SwizzledChunkAt(row, 2 * j + (lane >> 4)));
+      // As B operands the same registers are x^T: tokens 0-7 in a[0],
+      // a[2], tokens 8-15 in a[1], a[3].
+      Mma16816(gram[0], a, a[0], a[2]);
+      Mma16816(gram[1], a, a[1], a[3]);
+    }
+  }
+
+  // The lane with quad == grp / 2 holds token grp's x.x (gram[0]) and token
+  // grp + 8's (gram[1]).
+  __device__ void Flush(int grp) {
+#pragma unroll
+    for (int i = 0; i < kW / 2; ++i) {
+      acc[i] += fresh[i];
+      fresh[i] = 0.0f;
+    }
+    const bool odd = grp & 1;
+    ss[0] += odd ? gram[0][1] : gram[0][0];
+    ss[1] += odd ? gram[1][3] : gram[1][2];
+    ZeroFill(gram);
+  }
+
+  // Rows of `width` floats at out: the N logits, then the sum of squares;
+  // rows at or past `rows` hold no token.
+  __device__ void Store(float* out, int width, int N, int slab, int rows,
+                        int grp, int quad) const {
+#pragma unroll
+    for (int i = 0; i < kW / 2; ++i) {
+      const int t = slab + grp + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
+      if (t < rows && col < N) out[t * width + col] = acc[i];
+    }
+    if (quad == grp >> 1) {
+      const int t = slab + grp;
+      if (t < rows) out[t * width + N] = ss[0];
+      if (t + 8 < rows) out[(t + 8) * width + N] = ss[1];
+    }
+  }
+};
+
+// f(terms tag, copy bytes tag) for the layer's precision and the copies x's
+// rows take (the plan's x_copy_bytes, not 0).
+template <typename F>
+cudaError_t ForTermsAndCopies(const LayerSpec& spec, int copy_bytes, F&& f) {
+  auto for_copies = [&](auto terms) {
+    switch (copy_bytes) {
+      case 16:
+        return f(terms, IntTag<16>{});
+      case 8:
+        return f(terms, IntTag<8>{});
+      default:
+        return f(terms, IntTag<4>{});
+    }
+  };
+  return spec.matmul_precision == MatmulPrecision::kIeee
+             ? for_copies(IntTag<Terms(true)>{})
+             : for_copies(IntTag<Terms(false)>{});
+}
+
+}  // namespace mhc::cuda::bf16_unit
+
+#endif  // MHC_KERNELS_CUDA_PROJECTION_FORWARD_BF16_UNIT_CUH_

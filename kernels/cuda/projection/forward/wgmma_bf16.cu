@@ -1,0 +1,355 @@
+// The projection forward of bf16 layers with one logit group (n <= 4 mHC
+// layers, heads) on warpgroup mmas. The mma.sync units
+// (projection/forward/mma_bf16.cuh) spend most of their instructions per stage
+// on fragment loads and addressing beside the mmas, and left HBM idle part of
+// the time (docs/decisions.md); here the tensor cores read both operands from
+// shared memory.
+//
+// Unit: 64 tokens (half of a projection/forward/mma.cuh tile) x one K chunk
+// (PlanChunks), one warpgroup per CTA; the partials land in
+// projection/forward/mma.cuh's layout, so the chunk sum and the fused pre
+// forward's mixing read them unchanged. Units half the mma.sync units' size
+// leave less of the last wave idle. Per stage of 64 k (one 128-byte swizzled
+// row per token and per logit): x lands straight in wgmma's A layout (bf16, no
+// conversion), as one tensor copy that one thread asks for where rows sit on
+// 16 bytes (the copy engine swizzles and zero-fills rows past M and k past
+// K; the threads' own cp.async pieces cost a fifth of a warp's
+// instructions per stage, docs/decisions.md), else as cp.async pieces; phi'
+// = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) split into
+// bf16 terms hi + mid (TF32 precision: 16 significant bits) or hi + mid + lo
+// (IEEE) lands in B tiles of 24 rows, copied (one bulk copy beside x's) from
+// a split made once per launch or split per stage by the unit (small
+// batches): the same function makes both, so both give the same bits, as do
+// both ways x arrives.
+// The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for its 64
+// tokens; the products of bf16 x and a bf16 term are exact in fp32. The sum
+// of squares comes from the same staged tile on mma.sync (ldmatrix, then
+// x x^T: each token's x.x lands on the diagonal, exact products added in
+// fp32) while the wgmmas run. Both accumulate four stages in the tensor
+// cores, then are added to fp32 sums with rounded adds (the tensor cores
+// truncate against a long running sum), as the mma.sync units do.
+//
+// Determinism / batch invariance: a token's h and sum of squares depend on
+// its x row, phi', K and N only (rows of both products are independent dot
+// products in a fixed k order); chunks are added in order by the chunk sum.
+// No floating-point atomics.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "dispatch.cuh"
+#include "primitives/tma.cuh"
+#include "primitives/wgmma.cuh"
+#include "projection/forward/bf16_unit.cuh"
+#include "projection/forward/mma.cuh"
+#include "projection/forward/wgmma_bf16.h"
+
+namespace mhc::cuda {
+namespace {
+
+using bf16_unit::kRowBytes;
+using bf16_unit::kRowChunks;
+using bf16_unit::kStageK;
+using bf16_unit::Terms;
+
+constexpr int kStages = 3;
+constexpr int kUnitTokens = 64;           // wgmma rows
+constexpr int kUnitThreads = 128;         // one warpgroup
+constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
+constexpr int kXTileBytes = kUnitTokens * kRowBytes;
+constexpr int kTermTileBytes = kTileLogits * kRowBytes;
+constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
+static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
+// A stage: the x tile, then one B tile per term; all on swizzle atoms.
+__host__ __device__ constexpr int StageBytes(int terms) {
+  return kXTileBytes + terms * kTermTileBytes;
+}
+template <int kTerms>
+constexpr int SmemBytes() {
+  return kStages * StageBytes(kTerms) + kSwizzleAtomBytes;
+}
+static_assert(kXTileBytes % kSwizzleAtomBytes == 0 &&
+                  kTermTileBytes % kSwizzleAtomBytes == 0,
+              "operand tiles start on atoms");
+// The split takes the workspace the mma.sync units' split would.
+static_assert(Terms(false) * kTermTileBytes == kBf16HiMidWords * 4 &&
+                  Terms(true) * kTermTileBytes == kBf16StageWords * 4,
+              "same split bytes per stage");
+
+__host__ __device__ inline int64_t UnitsOf(int64_t tokens) {
+  return (tokens + kUnitTokens - 1) / kUnitTokens;
+}
+
+// phi' split once for the launch: a CTA per 64-k stage, its term tiles
+// where the units copy them from.
+template <int kTerms>
+__global__ void __launch_bounds__(kSplitChunks)
+    phi_planes_kernel(DevSpec s, const float* phi, const float* gamma, bool vec,
+                      char* planes) {
+  AllowDependentLaunch();  // the units may take their slots beside it
+  const int g = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
+  float v[8];
+  FetchPhiChunk(s, phi, gamma, g, k0, s.K, vec, v);
+  bf16_unit::StorePhiChunk<kTermTileBytes, kTerms>(
+      v, planes + static_cast<int64_t>(blockIdx.x) * kTerms * kTermTileBytes, g,
+      c);
+}
+
+// kTma: x (rows on 16 bytes) by tensor copies and the split by bulk copies,
+// issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
+// thread.
+template <int kTerms, int kCopyBytes, bool kTma>
+__global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
+    const __grid_constant__ CUtensorMap x_map, DevSpec s, int64_t tokens,
+    const __nv_bfloat16* __restrict__ x, const float* __restrict__ phi,
+    const float* __restrict__ gamma, const char* __restrict__ planes,
+    bool vec_phi, float* partial, unsigned long long* next_unit) {
+  static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
+  constexpr int kStageBytes = StageBytes(kTerms);
+  constexpr int kSplitBytes = kTerms * kTermTileBytes;
+  extern __shared__ __align__(16) char bf16_proj_smem[];
+  char* smem = AtomAligned(bf16_proj_smem);
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int grp = lane >> 2;
+  const int quad = lane & 3;
+  const int slab = 16 * warp;  // this warp's first token row
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const int64_t units = UnitsOf(tokens) * plan.chunks;
+  const int width = s.N + 1;
+  bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
+  const uint64_t a_desc0 = SwizzledDescriptor(smem);
+  const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
+  // With kTma, stage slot i's copies complete on landed[i]; bit i of
+  // `parity` is the phase of it the next wait expects.
+  __shared__ __align__(8) uint64_t landed[kStages];
+  uint32_t parity = 0;
+  if (kTma) {
+    if (tid == 0) {
+      for (int i = 0; i < kStages; ++i) MbarrierInit(&landed[i], 1);
+      FenceMbarrierInit();
+    }
+    __syncthreads();
+  }
+  WaitForPrerequisiteGrid();  // the phi' planes
+
+  // A unit's tile index counts halves of projection/forward/mma.cuh's tiles.
+  ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
+    const bf16_unit::UnitSpan u =
+        bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
+    if (!kTma) x_copies.Begin(x, s.K, u);
+    const char* split_src =
+        planes != nullptr ? planes + u.kbeg / kStageK * int64_t{kSplitBytes}
+                          : nullptr;
+    const bool split_here = split_src == nullptr;
+
+    auto load = [&](int st) {
+      if (st >= u.stages) return;
+      char* stage = smem + st % kStages * kStageBytes;
+      if (kTma) {
+        // One thread asks for the x tile (rows past the tokens and k past K
+        // land as zeros) and the stage's split.
+        if (tid != 0) return;
+        uint64_t* bar = &landed[st % kStages];
+        MbarrierArriveExpectBytes(
+            bar, kXTileBytes + (split_src != nullptr ? kSplitBytes : 0));
+        TmaLoadTile2d(stage, &x_map, static_cast<int>(u.kbeg + st * kStageK),
+                      static_cast<int>(u.m0), bar);
+        if (split_src != nullptr) {
+          BulkLoad(stage + kXTileBytes, split_src + st * kSplitBytes,
+                   kSplitBytes, bar);
+        }
+        return;
+      }
+      x_copies.Load(stage, s.K, st * kStageK, x);
+      if (split_src != nullptr) {
+        const char* src = split_src + st * kSplitBytes;
+#pragma unroll
+        for (int q = tid * 16; q < kSplitBytes; q += kUnitThreads * 16) {
+          CpAsync<16>(stage + kXTileBytes + q, src + q, true);
+        }
+      }
+    };
+    // The per-stage split travels through registers a stage ahead: pass i
+    // holds chunk q % kRowChunks of logit row q / kRowChunks, q = tid + 128 i.
+    constexpr int kSplitPasses =
+        (kSplitChunks + kUnitThreads - 1) / kUnitThreads;
+    float pv[kSplitPasses][8];
+    auto for_split_chunks = [&](int st, auto&& f) {
+      if (!split_here || st >= u.stages) return;
+#pragma unroll
+      for (int i = 0; i < kSplitPasses; ++i) {
+        const int q = tid + i * kUnitThreads;
+        if (q < kSplitChunks) f(pv[i], q / kRowChunks, q % kRowChunks);
+      }
+    };
+    auto fetch_phi = [&](int st) {
+      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
+        FetchPhiChunk(s, phi, gamma, g, u.kbeg + st * kStageK + c * 8, u.kend,
+                      vec_phi, v);
+      });
+    };
+    auto store_phi = [&](int st) {
+      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
+        bf16_unit::StorePhiChunk<kTermTileBytes, kTerms>(
+            v, smem + st % kStages * kStageBytes + kXTileBytes, g, c);
+      });
+    };
+
+    bf16_unit::WarpSums<kTileLogits> sums;
+    sums.Zero();
+    auto compute = [&](int st) {
+      const int at = st % kStages * kStageBytes;
+      const uint64_t a_desc = DescriptorPlus(a_desc0, at);
+      const uint64_t b_desc = DescriptorPlus(b_desc0, at);
+      sums.IssueStage<kTerms, kTermTileBytes>(a_desc, b_desc);
+      // Rows past the tokens hold zeros.
+      if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
+    };
+
+    fetch_phi(0);
+    store_phi(0);
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      load(st);
+      CpAsyncCommit();
+    }
+    for (int st = 0; st < u.stages; ++st) {
+      fetch_phi(st + 1);
+      if (kTma) {
+        const int slot = st % kStages;
+        MbarrierWait(&landed[slot], (parity >> slot) & 1u);
+        parity ^= 1u << slot;
+      } else {
+        CpAsyncWait<kStages - 2>();
+      }
+      // The copies and split stores of stage st, for the wgmmas' proxy.
+      FenceProxyAsyncShared();
+      __syncthreads();
+      load(st + kStages - 1);
+      CpAsyncCommit();
+      compute(st);
+      store_phi(st + 1);
+      // Stage st's buffers are refilled after the next barrier.
+      WgmmaWait<0>();
+      if ((st & 3) == 3 || st == u.stages - 1) sums.Flush(grp);
+    }
+    CpAsyncWait<0>();
+
+    float* out =
+        partial +
+        PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
+        unit.tile % 2 * kUnitTokens * width;
+    sums.Store(out, width, s.N, slab, u.rows, grp, quad);
+    // The next unit's first copies reuse the stages this one read.
+    __syncthreads();
+  });
+  AllowDependentLaunch();  // the chunk sum may take this CTA's slot
+}
+
+template <int kTerms, int kCopyBytes, bool kTma>
+cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
+                        int64_t tokens, const void* x, const float* phi,
+                        const float* gamma, bool vec_phi, char* planes,
+                        float* partial, unsigned long long* next_unit,
+                        cudaStream_t stream) {
+  const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
+  auto kernel = bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma>;
+  auto launch = [&](auto first) {
+    return LaunchPersistentBlocksAfter(
+        first, kernel, kUnitThreads, /*equal_shares=*/true, units,
+        SmemBytes<kTerms>(), next_unit, stream, x_map, s, tokens,
+        static_cast<const __nv_bfloat16*>(x), phi, gamma,
+        static_cast<const char*>(planes), vec_phi, partial);
+  };
+  if (planes == nullptr) return launch(NoFirstKernel{});
+  // The split runs first; the units' CTAs take their slots beside it and
+  // wait for it before their first copy.
+  return launch([&] {
+    phi_planes_kernel<kTerms>
+        <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
+            s, phi, gamma, vec_phi, planes);
+    return cudaGetLastError();
+  });
+}
+
+// x [tokens, K] bf16 as a tensor map of kUnitTokens x kStageK boxes in
+// wgmma's 128-byte swizzle; false where the driver has no encoder or x does
+// not fit one (rows not on 16 bytes, coordinates past 32 bits).
+bool EncodeXTileMap(const void* x, int64_t K, int64_t tokens,
+                    CUtensorMap* map) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                         cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr || K % 8 != 0 || !Aligned16(x) || K >= INT32_MAX ||
+      tokens >= INT32_MAX) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K),
+                              static_cast<cuuint64_t>(tokens)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t box[2] = {kStageK, kUnitTokens};
+  const cuuint32_t steps[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x),
+                dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+absl::Status LaunchBf16WgmmaProjectionPartials(
+    const LayerSpec& spec, int64_t tokens, const void* x, const float* phi,
+    const float* gamma, const ProjectionForwardPlan& plan, void* workspace,
+    cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(spec);
+  char* base = static_cast<char*>(workspace);
+  float* partial = reinterpret_cast<float*>(base);
+  char* split =
+      plan.split_phi ? base + plan.workspace.phi_split_offset : nullptr;
+  auto* next_unit = reinterpret_cast<unsigned long long*>(
+      base + plan.workspace.counter_offset);
+  const bool vec_phi = plan.phi_vector;
+  const cudaError_t err = bf16_unit::ForTermsAndCopies(
+      spec, plan.x_copy_bytes, [&](auto terms, auto copy_bytes) {
+        constexpr int kT = decltype(terms)::value;
+        constexpr int kC = decltype(copy_bytes)::value;
+        CUtensorMap x_map{};
+        if constexpr (kC == 16) {
+          // Rows on 16 bytes are also on 8: where no tensor map can be made
+          // (no encoder in the driver, coordinates past 32 bits), the 8-byte
+          // pieces take them, with the same bits.
+          if (EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+            return LaunchTerms<kT, 16, true>(x_map, s, tokens, x, phi, gamma,
+                                             vec_phi, split, partial, next_unit,
+                                             stream);
+          }
+          return LaunchTerms<kT, 8, false>(x_map, s, tokens, x, phi, gamma,
+                                           vec_phi, split, partial, next_unit,
+                                           stream);
+        } else {
+          return LaunchTerms<kT, kC, false>(x_map, s, tokens, x, phi, gamma,
+                                            vec_phi, split, partial, next_unit,
+                                            stream);
+        }
+      });
+  const std::string shape = ShapeString(spec, tokens, DType::kBF16);
+  MHC_CUDA_RETURN_IF_ERROR(err, "projection forward wgmma_bf16", shape);
+  MHC_CUDA_CHECK_LAUNCH("projection forward wgmma_bf16", shape);
+  return absl::OkStatus();
+}
+
+}  // namespace mhc::cuda

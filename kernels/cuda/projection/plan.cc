@@ -1,0 +1,507 @@
+// The projection plan's two tables and what they compute from a launch:
+// each row a condition and the variant it picks, tried in order.
+#include "projection/plan.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "projection/geometry.h"
+
+namespace mhc::cuda {
+namespace {
+
+using proj::AlignBytes;
+using BV = ProjectionBackwardVariant;
+using FV = ProjectionForwardVariant;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// What every row of either table reads, derived once per launch.
+struct Launch {
+  const LayerSpec& spec;
+  DType dtype;
+  int64_t tokens;
+  int N;
+  int64_t K;
+  int esize;  // bytes per activation element
+  bool ieee;
+  bool bf16;
+  bool sixteen_bit;
+  bool stream_major;
+};
+
+Launch LaunchOf(const LayerSpec& spec, DType dtype, int64_t tokens) {
+  return {spec,
+          dtype,
+          tokens,
+          static_cast<int>(spec.NumLogits()),
+          spec.K(),
+          static_cast<int>(DTypeSize(dtype)),
+          spec.matmul_precision == MatmulPrecision::kIeee,
+          dtype == DType::kBF16,
+          dtype != DType::kF32,
+          spec.layout == Layout::kStreamMajor};
+}
+
+// The widest copy (16, 8 or 4 bytes; 0: element copies) every x row takes:
+// an odd C still leaves rows of 4 C elements 8-byte aligned and rows of 2 C
+// elements 4-byte aligned.
+int XCopyBytes(const Launch& l, int x_alignment) {
+  for (int bytes : {16, 8, 4}) {
+    if (l.K % (bytes / l.esize) == 0 && x_alignment >= bytes) return bytes;
+  }
+  return 0;
+}
+
+PlanExample Example(int n, int64_t hidden, DType dtype = DType::kBF16,
+                    MatmulPrecision precision = MatmulPrecision::kTf32) {
+  PlanExample e;
+  e.n = n;
+  e.hidden = hidden;
+  e.dtype = dtype;
+  e.precision = precision;
+  return e;
+}
+PlanExample Static(PlanExample e) {
+  e.dynamic = false;
+  return e;
+}
+PlanExample WithAggregate(PlanExample e) {
+  e.terms.aggregate = true;
+  return e;
+}
+
+// ---- Forward.
+
+struct ForwardCase {
+  Launch l;
+  const ProjectionForwardAlignment& a;
+  int x_copy;        // XCopyBytes
+  bool phi_vector;   // phi and gamma rows by 16-byte loads
+  bool vector_rows;  // x, phi and gamma rows of whole 16-byte vectors
+};
+
+struct ForwardRule {
+  ProjectionForwardRow row;
+  bool (*holds)(const ForwardCase& c);
+};
+
+// The forward table, first row that holds wins.
+const std::vector<ForwardRule>& ForwardRules() {
+  static const auto* rules = new std::vector<ForwardRule>{
+      {{FV::kNone, "static layer (no projection)", "-", "",
+        Static(Example(4, 256))},
+       [](const ForwardCase& c) { return !c.l.spec.dynamic; }},
+      {{FV::kWgmmaBf16,
+        "bf16, `N <= 24` (mHC `n <= 4`, every HEAD), `x` rows allow 16-, 8- "
+        "or 4-byte copies",
+        "kernels/cuda/projection/forward/wgmma_bf16.cu",
+        "64-token units on `wgmma.m64n24k16`; `x` by tensor copies where rows "
+        "sit on 16 bytes, else 8- / 4-byte `cp.async` pieces; `phi'` split "
+        "into bf16 terms once per launch when that costs <= 2.5 % of the `x` "
+        "bytes, else per stage",
+        Example(4, 256)},
+       [](const ForwardCase& c) {
+         return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
+       }},
+      {{FV::kWgmmaBf16Wide,
+        "bf16, `48 < N <= 80` (mHC `n = 7, 8`), `x` rows allow copies, "
+        "`phi` / `gamma` on 16 bytes",
+        "kernels/cuda/projection/forward/wgmma_bf16_wide.cu",
+        "128-token units of 80 logits on `wgmma`; a third warpgroup copies raw "
+        "`phi` and splits it one stage ahead",
+        Example(8, 256)},
+       [](const ForwardCase& c) {
+         return c.l.bf16 && c.l.N > 2 * proj::kLogitGroup &&
+                c.l.N <= proj::kBf16WideLogits && c.x_copy != 0 && c.phi_vector;
+       }},
+      {{FV::kWgmmaTf32Wide,
+        "`N > 48` (mHC `n >= 7`), TF32, `x`, `phi`, `gamma` rows of whole "
+        "16-byte vectors",
+        "kernels/cuda/projection/forward/wgmma_tf32_wide.cu",
+        "128 tokens x 96 or 144 logits on `wgmma`, `x` converted to TF32 in a "
+        "swizzled tile, `phi'` rounded in place",
+        Example(8, 256, DType::kF32)},
+       [](const ForwardCase& c) {
+         return c.l.N > 2 * proj::kLogitGroup && !c.l.ieee && c.vector_rows;
+       }},
+      // The wide rows start past two logit groups: n = 5, 6 layers (35, 48
+      // logits) measured as fast or faster on two mma groups than on the
+      // GEMM tiles.
+      {{FV::kMmaWide, "`N > 48` otherwise (IEEE, rows off 16 bytes)",
+        "kernels/cuda/projection/forward/mma_wide.cu",
+        "GEMM tiles of 128 tokens x 64 or 96 logits on `mma.sync`",
+        Example(8, 256, DType::kF32, MatmulPrecision::kIeee)},
+       [](const ForwardCase& c) { return c.l.N > 2 * proj::kLogitGroup; }},
+      {{FV::kMma,
+        "everything else: `N <= 48` (fp16 / fp32, mHC `n = 5, 6`, bf16 rows "
+        "without a copy width)",
+        "kernels/cuda/projection/forward/mma.cu",
+        "units of 128 tokens x a K chunk x up to 24 logits on `mma.sync` "
+        "(bf16 against the `phi'` split, else TF32), the copy width fixed per "
+        "kernel",
+        Example(4, 256, DType::kF16)},
+       [](const ForwardCase&) { return true; }},
+  };
+  return *rules;
+}
+
+ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
+  ProjectionForwardWorkspaceLayout w;
+  if (!l.spec.dynamic) return w;
+  w.partials = AlignBytes(sizeof(float) * l.tokens *
+                          proj::PlanChunks(l.K, l.N).chunks * (l.N + 1));
+  // bf16 layers of one group split phi' once per launch when the split (96
+  // B per k, 144 under IEEE) costs at most 2.5 % of the x bytes; smaller
+  // batches split it per tile.
+  if (l.bf16 && proj::LogitGroups(l.N) == 1) {
+    const int words = l.ieee ? proj::kBf16StageWords : proj::kBf16HiMidWords;
+    const size_t bytes = AlignBytes(sizeof(uint32_t) * words *
+                                    ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
+    const size_t x_bytes = static_cast<size_t>(l.tokens) * l.K * 2;
+    if (bytes * 40 <= x_bytes) w.phi_split = bytes;
+  }
+  w.phi_split_offset = w.partials;
+  w.counter_offset = w.partials + w.phi_split;
+  w.total = w.counter_offset + proj::kUnitCounterBytes;
+  return w;
+}
+
+// ---- Backward.
+
+struct BackwardCase {
+  Launch l;
+  const ProjectionBackwardAlignment& a;
+  DxTerms terms;
+};
+
+bool PowerOfTwoStreams(int n) {
+  return n >= 1 && n <= 16 && (n & (n - 1)) == 0;
+}
+
+// The layers the register-resident mma.sync backward is built for: whole
+// channels per CTA (128 / n columns of each stream), at most 80 logits.
+bool MmaDxSuitsLayer(const LayerSpec& spec) {
+  return spec.dynamic && PowerOfTwoStreams(spec.n) &&
+         spec.NumLogits() <= proj::kDxMaxTiles * 8;
+}
+
+// The warpgroup-mma kernels' shared conditions: one mHC layer shape,
+// stream-major, 16-bit activations under TF32, whole 16-byte channel runs,
+// x, dx and dh on 16 bytes. Every per-token run is a multiple of 16 bytes
+// and dms is copied by elements, so M never matters.
+bool WgmmaShape(const BackwardCase& c, int n, int64_t stage_tokens) {
+  const LayerSpec& s = c.l.spec;
+  return s.dynamic && s.kind == LayerKind::kMhc && s.n == n &&
+         c.l.stream_major && !c.l.ieee && c.l.sixteen_bit &&
+         s.hidden % proj::kWgmmaVec == 0 && c.l.tokens > 0 && c.a.x >= 16 &&
+         c.a.dx >= 16 && c.a.dh >= 16 && c.l.K <= kInt32Max / stage_tokens;
+}
+
+bool WideDxOnWgmma(const Launch& l) {
+  const int padded =
+      (l.N + proj::kLogitPad - 1) / proj::kLogitPad * proj::kLogitPad;
+  return !l.ieee && padded / proj::kLogitBlock >= proj::kWgmmaDxBlocks;
+}
+
+struct BackwardRule {
+  ProjectionBackwardRow row;
+  bool (*holds)(const BackwardCase& c);
+};
+
+// The backward table (dx and the dphi partials), first row that holds wins.
+// Each warpgroup-mma row's requests are a subset of the mma row's, so which
+// of the first three rows runs never changes the workspace.
+const std::vector<BackwardRule>& BackwardRules() {
+  static const auto* rules = new std::vector<BackwardRule>{
+      {{BV::kWgmmaN4,
+        "mHC `n = 4`, stream-major, TF32, bf16 / fp16, `C % 8 == 0`, `x`, "
+        "`dx`, `dh` on 16 bytes, no fused terms",
+        "kernels/cuda/projection/backward/wgmma_n4.cu",
+        "64-token stages, `dx` as the `wgmma` result written over `x` in the "
+        "staged tile and stored in whole rows, `dphi^T` on `wgmma`",
+        Example(4, 256)},
+       [](const BackwardCase& c) {
+         return !c.terms.aggregate && !c.terms.residual &&
+                WgmmaShape(c, 4, proj::kWgmmaN4StageTokens);
+       }},
+      {{BV::kWgmmaN8,
+        "mHC `n = 8`, stream-major, TF32, bf16 / fp16, `C % 8 == 0`, every "
+        "tensor on 16 bytes (residual term only with the aggregate one)",
+        "kernels/cuda/projection/backward/wgmma_n8.cu",
+        "128 columns x 32-token stages, `dx^T` and `dphi^T` on `wgmma`, "
+        "`phi'^T` "
+        "in registers, the epilogue beside the next stage's `wgmma`s",
+        Example(8, 256)},
+       [](const BackwardCase& c) {
+         const auto& a = c.a;
+         return (!c.terms.residual || c.terms.aggregate) && a.h_pre >= 16 &&
+                a.dy >= 16 && a.r >= 16 && a.dx_next >= 16 &&
+                WgmmaShape(c, 8, proj::kWgmmaN8StageTokens);
+       }},
+      {{BV::kMma,
+        "dynamic, `n` a power of two, `N <= 80` (mHC `n <= 8`, HEAD any "
+        "`n`), the tile fits shared memory",
+        "kernels/cuda/projection/backward/mma.cu",
+        "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
+        "registers; rows off 16 bytes through realigned `cp.async` slots",
+        Example(4, 256, DType::kF32)},
+       [](const BackwardCase& c) {
+         return MmaDxSuitsLayer(c.l.spec) &&
+                c.l.K <= kInt32Max / proj::kDxStageTokens &&
+                proj::DxSmemBytes(c.l.esize, c.l.spec.n, c.l.N, c.l.ieee,
+                                  c.terms.aggregate,
+                                  c.terms.residual) <= proj::kMaxSmemPerBlock;
+       }},
+      {{BV::kWgmmaWide,
+        "other dynamic layers, TF32, at least six 32-logit blocks (mHC `n >= "
+        "12`)",
+        "kernels/cuda/projection/backward/wide.cu",
+        "operands rounded once into scratch, then `dx` as a GEMM on runs of K "
+        "on `wgmma`, and `dphi` per token chunk",
+        Example(12, 64)},
+       [](const BackwardCase& c) {
+         return c.l.spec.dynamic && c.l.K <= kInt32Max && WideDxOnWgmma(c.l);
+       }},
+      {{BV::kMmaWide,
+        "other dynamic layers (mHC `n = 3, 5-7, 9-11`; IEEE; fp32 `n = 8` "
+        "with the residual term)",
+        "kernels/cuda/projection/backward/wide.cu",
+        "as `wgmma_wide` with the `dx` GEMM on `mma.sync`", Example(3, 256)},
+       [](const BackwardCase& c) {
+         return c.l.spec.dynamic && c.l.K <= kInt32Max;
+       }},
+      {{BV::kFma, "no projection (static layers' fused terms), or `K > 2^31`",
+        "kernels/cuda/projection/backward/fma.cu", "FFMA, a thread per `k`",
+        WithAggregate(Static(Example(4, 256)))},
+       [](const BackwardCase&) { return true; }},
+  };
+  return *rules;
+}
+
+bool IsWide(ProjectionBackwardVariant v) {
+  return v == BV::kMmaWide || v == BV::kWgmmaWide;
+}
+
+ProjectionBackwardWorkspaceLayout BackwardWorkspace(const Launch& l, bool wide,
+                                                    DxTerms terms) {
+  ProjectionBackwardWorkspaceLayout w;
+  w.phi_chunk_tokens = PhiChunkTokens(l.spec);
+  w.phi_chunks = (l.tokens + w.phi_chunk_tokens - 1) / w.phi_chunk_tokens;
+  w.dphi_partials = AlignBytes(sizeof(float) * w.phi_chunks * l.N * l.K);
+  if (wide && l.tokens > 0) {
+    const int64_t padded =
+        (l.N + proj::kLogitPad - 1) / proj::kLogitPad * proj::kLogitPad;
+    const int64_t padded_tokens = (l.tokens + 7) / 8 * 8;
+    w.parts = l.ieee ? 2 : 1;
+    w.part_dh = AlignBytes(sizeof(float) * l.tokens * padded);
+    w.part_dh_t = AlignBytes(sizeof(float) * padded * padded_tokens);
+    w.part_phi_t = AlignBytes(sizeof(float) * l.K * padded);
+    if (terms.residual) {
+      w.terms = AlignBytes(sizeof(float) * l.tokens * l.spec.n *
+                           proj::TermsChunkChannels(l.spec.hidden));
+    }
+    w.wide_scratch =
+        w.parts * (w.part_dh + w.part_dh_t + w.part_phi_t) + w.terms;
+  }
+  w.total = w.dphi_partials + w.wide_scratch;
+  return w;
+}
+
+}  // namespace
+
+absl::string_view ToString(ProjectionForwardVariant variant) {
+  switch (variant) {
+    case FV::kNone:
+      return "none";
+    case FV::kMma:
+      return "mma";
+    case FV::kMmaWide:
+      return "mma_wide";
+    case FV::kWgmmaBf16:
+      return "wgmma_bf16";
+    case FV::kWgmmaBf16Wide:
+      return "wgmma_bf16_wide";
+    case FV::kWgmmaTf32Wide:
+      return "wgmma_tf32_wide";
+  }
+  return "unknown";
+}
+
+absl::string_view ToString(ProjectionBackwardVariant variant) {
+  switch (variant) {
+    case BV::kWgmmaN4:
+      return "wgmma_n4";
+    case BV::kWgmmaN8:
+      return "wgmma_n8";
+    case BV::kMma:
+      return "mma";
+    case BV::kMmaWide:
+      return "mma_wide";
+    case BV::kWgmmaWide:
+      return "wgmma_wide";
+    case BV::kFma:
+      return "fma";
+  }
+  return "unknown";
+}
+
+absl::string_view ToString(ProjectionDphiVariant variant) {
+  switch (variant) {
+    case ProjectionDphiVariant::kNone:
+      return "none";
+    case ProjectionDphiVariant::kWithDx:
+      return "with_dx";
+    case ProjectionDphiVariant::kMmaWide:
+      return "mma_wide";
+    case ProjectionDphiVariant::kWgmmaWide:
+      return "wgmma_wide";
+  }
+  return "unknown";
+}
+
+int AddressAlignment(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  int alignment = 1;
+  while (alignment < 16 && address % (2 * alignment) == 0) alignment *= 2;
+  return alignment;
+}
+
+ProjectionForwardPlan PlanProjectionForward(
+    const LayerSpec& spec, DType dtype, int64_t tokens,
+    const ProjectionForwardAlignment& alignment) {
+  const Launch l = LaunchOf(spec, dtype, tokens);
+  const bool params16 = alignment.phi >= 16 && alignment.gamma >= 16;
+  const ForwardCase c{
+      l, alignment, XCopyBytes(l, alignment.x), l.K % 4 == 0 && params16,
+      l.K % (16 / l.esize) == 0 && alignment.x >= 16 && params16};
+  ProjectionForwardPlan plan;
+  const auto& rules = ForwardRules();
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (!rules[i].holds(c)) continue;
+    plan.variant = rules[i].row.variant;
+    plan.row = static_cast<int>(i);
+    break;
+  }
+  plan.x_copy_bytes = c.x_copy;
+  plan.phi_vector = c.phi_vector;
+  plan.vector_rows = c.vector_rows;
+  if (plan.variant == FV::kMmaWide) {
+    plan.tile_logits = proj::WideUnitLogits(proj::WideForwardTiles(l.N));
+  } else if (plan.variant == FV::kWgmmaTf32Wide) {
+    plan.tile_logits = proj::WgmmaWideTileLogits(l.N);
+  }
+  plan.workspace = ForwardWorkspace(l);
+  plan.split_phi = plan.workspace.phi_split > 0;
+  return plan;
+}
+
+ProjectionForwardWorkspaceLayout PlanProjectionForwardWorkspace(
+    const LayerSpec& spec, DType dtype, int64_t tokens) {
+  return ForwardWorkspace(LaunchOf(spec, dtype, tokens));
+}
+
+ProjectionBackwardWorkspaceLayout PlanProjectionBackwardWorkspace(
+    const LayerSpec& spec, DType dtype, int64_t tokens, DxTerms terms) {
+  return PlanProjectionBackward(spec, dtype, tokens, {}, terms).workspace;
+}
+
+ProjectionBackwardPlan PlanProjectionBackward(
+    const LayerSpec& spec, DType dtype, int64_t tokens,
+    const ProjectionBackwardAlignment& alignment, DxTerms terms) {
+  const Launch l = LaunchOf(spec, dtype, tokens);
+  const BackwardCase c{l, alignment, terms};
+  ProjectionBackwardPlan plan;
+  const auto& rules = BackwardRules();
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (!rules[i].holds(c)) continue;
+    plan.variant = rules[i].row.variant;
+    plan.row = static_cast<int>(i);
+    break;
+  }
+  plan.terms = terms.residual ? 2 : terms.aggregate ? 1 : 0;
+  const auto& a = alignment;
+  // mma: vector rows where every staged row segment is 16-byte aligned
+  // (whole vectors per channel run, C and the CTA width, and aligned
+  // bases); slots where tensors are aligned to their elements and, for
+  // 16-bit stream-major tiles, the row pad holds a word per stream run.
+  const int width = 16 / l.esize;
+  const bool rows16 = a.x >= 16 && a.dx >= 16 && a.dy >= 16 && a.dx_next >= 16;
+  const bool runs_fit = !l.stream_major || l.esize == 4 ||
+                        spec.n <= proj::DxPadRuns(2, proj::DxTilesFor(l.N));
+  if (spec.hidden % width == 0 && (proj::kDxCols / spec.n) % width == 0 &&
+      rows16) {
+    plan.row_copy = DxRowCopy::kVector;
+  } else if (a.x >= l.esize && a.dy >= l.esize && a.dx_next >= l.esize &&
+             runs_fit) {
+    plan.row_copy = DxRowCopy::kSlots;
+  }
+  plan.runs16 = a.dh >= 16 && a.dms >= 16 && a.h_pre >= 16 && a.r >= 16;
+  // wide: with either term, stream major, vectors must not straddle
+  // streams (nor, with the residual, chunks).
+  plan.vector_x = l.K % width == 0 && a.x >= 16;
+  const bool any_term = terms.aggregate || terms.residual;
+  plan.vector_dx = plan.vector_x &&
+                   (!l.stream_major || !any_term || spec.hidden % width == 0) &&
+                   a.dx >= 16 && a.dy >= 16;
+  plan.fma_vector =
+      l.K % 2 == 0 && a.x >= 16 && a.dx >= 16 && a.phi >= 16 && a.gamma >= 16
+          ? 2
+          : 1;
+  if (!spec.dynamic) {
+    plan.dphi = ProjectionDphiVariant::kNone;
+  } else if (IsWide(plan.variant)) {
+    // TF32 with vector x rows: dphi on warpgroup mmas.
+    plan.dphi = !l.ieee && plan.vector_x ? ProjectionDphiVariant::kWgmmaWide
+                                         : ProjectionDphiVariant::kMmaWide;
+  } else {
+    plan.dphi = ProjectionDphiVariant::kWithDx;
+  }
+  plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
+  return plan;
+}
+
+int64_t PhiChunkTokens(const LayerSpec& spec) {
+  const bool wide_only =
+      spec.dynamic && spec.K() <= kInt32Max && !MmaDxSuitsLayer(spec);
+  if (!wide_only) return proj::kTokenChunk;
+  const int64_t N = spec.NumLogits();
+  // Longer chunks only while one chunk's CTAs (128 columns x up to 144
+  // logits each) still fill the GPU several times over, in powers of two so
+  // that chunks end together.
+  const int64_t ctas = (spec.K() + 127) / 128 * ((N + 143) / 144);
+  int64_t most = N / 24;
+  if (ctas / 128 < most) most = ctas / 128;
+  if (8 < most) most = 8;
+  int64_t multiple = 1;
+  while (multiple * 2 <= most) multiple *= 2;
+  return proj::kTokenChunk * multiple;
+}
+
+LayerSpec PlanExample::Spec() const {
+  LayerSpec spec = PresetSpec("deepseek_v4", n, hidden).value();
+  spec.kind = kind;
+  spec.dynamic = dynamic;
+  spec.matmul_precision = precision;
+  return spec;
+}
+
+const std::vector<ProjectionForwardRow>& ProjectionForwardRows() {
+  static const auto* rows = [] {
+    auto* out = new std::vector<ProjectionForwardRow>;
+    for (const ForwardRule& rule : ForwardRules()) out->push_back(rule.row);
+    return out;
+  }();
+  return *rows;
+}
+
+const std::vector<ProjectionBackwardRow>& ProjectionBackwardRows() {
+  static const auto* rows = [] {
+    auto* out = new std::vector<ProjectionBackwardRow>;
+    for (const BackwardRule& rule : BackwardRules()) out->push_back(rule.row);
+    return out;
+  }();
+  return *rows;
+}
+
+}  // namespace mhc::cuda

@@ -1,9 +1,0 @@
-// The tensor-core dx / dphi kernel built for f32 activations.
-#include "projection_backward_mma.cuh"
-
-namespace mhc::cuda::dx_mma {
-
-template cudaError_t LaunchDxMmaFor<float>(const DevSpec&, int64_t, const void*,
-                                           const MmaDxDev&, bool, cudaStream_t);
-
-}  // namespace mhc::cuda::dx_mma

@@ -1,0 +1,431 @@
+// The projection's kernel plan on the host: every table row's example
+// reaches that row; a grid of launches keeps the variants, launch shapes
+// and workspace the dispatch chose before the plan existed; alignment never
+// changes the workspace. No GPU needed.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "projection/plan.h"
+
+namespace mhc::cuda {
+namespace {
+
+using BV = ProjectionBackwardVariant;
+using FV = ProjectionForwardVariant;
+using Dphi = ProjectionDphiVariant;
+
+LayerSpec Layer(int n, int64_t C,
+                MatmulPrecision precision = MatmulPrecision::kTf32,
+                LayerKind kind = LayerKind::kMhc) {
+  LayerSpec spec = PresetSpec("deepseek_v4", n, C).value();
+  spec.matmul_precision = precision;
+  spec.kind = kind;
+  return spec;
+}
+constexpr MatmulPrecision kIeee = MatmulPrecision::kIeee;
+constexpr MatmulPrecision kTf32 = MatmulPrecision::kTf32;
+
+ProjectionForwardAlignment XAt(int x) {
+  ProjectionForwardAlignment a;
+  a.x = x;
+  return a;
+}
+ProjectionBackwardAlignment RowsAt(int x) {
+  ProjectionBackwardAlignment a;
+  a.x = x;
+  a.dx = x;
+  return a;
+}
+DxTerms Terms(bool aggregate, bool residual) {
+  DxTerms t;
+  t.aggregate = aggregate;
+  t.residual = residual;
+  return t;
+}
+
+TEST(ProjectionPlan, EveryForwardRowReachesItsVariant) {
+  const auto& rows = ProjectionForwardRows();
+  ASSERT_EQ(rows.size(), size_t{kNumProjectionForwardVariants});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PlanExample& e = rows[i].example;
+    const ProjectionForwardPlan plan =
+        PlanProjectionForward(e.Spec(), e.dtype, 4096, XAt(e.x_alignment));
+    EXPECT_EQ(plan.row, static_cast<int>(i)) << rows[i].when;
+    EXPECT_EQ(plan.variant, rows[i].variant) << rows[i].when;
+  }
+}
+
+TEST(ProjectionPlan, EveryBackwardRowReachesItsVariant) {
+  const auto& rows = ProjectionBackwardRows();
+  ASSERT_EQ(rows.size(), size_t{kNumProjectionBackwardVariants});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PlanExample& e = rows[i].example;
+    const ProjectionBackwardPlan plan = PlanProjectionBackward(
+        e.Spec(), e.dtype, 4096, RowsAt(e.x_alignment), e.terms);
+    EXPECT_EQ(plan.row, static_cast<int>(i)) << rows[i].when;
+    EXPECT_EQ(plan.variant, rows[i].variant) << rows[i].when;
+  }
+}
+
+TEST(ProjectionPlan, VariantNamesAreDistinct) {
+  std::set<std::string> forward, backward;
+  for (const auto& row : ProjectionForwardRows()) {
+    forward.insert(std::string(ToString(row.variant)));
+  }
+  for (const auto& row : ProjectionBackwardRows()) {
+    backward.insert(std::string(ToString(row.variant)));
+  }
+  EXPECT_EQ(forward.size(), size_t{kNumProjectionForwardVariants});
+  EXPECT_EQ(backward.size(), size_t{kNumProjectionBackwardVariants});
+  EXPECT_EQ(forward.count("unknown") + backward.count("unknown"), 0u);
+}
+
+TEST(ProjectionPlan, AddressAlignment) {
+  EXPECT_EQ(AddressAlignment(nullptr), 16);
+  EXPECT_EQ(AddressAlignment(reinterpret_cast<void*>(0x1000)), 16);
+  EXPECT_EQ(AddressAlignment(reinterpret_cast<void*>(0x1008)), 8);
+  EXPECT_EQ(AddressAlignment(reinterpret_cast<void*>(0x1004)), 4);
+  EXPECT_EQ(AddressAlignment(reinterpret_cast<void*>(0x1002)), 2);
+  EXPECT_EQ(AddressAlignment(reinterpret_cast<void*>(0x1001)), 1);
+}
+
+struct ForwardCase {
+  LayerSpec spec;
+  DType dtype;
+  ProjectionForwardAlignment alignment;
+  FV variant;
+  int x_copy_bytes;
+};
+
+// The choices of the dispatch chain the plan replaced, case by case.
+TEST(ProjectionPlan, ForwardKeepsTheChoices) {
+  ProjectionForwardAlignment phi_off;
+  phi_off.phi = 4;
+  LayerSpec static_layer = Layer(4, 4096);
+  static_layer.dynamic = false;
+  const std::vector<ForwardCase> cases = {
+      {Layer(4, 4096), DType::kBF16, {}, FV::kWgmmaBf16, 16},
+      {Layer(4, 4095), DType::kBF16, {}, FV::kWgmmaBf16, 8},
+      {Layer(2, 4095), DType::kBF16, {}, FV::kWgmmaBf16, 4},
+      {Layer(4, 4096), DType::kBF16, XAt(8), FV::kWgmmaBf16, 8},
+      {Layer(4, 4096), DType::kBF16, XAt(2), FV::kMma, 0},
+      {Layer(1, 7), DType::kBF16, {}, FV::kMma, 0},
+      {Layer(4, 4096, kIeee), DType::kBF16, {}, FV::kWgmmaBf16, 16},
+      {Layer(4, 4096), DType::kF16, {}, FV::kMma, 16},
+      {Layer(4, 4096), DType::kF32, {}, FV::kMma, 16},
+      {Layer(4, 4095), DType::kF32, XAt(4), FV::kMma, 4},
+      {Layer(5, 1024), DType::kBF16, {}, FV::kMma, 16},
+      {Layer(6, 1024), DType::kBF16, {}, FV::kMma, 16},
+      {Layer(7, 1024), DType::kBF16, {}, FV::kWgmmaBf16Wide, 16},
+      {Layer(8, 4096), DType::kBF16, {}, FV::kWgmmaBf16Wide, 16},
+      {Layer(8, 4096), DType::kBF16, XAt(8), FV::kWgmmaBf16Wide, 8},
+      {Layer(8, 4096, kIeee), DType::kBF16, {}, FV::kWgmmaBf16Wide, 16},
+      {Layer(8, 4096), DType::kBF16, phi_off, FV::kMmaWide, 16},
+      {Layer(9, 1024), DType::kBF16, {}, FV::kWgmmaTf32Wide, 16},
+      {Layer(9, 1024, kIeee), DType::kBF16, {}, FV::kMmaWide, 16},
+      {Layer(16, 4096), DType::kBF16, {}, FV::kWgmmaTf32Wide, 16},
+      {Layer(8, 4096), DType::kF32, {}, FV::kWgmmaTf32Wide, 16},
+      {Layer(8, 4096, kIeee), DType::kF32, {}, FV::kMmaWide, 16},
+      {Layer(8, 4096), DType::kF16, XAt(8), FV::kMmaWide, 8},
+      {Layer(9, 4095), DType::kF16, {}, FV::kMmaWide, 0},
+      {Layer(16, 4096, kTf32, LayerKind::kHead),
+       DType::kBF16,
+       {},
+       FV::kWgmmaBf16,
+       16},
+      {static_layer, DType::kBF16, {}, FV::kNone, 16},
+  };
+  for (const ForwardCase& c : cases) {
+    const ProjectionForwardPlan plan =
+        PlanProjectionForward(c.spec, c.dtype, 4096, c.alignment);
+    const std::string what = std::string(DTypeName(c.dtype)) +
+                             " n=" + std::to_string(c.spec.n) +
+                             " C=" + std::to_string(c.spec.hidden) + " x@" +
+                             std::to_string(c.alignment.x);
+    EXPECT_EQ(ToString(plan.variant), ToString(c.variant)) << what;
+    EXPECT_EQ(plan.x_copy_bytes, c.x_copy_bytes) << what;
+  }
+}
+
+TEST(ProjectionPlan, ForwardWideTilesAndVectors) {
+  auto tile = [](int n, MatmulPrecision precision) {
+    return PlanProjectionForward(Layer(n, 1024, precision), DType::kF32, 64, {})
+        .tile_logits;
+  };
+  // mma_wide: 80 logits in one unit of 96 beat two of 64; 63 take one of
+  // 64; 99 two of 64 (128 computed, not 192).
+  EXPECT_EQ(tile(8, kIeee), 96);
+  EXPECT_EQ(tile(7, kIeee), 64);
+  EXPECT_EQ(tile(9, kIeee), 64);
+  // wgmma_tf32_wide: 80 logits in 96, 99 in 144 (not two of 96).
+  EXPECT_EQ(tile(8, kTf32), 96);
+  EXPECT_EQ(tile(9, kTf32), 144);
+  EXPECT_EQ(
+      PlanProjectionForward(Layer(4, 1024), DType::kF32, 64, {}).tile_logits,
+      0);
+  ProjectionForwardAlignment gamma_off;
+  gamma_off.gamma = 8;
+  const ProjectionForwardPlan plan =
+      PlanProjectionForward(Layer(8, 1024, kIeee), DType::kF32, 64, gamma_off);
+  EXPECT_FALSE(plan.vector_rows);
+  EXPECT_FALSE(plan.phi_vector);
+}
+
+TEST(ProjectionPlan, ForwardWorkspace) {
+  // n = 4, C = 4096: 8 chunks of 2048 k, 25 partials per token and chunk;
+  // bf16 splits phi' once (256 stages of 6 KB) at M = 4096, not at M = 64.
+  const ProjectionForwardPlan big =
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 4096, {});
+  EXPECT_EQ(big.workspace.partials, size_t{4} * 4096 * 8 * 25);
+  EXPECT_EQ(big.workspace.phi_split, size_t{256} * 6144);
+  EXPECT_TRUE(big.split_phi);
+  EXPECT_EQ(big.workspace.counter_offset,
+            big.workspace.partials + big.workspace.phi_split);
+  EXPECT_EQ(big.workspace.total, big.workspace.counter_offset + 256);
+  const ProjectionForwardPlan small =
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 64, {});
+  EXPECT_EQ(small.workspace.phi_split, 0u);
+  EXPECT_FALSE(small.split_phi);
+  // IEEE splits into three terms (9 KB per stage); fp16 never splits.
+  EXPECT_EQ(PlanProjectionForward(Layer(4, 4096, kIeee), DType::kBF16, 4096, {})
+                .workspace.phi_split,
+            size_t{256} * 9216);
+  EXPECT_EQ(PlanProjectionForward(Layer(4, 4096), DType::kF16, 4096, {})
+                .workspace.phi_split,
+            0u);
+  LayerSpec static_layer = Layer(4, 4096);
+  static_layer.dynamic = false;
+  EXPECT_EQ(PlanProjectionForward(static_layer, DType::kBF16, 4096, {})
+                .workspace.total,
+            0u);
+}
+
+struct BackwardCase {
+  LayerSpec spec;
+  DType dtype;
+  ProjectionBackwardAlignment alignment;
+  DxTerms terms;
+  BV variant;
+  Dphi dphi;
+};
+
+TEST(ProjectionPlan, BackwardKeepsTheChoices) {
+  LayerSpec minor = Layer(4, 4096);
+  minor.layout = Layout::kStreamMinor;
+  LayerSpec static_layer = Layer(4, 4096);
+  static_layer.dynamic = false;
+  ProjectionBackwardAlignment dh_off;
+  dh_off.dh = 8;
+  ProjectionBackwardAlignment r_off;
+  r_off.r = 4;
+  const DxTerms none;
+  const DxTerms aggregate = Terms(true, false);
+  const DxTerms both = Terms(true, true);
+  const DxTerms residual_only = Terms(false, true);
+  const std::vector<BackwardCase> cases = {
+      {Layer(4, 4096), DType::kBF16, {}, none, BV::kWgmmaN4, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kF16, {}, none, BV::kWgmmaN4, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kBF16, {}, aggregate, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kBF16, {}, both, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kF32, {}, none, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096, kIeee), DType::kBF16, {}, none, BV::kMma, Dphi::kWithDx},
+      {minor, DType::kBF16, {}, none, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4092), DType::kBF16, {}, none, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kBF16, RowsAt(8), none, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096), DType::kBF16, dh_off, none, BV::kMma, Dphi::kWithDx},
+      {Layer(4, 4096, kTf32, LayerKind::kHead),
+       DType::kBF16,
+       {},
+       none,
+       BV::kMma,
+       Dphi::kWithDx},
+      {Layer(8, 4096), DType::kBF16, {}, none, BV::kWgmmaN8, Dphi::kWithDx},
+      {Layer(8, 4096), DType::kBF16, {}, both, BV::kWgmmaN8, Dphi::kWithDx},
+      {Layer(8, 4096), DType::kBF16, r_off, both, BV::kMma, Dphi::kWithDx},
+      {Layer(8, 4096),
+       DType::kBF16,
+       {},
+       residual_only,
+       BV::kMma,
+       Dphi::kWithDx},
+      {Layer(8, 4096), DType::kF32, {}, none, BV::kMma, Dphi::kWithDx},
+      {Layer(8, 4096), DType::kF32, {}, aggregate, BV::kMma, Dphi::kWithDx},
+      {Layer(8, 4096), DType::kF32, {}, both, BV::kMmaWide, Dphi::kWgmmaWide},
+      {Layer(8, 4096, kIeee),
+       DType::kF32,
+       {},
+       residual_only,
+       BV::kMmaWide,
+       Dphi::kMmaWide},
+      {Layer(16, 4096, kTf32, LayerKind::kHead),
+       DType::kF32,
+       {},
+       both,
+       BV::kMmaWide,
+       Dphi::kWgmmaWide},
+      {Layer(16, 4096, kIeee, LayerKind::kHead),
+       DType::kBF16,
+       {},
+       both,
+       BV::kMmaWide,
+       Dphi::kMmaWide},
+      {Layer(16, 4096, kTf32, LayerKind::kHead),
+       DType::kBF16,
+       {},
+       both,
+       BV::kMma,
+       Dphi::kWithDx},
+      {Layer(3, 1024), DType::kBF16, {}, none, BV::kMmaWide, Dphi::kWgmmaWide},
+      {Layer(3, 1023), DType::kBF16, {}, none, BV::kMmaWide, Dphi::kMmaWide},
+      {Layer(3, 1024), DType::kBF16, RowsAt(8), none, BV::kMmaWide,
+       Dphi::kMmaWide},
+      {Layer(11, 1024), DType::kBF16, {}, none, BV::kMmaWide, Dphi::kWgmmaWide},
+      {Layer(12, 1024),
+       DType::kBF16,
+       {},
+       none,
+       BV::kWgmmaWide,
+       Dphi::kWgmmaWide},
+      {Layer(12, 1024, kIeee),
+       DType::kBF16,
+       {},
+       none,
+       BV::kMmaWide,
+       Dphi::kMmaWide},
+      {Layer(16, 4096),
+       DType::kF32,
+       {},
+       both,
+       BV::kWgmmaWide,
+       Dphi::kWgmmaWide},
+      {static_layer, DType::kBF16, {}, aggregate, BV::kFma, Dphi::kNone},
+      {static_layer, DType::kBF16, {}, both, BV::kFma, Dphi::kNone},
+  };
+  for (const BackwardCase& c : cases) {
+    const ProjectionBackwardPlan plan =
+        PlanProjectionBackward(c.spec, c.dtype, 4096, c.alignment, c.terms);
+    const std::string what = std::string(DTypeName(c.dtype)) +
+                             " n=" + std::to_string(c.spec.n) +
+                             " C=" + std::to_string(c.spec.hidden) +
+                             " terms=" + std::to_string(c.terms.aggregate) +
+                             std::to_string(c.terms.residual);
+    EXPECT_EQ(ToString(plan.variant), ToString(c.variant)) << what;
+    EXPECT_EQ(ToString(plan.dphi), ToString(c.dphi)) << what;
+  }
+}
+
+TEST(ProjectionPlan, BackwardRowCopiesAndVectors) {
+  auto copy = [](const LayerSpec& spec, DType dtype,
+                 const ProjectionBackwardAlignment& a) {
+    return PlanProjectionBackward(spec, dtype, 64, a).row_copy;
+  };
+  EXPECT_EQ(copy(Layer(4, 4096), DType::kF32, {}), DxRowCopy::kVector);
+  // Odd C: the n = 4 tile's pad holds a word per stream run; n = 8 (80
+  // logits) pads wider; a HEAD of 16 streams has too many runs.
+  EXPECT_EQ(copy(Layer(4, 4095, kIeee), DType::kBF16, {}), DxRowCopy::kSlots);
+  EXPECT_EQ(copy(Layer(8, 1023, kIeee), DType::kBF16, {}), DxRowCopy::kSlots);
+  EXPECT_EQ(copy(Layer(16, 1023, kIeee, LayerKind::kHead), DType::kBF16, {}),
+            DxRowCopy::kElements);
+  EXPECT_EQ(copy(Layer(4, 4096, kIeee), DType::kBF16, RowsAt(1)),
+            DxRowCopy::kElements);
+  EXPECT_EQ(copy(Layer(4, 4096, kIeee), DType::kBF16, RowsAt(2)),
+            DxRowCopy::kSlots);
+  ProjectionBackwardAlignment dms_off;
+  dms_off.dms = 4;
+  EXPECT_TRUE(
+      PlanProjectionBackward(Layer(4, 4096), DType::kF32, 64, {}).runs16);
+  EXPECT_FALSE(
+      PlanProjectionBackward(Layer(4, 4096), DType::kF32, 64, dms_off).runs16);
+  // Wide: dx vectors need C whole vectors with a term (stream major).
+  const ProjectionBackwardPlan odd = PlanProjectionBackward(
+      Layer(4, 1022), DType::kBF16, 64, {}, Terms(true, false));
+  EXPECT_TRUE(odd.vector_x);
+  EXPECT_FALSE(odd.vector_dx);
+  EXPECT_TRUE(
+      PlanProjectionBackward(Layer(4, 1022), DType::kBF16, 64, {}).vector_dx);
+  // FMA: two k per thread on 16-byte rows and an even K.
+  LayerSpec static_layer = Layer(4, 4096);
+  static_layer.dynamic = false;
+  EXPECT_EQ(
+      PlanProjectionBackward(static_layer, DType::kBF16, 64, {}).fma_vector, 2);
+  EXPECT_EQ(PlanProjectionBackward(static_layer, DType::kBF16, 64, RowsAt(8))
+                .fma_vector,
+            1);
+  EXPECT_EQ(PlanProjectionBackward(Layer(8, 4096), DType::kBF16, 64, {},
+                                   Terms(true, true))
+                .terms,
+            2);
+}
+
+TEST(ProjectionPlan, PhiChunkTokens) {
+  EXPECT_EQ(PhiChunkTokens(Layer(4, 4096)), 1024);
+  EXPECT_EQ(PhiChunkTokens(Layer(8, 4096)), 1024);
+  EXPECT_EQ(PhiChunkTokens(Layer(3, 1024)), 1024);
+  EXPECT_EQ(PhiChunkTokens(Layer(9, 4096)), 2048);
+  EXPECT_EQ(PhiChunkTokens(Layer(16, 4096)), 8192);
+  EXPECT_EQ(NumPhiChunks(Layer(16, 4096), 8193), 2);
+}
+
+TEST(ProjectionPlan, BackwardWorkspace) {
+  // n = 4: the dphi partials only, 4 chunks of 24 x 16384 floats.
+  const ProjectionBackwardPlan n4 =
+      PlanProjectionBackward(Layer(4, 4096), DType::kBF16, 4096, {});
+  EXPECT_EQ(n4.workspace.dphi_partials, size_t{4} * 4 * 24 * 16384);
+  EXPECT_EQ(n4.workspace.wide_scratch, 0u);
+  EXPECT_EQ(n4.workspace.total, n4.workspace.dphi_partials);
+  // n = 3, M = 100, C = 64 under IEEE: two parts of dh [100][32], dh^T
+  // [32][104] and phi'^T [192][32], each rounded to 256 bytes; the residual
+  // term adds one chunk of 8 channels per stream and token.
+  const ProjectionBackwardPlan wide = PlanProjectionBackward(
+      Layer(3, 64, kIeee), DType::kBF16, 100, {}, Terms(true, true));
+  EXPECT_EQ(wide.workspace.parts, 2);
+  EXPECT_EQ(wide.workspace.part_dh, size_t{12800});
+  EXPECT_EQ(wide.workspace.part_dh_t, size_t{13312});
+  EXPECT_EQ(wide.workspace.part_phi_t, size_t{24576});
+  EXPECT_EQ(wide.workspace.terms, size_t{9728});
+  EXPECT_EQ(wide.workspace.wide_scratch,
+            size_t{2} * (12800 + 13312 + 24576) + 9728);
+}
+
+// The workspace is sized before the tensors exist: alignment may change
+// the variant but never the bytes.
+TEST(ProjectionPlan, AlignmentNeverChangesTheWorkspace) {
+  std::vector<ProjectionBackwardAlignment> alignments(6);
+  alignments[1] = RowsAt(8);
+  alignments[2] = RowsAt(2);
+  alignments[3].dh = 4;
+  alignments[4].r = 4;
+  alignments[4].dy = 8;
+  alignments[5] = RowsAt(1);
+  for (int n = 1; n <= 16; ++n) {
+    for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+      for (MatmulPrecision precision : {kTf32, kIeee}) {
+        for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+          for (int t = 0; t < 3; ++t) {
+            const LayerSpec spec = Layer(n, 520, precision, kind);
+            const DxTerms terms = Terms(t >= 1, t == 2);
+            const size_t bytes =
+                PlanProjectionBackward(spec, dtype, 333, {}, terms)
+                    .workspace.total;
+            for (const auto& a : alignments) {
+              EXPECT_EQ(PlanProjectionBackward(spec, dtype, 333, a, terms)
+                            .workspace.total,
+                        bytes)
+                  << "n=" << n << " " << DTypeName(dtype);
+            }
+            ProjectionForwardAlignment x_off;
+            x_off.x = 2;
+            EXPECT_EQ(
+                PlanProjectionForward(spec, dtype, 333, x_off).workspace.total,
+                PlanProjectionForward(spec, dtype, 333, {}).workspace.total);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mhc::cuda
