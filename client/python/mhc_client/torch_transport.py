@@ -217,84 +217,64 @@ class _Transport:
         stream = self._current_stream(device)
         if order_device is not None and order_device != device:
             self._synchronize(order_device)
-        result = self._run_cuda_native(spec, session, layer, inputs, outputs,
-                                       device, stream, retry, flags)
-        if result is not None:
-            return result
-        alive: List[torch.Tensor] = []
-        places: List[TensorPlace] = []
-        out_places: List[OutputPlace] = []
-        result: Dict[str, torch.Tensor] = {}
-        with session.pinned_cuda_regions() as pins:
-            for name, t in inputs.items():
-                if t is None:
-                    continue
-                t = t.detach()
-                if not t.is_contiguous():
-                    t = t.contiguous()
-                if t.device != device:
-                    raise errors.InvalidArgument(
-                        f"{spec.kind}: '{name}' is on {t.device}, the other "
-                        f"inputs on {device}")
-                # No-op for memory allocated on this stream (the usual case).
-                t.record_stream(stream)
-                alive.append(t)
-                places.append(_cuda_place(session, name, t, pins))
-            for name, (shape, dtype) in outputs.items():
-                out = torch.empty(tuple(shape), dtype=dtype, device=device)
-                result[name] = out
-                if out.numel() > 0:
-                    _, _, _, region, offset, nbytes = _cuda_place(
-                        session, name, out, pins)
-                    out_places.append((name, region, offset, nbytes))
-        alive.extend(result.values())
-        self._ordered_call(spec, session, layer, places, out_places, flags,
-                           stream, retry, alive)
-        return result
-
-    def _run_cuda_native(self, spec: OpDef, session: Any, layer: str,
-                         inputs: Dict[str, Optional[torch.Tensor]],
-                         outputs: Outputs, device: torch.device, stream: Any,
-                         retry: bool, flags: Dict[str, Any]
-                         ) -> Optional[Dict[str, torch.Tensor]]:
-        """The call in one step of the native extension: tensors named by
-        address, regions found and events recorded and waited on there
-        (:meth:`mhc_client.native.Connection.compute_cuda`). None when it
-        does not apply or an allocation is not registered yet: the Python
-        path then takes the call and registers it."""
-        connection = self.client.native
-        table = session.cuda_table
-        if connection is None or table is None:
-            return None
-        index = device.index
-        if stream.cuda_stream == 0 and index != torch.cuda.current_device():
-            return None  # the legacy stream of another device's context
-        pool = session.cuda_events(index)
-        if pool is None:
-            return None
-        alive: List[torch.Tensor] = []
-        places: List[CudaTensorPlace] = []
+        named: List[Tuple[str, torch.Tensor]] = []
         for name, t in inputs.items():
             if t is None:
                 continue
             if not t.is_contiguous():
                 t = t.contiguous()
-            if t.get_device() != index:
+            if t.get_device() != device.index:
                 raise errors.InvalidArgument(
                     f"{spec.kind}: '{name}' is on {t.device}, the other "
                     f"inputs on {device}")
-            t.record_stream(stream)  # see _run_cuda
-            alive.append(t)
-            places.append((name, torch_dtype_code(t), t.shape, t.data_ptr(),
-                           t.numel() * t.element_size()))
-        result: Dict[str, torch.Tensor] = {}
-        out_places: List[CudaOutputPlace] = []
-        for name, (shape, dtype) in outputs.items():
-            out = torch.empty(tuple(shape), dtype=dtype, device=device)
-            result[name] = out
-            if out.numel() > 0:
-                out_places.append((name, out.data_ptr(),
-                                   out.numel() * _ITEMSIZE[dtype]))
+            # No-op for memory allocated on this stream (the usual case).
+            t.record_stream(stream)
+            named.append((name, t))
+        result = {name: torch.empty(tuple(shape), dtype=dtype, device=device)
+                  for name, (shape, dtype) in outputs.items()}
+        alive = [t for _, t in named] + list(result.values())
+        if not self._run_cuda_native(spec, session, layer, named, result,
+                                     stream, retry, flags, alive):
+            places: List[TensorPlace] = []
+            out_places: List[OutputPlace] = []
+            with session.pinned_cuda_regions() as pins:
+                for name, t in named:
+                    places.append(_cuda_place(session, name, t, pins))
+                for name, out in result.items():
+                    if out.numel() > 0:
+                        _, _, _, region, offset, nbytes = _cuda_place(
+                            session, name, out, pins)
+                        out_places.append((name, region, offset, nbytes))
+            self._ordered_call(spec, session, layer, places, out_places, flags,
+                               stream, retry, alive)
+        return result
+
+    def _run_cuda_native(self, spec: OpDef, session: Any, layer: str,
+                         named: List[Tuple[str, torch.Tensor]],
+                         result: Dict[str, torch.Tensor], stream: Any,
+                         retry: bool, flags: Dict[str, Any],
+                         alive: List[torch.Tensor]) -> bool:
+        """The call in one step of the native extension: tensors named by
+        address, regions found and events recorded and waited on there
+        (:meth:`mhc_client.native.Connection.compute_cuda`). False when it
+        does not apply or an allocation is not registered yet: the Python
+        path then takes the call and registers it."""
+        connection = self.client.native
+        table = session.cuda_table
+        if connection is None or table is None:
+            return False
+        index = stream.device.index
+        if stream.cuda_stream == 0 and index != torch.cuda.current_device():
+            return False  # the legacy stream of another device's context
+        pool = session.cuda_events(index)
+        if pool is None:
+            return False
+        places: List[CudaTensorPlace] = [
+            (name, torch_dtype_code(t), t.shape, t.data_ptr(),
+             t.numel() * t.element_size()) for name, t in named]
+        out_places: List[CudaOutputPlace] = [
+            (name, out.data_ptr(), out.numel() * out.element_size())
+            for name, out in result.items() if out.numel() > 0]
         wait_index, signal_index = pool.acquire()
         events = EventPair(wait_index, signal_index,
                            pool.wait_handles[wait_index],
@@ -308,17 +288,15 @@ class _Transport:
                 attempts=self.client.retries if retry else 1)
         except _AMBIGUOUS:
             release = False
-            alive.extend(result.values())
             _abandoned.append((alive, pool, wait_index, signal_index))
             raise
         finally:
             if release:
                 pool.release(wait_index, signal_index)
-        if not sent:
-            return None
-        stats.native_calls += 1
-        stats.native_cuda_calls += 1
-        return result
+        if sent:
+            stats.native_calls += 1
+            stats.native_cuda_calls += 1
+        return sent
 
     def _ordered_call(self, spec: OpDef, session: Any, layer: str,
                       places: List[TensorPlace], out_places: List[OutputPlace],
