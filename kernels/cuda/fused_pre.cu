@@ -354,19 +354,23 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
 // A token whose projection overflowed fp32 (overflow_repair.cuh): the reverse
 // mode from its scaled float64 recompute. Its scaled dh and dms go to `rows`
 // for the repair kernel, and zeros to the dx kernel's rows, so that kernel
-// adds no projection terms for it (x is finite: 0 x = 0 in dphi). Returns
-// the token's flag (0: x not finite, handled as any token).
+// adds no projection terms for it (x is finite: 0 x = 0 in dphi). A token
+// whose x is not finite runs the fp32 reverse mode here instead. Writes the
+// token's flag (0: not repaired). Out of line and the whole of the token's
+// work, so the common path keeps nothing live across the call.
 template <int NT>
-__device__ __noinline__ int RepairedBackwardMix(const DevSpec& s, int64_t m,
-                                                const RepairSource& src,
-                                                const float (&dhp)[NT],
-                                                const BackwardMixDev& a,
-                                                const MixKeep* keep,
-                                                const RepairRows& rows) {
+__device__ __noinline__ void RepairedBackwardMix(
+    const DevSpec& s, int64_t m, const RepairSource& src, const float* h_row,
+    float ms, const float (&dhp)[NT], const BackwardMixDev& a,
+    const MixKeep* keep, const RepairRows& rows) {
   float h_s[NT * NT + 2 * NT];
   float ms_s = 0.0f;
   const int flag = RepairProjection(s, src, m, h_s, &ms_s);
-  if (flag == 0) return 0;
+  rows.flag[m] = flag;
+  if (flag == 0) {
+    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, keep);
+    return;
+  }
   BackwardMixToken<NT>(ScaledSpec(s, flag - kRepairFlagBias), m, h_s, ms_s, dhp,
                        a, keep);
   float* scaled = rows.scaled + m * (s.N + 1);
@@ -377,7 +381,6 @@ __device__ __noinline__ int RepairedBackwardMix(const DevSpec& s, int64_t m,
   scaled[s.N] = a.dms[m];
   a.dms[m] = 0.0f;
   atomicAdd(rows.count, 1);  // an integer count: order does not matter
-  return flag;
 }
 
 template <int NT>
@@ -395,20 +398,24 @@ __global__ void __launch_bounds__(kMixThreads)
   const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
   const bool repair = s.dynamic && NeedsRepair(s, h_row, ms);
+  const MixKeep* k4 = nullptr;
   if constexpr (NT == 4) {
     __shared__ float4 kept[2 * kLaneMaxIterations * kMixThreads];
     const MixKeep keep{kept, static_cast<int>(threadIdx.x)};
-    const MixKeep* k4 = sinkhorn4 ? &keep : nullptr;
-    const int flag =
-        repair ? RepairedBackwardMix<NT>(s, m, src, dhp, a, k4, rows) : 0;
-    if (flag == 0) BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
-    if (s.dynamic) rows.flag[m] = flag;
+    if (sinkhorn4) k4 = &keep;
+    if (repair) {
+      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dhp, a, k4, rows);
+      return;
+    }
+    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
   } else {
-    const int flag =
-        repair ? RepairedBackwardMix<NT>(s, m, src, dhp, a, nullptr, rows) : 0;
-    if (flag == 0) BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, nullptr);
-    if (s.dynamic) rows.flag[m] = flag;
+    if (repair) {
+      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dhp, a, k4, rows);
+      return;
+    }
+    BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
   }
+  if (s.dynamic) rows.flag[m] = 0;
 }
 
 // mHC layers (n other than 4) whose Sinkhorn the lane kernels cover run the
