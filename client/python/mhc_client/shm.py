@@ -557,7 +557,9 @@ class Session:
                 return
             victim = self._eviction_victim()
             if victim is not None:
-                self._evict(victim)
+                # A native call may have named it since it was chosen.
+                if self.cuda_table is None or self.cuda_table.remove_if_idle(victim):
+                    self._evict(victim)
                 continue
             if not self._cuda_parked or time.monotonic() > deadline:
                 raise errors.ResourceExhausted(

@@ -20,6 +20,15 @@ void CudaRegionTable::Remove(uint64_t buffer_id) {
   entries_.erase(buffer_id);
 }
 
+bool CudaRegionTable::RemoveIfIdle(uint64_t buffer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(buffer_id);
+  if (it == entries_.end()) return true;
+  if (it->second.calls > 0) return false;
+  entries_.erase(it);
+  return true;
+}
+
 void CudaRegionTable::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   entries_.clear();
@@ -114,6 +123,12 @@ PyObject* TableRemove(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* TableRemoveIfIdle(PyObject* self, PyObject* arg) {
+  uint64_t buffer_id = 0;
+  if (!BufferId(arg, buffer_id)) return nullptr;
+  return PyBool_FromLong(TableOf(self).RemoveIfIdle(buffer_id));
+}
+
 PyObject* TableClear(PyObject* self, PyObject*) {
   TableOf(self).Clear();
   Py_RETURN_NONE;
@@ -135,6 +150,9 @@ PyMethodDef table_methods[] = {
     {"add", TableAdd, METH_VARARGS,
      "add(buffer_id, base, region): the allocation is registered as region"},
     {"remove", TableRemove, METH_O, "remove(buffer_id)"},
+    {"remove_if_idle", TableRemoveIfIdle, METH_O,
+     "remove_if_idle(buffer_id): removes it unless a call in flight names "
+     "it; whether it is gone"},
     {"clear", TableClear, METH_NOARGS, "forgets every allocation"},
     {"last_use", TableLastUse, METH_O,
      "last_use(buffer_id): the clock tick of its last use by a call"},

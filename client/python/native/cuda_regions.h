@@ -39,6 +39,10 @@ class CudaRegionTable {
 
   void Add(uint64_t buffer_id, uint64_t base, std::string region);
   void Remove(uint64_t buffer_id);
+  // Removes the allocation unless a call in flight names it; whether it
+  // is gone. Atomic with Place, so an allocation chosen for eviction is
+  // never named by a call that the eviction then races.
+  bool RemoveIfIdle(uint64_t buffer_id);
   void Clear();
   // Fills `place` with the region and offset of [address, address + bytes)
   // and adds its allocation to `hold`; false (nothing filled) when the

@@ -247,3 +247,6 @@ def test_native_table_follows_the_session(fake):
     _check(session, client, allocator, FakeTensor(bases[-1]))
     assert ids[0] in session._cuda and ids[1] not in session._cuda
     assert table.last_use(ids[1]) == 0 and not table.in_use(ids[0])
+    # An idle allocation goes; one the table does not hold counts as gone.
+    assert table.remove_if_idle(ids[0]) and table.last_use(ids[0]) == 0
+    assert table.remove_if_idle(ids[1])
