@@ -16,6 +16,7 @@
 // summed in a fixed order (launch.h), never with atomics.
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "fused_pre_workspace.cuh"
 #include "launch.h"
 #include "mix.cuh"
 #include "overflow_repair.cuh"
@@ -27,6 +28,12 @@
 
 namespace mhc::cuda {
 namespace {
+
+using fused_pre::BackwardSlices;
+using fused_pre::ForwardSlices;
+using fused_pre::ForwardSlicesOf;
+using fused_pre::Slices;
+using fused_pre::SplitMix;
 
 struct ForwardDev {
   const float* alpha;
@@ -416,93 +423,6 @@ __global__ void __launch_bounds__(kMixThreads)
     BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
   }
   if (s.dynamic) rows.flag[m] = 0;
-}
-
-// mHC layers (n other than 4) whose Sinkhorn the lane kernels cover run the
-// mixing, forward and backward, as the scale and Sinkhorn op kernels instead
-// of one thread per token: the lane kernels keep the matrices in registers
-// where a thread works from local memory (and replays checkpoints in the
-// reverse mode), which made the backward mixing a large share of the layer
-// (docs/decisions.md). n = 4 keeps the fused kernels (sinkhorn4.cuh's
-// one-thread form).
-bool SplitMix(const LayerSpec& spec) {
-  return spec.kind == LayerKind::kMhc && spec.n != 4 &&
-         SinkhornLanesCover(spec);
-}
-
-// Workspace slices of the fused backward, in order (h_post, logits and
-// dlogits only for SplitMix layers).
-struct BackwardSlices {
-  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, wide, h_fwd,
-      ms_fwd, h_post, logits, dlogits, repair_scaled, repair_flag, repair_count,
-      proj_partial, total;
-};
-
-// Byte offsets of consecutive 256-B aligned float slices.
-struct SliceCursor {
-  size_t offset = 0;
-  size_t operator()(size_t floats) {
-    const size_t at = offset;
-    offset += AlignBytes(sizeof(float) * floats);
-    return at;
-  }
-};
-
-BackwardSlices Slices(const LayerSpec& spec, int64_t tokens, DType dtype) {
-  const int64_t n = spec.n;
-  const int64_t rows = spec.NumLogits();
-  const int64_t width = rows + spec.NumAlpha();
-  BackwardSlices b;
-  SliceCursor take;
-  b.dh = take(tokens * rows);
-  b.dms = take(tokens);
-  b.h_pre = take(tokens * n);
-  b.dh_pre = take(tokens * n);
-  b.r = take(tokens * n * n);
-  // The per-token dalpha / dbeta contributions and their chunk sums; a
-  // SplitMix layer's scale backward takes the two slices as its workspace.
-  const bool split = SplitMix(spec);
-  b.contrib = take(split ? ScaleBackwardWorkspace(spec, tokens) / sizeof(float)
-                         : tokens * width);
-  b.col_partial = take(split ? 0 : NumChunks(tokens) * width);
-  b.dphi =
-      take(spec.dynamic ? NumPhiChunks(spec, tokens) * rows * spec.K() : 0);
-  b.wide = take(WideDxScratchBytes(spec, tokens, dtype, /*terms=*/true) /
-                sizeof(float));
-  b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
-  b.ms_fwd = take(spec.dynamic ? tokens : 0);
-  b.h_post = take(split ? tokens * n : 0);
-  b.logits = take(split ? tokens * n * n : 0);
-  b.dlogits = take(split ? tokens * n * n : 0);
-  // The overflow repair's rows (overflow_repair.h); ints as floats.
-  const bool repair = spec.dynamic;
-  b.repair_scaled = take(repair ? tokens * (rows + 1) : 0);
-  b.repair_flag = take(repair ? tokens : 0);
-  b.repair_count = take(repair ? 1 : 0);
-  b.proj_partial = take.offset;
-  b.total = take.offset + MmaProjectionWorkspace(spec, tokens, dtype);
-  return b;
-}
-
-// Workspace slices of the fused forward of a dynamic layer, after the
-// tensor-core projection's partials: H_pre for the aggregate kernel, then
-// for SplitMix layers h, the mean square and the logits.
-struct ForwardSlices {
-  size_t h_pre, h, ms, logits, total;
-};
-
-ForwardSlices ForwardSlicesOf(const LayerSpec& spec, int64_t tokens,
-                              DType dtype) {
-  const int64_t n = spec.n;
-  const bool split = SplitMix(spec);
-  ForwardSlices f;
-  SliceCursor take{MmaProjectionWorkspace(spec, tokens, dtype)};
-  f.h_pre = take(tokens * n);
-  f.h = take(split ? tokens * spec.NumLogits() : 0);
-  f.ms = take(split ? tokens : 0);
-  f.logits = take(split ? tokens * n * n : 0);
-  f.total = take.offset;
-  return f;
 }
 
 // The scale forward op of a SplitMix layer from h and the mean square (null
