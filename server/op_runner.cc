@@ -169,13 +169,21 @@ absl::Status RunBatch(Batch& batch, Executor& executor, RegionScope& regions) {
         if (issued.ok() && order.signal != nullptr) {
           issued = backend.RecordEvent(order.signal);
         }
+        if (issued.ok() && order.done_word != nullptr) {
+          issued =
+              backend.WriteWordAfterWork(order.done_word, order.done_value);
+          if (issued.ok()) regions.CompletionQueued(executor.cuda_ordinal());
+        }
         // Answered once queued only when the client orders its stream after
-        // the signal event and nothing touches host memory: host copies
-        // read the request's memory and write the client's, and the next
-        // request reuses the staging memory the uploads write. Work on
-        // device memory alone is ordered by the stream. A failure waits
-        // too, so that nothing still runs on the request's memory.
-        if (issued.ok() && order.signal != nullptr && !host_copies) {
+        // the signal event or the done word and nothing touches host
+        // memory: host copies read the request's memory and write the
+        // client's, and the next request reuses the staging memory the
+        // uploads write. Work on device memory alone is ordered by the
+        // stream. A failure waits too, so that nothing still runs on the
+        // request's memory.
+        const bool client_waits =
+            order.signal != nullptr || order.done_word != nullptr;
+        if (issued.ok() && client_waits && !host_copies) {
           return absl::OkStatus();
         }
         absl::Status synced = executor.Synchronize(backend, "request");

@@ -43,6 +43,10 @@ absl::Status Backend::RecordEvent(DeviceEvent event) {
   return WaitForEvent(event);
 }
 
+absl::Status Backend::WriteWordAfterWork(void*, uint32_t) {
+  return WaitForEvent(nullptr);
+}
+
 absl::string_view Backend::ProjectionVariant(
     const ProjectionForwardParams&) const {
   return kDefaultVariant;

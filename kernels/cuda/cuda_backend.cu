@@ -172,17 +172,55 @@ absl::Status CudaBackend::WaitForEvent(DeviceEvent event) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::JoinDownloads(const char* op) {
+  const std::string what = absl::StrCat("device ", device_);
+  // Downloads run on their own stream: what follows the work must follow
+  // them too.
+  MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(ops_done_, download_stream_), op,
+                           what);
+  MHC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, ops_done_, 0), op,
+                           what);
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::RecordEvent(DeviceEvent event) {
   MHC_RETURN_IF_ERROR(Activate("record event"));
-  const std::string what = absl::StrCat("device ", device_);
-  // Downloads run on their own stream: the event must follow them too.
-  MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(ops_done_, download_stream_),
-                           "record event", what);
-  MHC_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, ops_done_, 0),
-                           "record event", what);
+  MHC_RETURN_IF_ERROR(JoinDownloads("record event"));
   MHC_CUDA_RETURN_IF_ERROR(
       cudaEventRecord(static_cast<cudaEvent_t>(event), stream_), "record event",
-      what);
+      absl::StrCat("device ", device_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WriteWordAfterWork(void* word, uint32_t value) {
+  // Looked up once; null when the driver has no such entry point.
+  static const PFN_cuStreamWriteValue32_v11070 write_value = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &function,
+                                         12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return PFN_cuStreamWriteValue32_v11070{nullptr};
+    }
+    return reinterpret_cast<PFN_cuStreamWriteValue32_v11070>(function);
+  }();
+  if (write_value == nullptr) {
+    return absl::UnavailableError(
+        "the CUDA driver has no cuStreamWriteValue32 entry point");
+  }
+  MHC_RETURN_IF_ERROR(Activate("write word"));
+  MHC_RETURN_IF_ERROR(JoinDownloads("write word"));
+  // The default flags order the write after the stream's earlier writes.
+  const CUresult result =
+      write_value(reinterpret_cast<CUstream>(stream_),
+                  reinterpret_cast<CUdeviceptr>(word), value, 0);
+  if (result != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("CUDA: cuStreamWriteValue32 on device ", device_,
+                     " failed (", result, ")"));
+  }
   return absl::OkStatus();
 }
 

@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceTimer> MakeDeviceTimer() override;
   absl::Status WaitForEvent(DeviceEvent event) override;
   absl::Status RecordEvent(DeviceEvent event) override;
+  absl::Status WriteWordAfterWork(void* word, uint32_t value) override;
   absl::Status CheckDevice() override;
   absl::StatusOr<ExportedMemory> ExportMemory(void* pointer) override;
   // The projection plan's variant (projection/plan.h).
@@ -109,6 +110,9 @@ class CudaBackend final : public Backend {
   absl::Status CreateResources();
   // Makes this backend's device current for the calling thread.
   absl::Status Activate(const char* what) const;
+  // Makes the op stream wait for the downloads queued so far (`op` names
+  // the caller in errors).
+  absl::Status JoinDownloads(const char* op);
   // Waits for the op stream and both copy streams.
   absl::Status SynchronizeStreams(const char* what);
   // After InjectFault said so: loses the context (BreakContext) and returns

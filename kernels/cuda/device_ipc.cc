@@ -132,7 +132,8 @@ class CudaDeviceIpc final : public DeviceIpc {
           "cannot use CUDA device ", device, ": ", cudaGetErrorString(error)));
     }
     // Portable: every device's executor copies from it at full speed.
-    unsigned int flags = cudaHostRegisterPortable;
+    // Mapped: a device stream may write a word of it (HostDeviceAddress).
+    unsigned int flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
     if (read_only) flags |= cudaHostRegisterReadOnly;
     const cudaError_t error = cudaHostRegister(base, bytes, flags);
     if (error != cudaSuccess) {
@@ -142,6 +143,19 @@ class CudaDeviceIpc final : public DeviceIpc {
           cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
     }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> HostDeviceAddress(int device, void* host) override {
+    MHC_RETURN_IF_ERROR(UseDeviceOrFail(device));
+    void* address = nullptr;
+    const cudaError_t error = cudaHostGetDevicePointer(&address, host, 0);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // not sticky; keep it from later calls
+      return absl::FailedPreconditionError(
+          absl::StrCat("cudaHostGetDevicePointer: ", cudaGetErrorName(error),
+                       " (", cudaGetErrorString(error), ")"));
+    }
+    return address;
   }
 
   absl::Status UnpinHost(int device, void* base) override {

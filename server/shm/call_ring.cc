@@ -16,8 +16,39 @@ namespace ring = ::mhc::call_ring;
 
 // How long the thread sleeps between checks that it should stop.
 constexpr int64_t kIdleWaitNs = 200'000'000;
+// How long the thread waits for a queued done-word write to land before it
+// stores a later number from the host anyway: only a device that stopped
+// running work (the daemon is then not serving) takes that long.
+constexpr absl::Duration kQueuedWriteWait = absl::Seconds(30);
 
 }  // namespace
+
+class CallRing::Completion final : public DeviceCompletion {
+ public:
+  Completion(CallRing& ring, uint32_t seq) : ring_(ring), seq_(seq) {}
+
+  void* Word(int device) override {
+    if (ring_.done_word_device_ == nullptr) return nullptr;
+    // Writes queued on two devices' streams may land in either order: the
+    // earlier one must be in before a later request queues its own.
+    if (ring_.queued_device_ >= 0 && ring_.queued_device_ != device) {
+      if (!ring_.AwaitQueuedWrites(kQueuedWriteWait)) return nullptr;
+    }
+    return ring_.done_word_device_;
+  }
+  uint32_t value() const override { return seq_; }
+  void Queued(int device) override {
+    ring_.queued_seq_ = seq_;
+    ring_.queued_device_ = device;
+    queued_ = true;
+  }
+  bool queued() const { return queued_; }
+
+ private:
+  CallRing& ring_;
+  const uint32_t seq_;
+  bool queued_ = false;
+};
 
 absl::StatusOr<std::unique_ptr<CallRing>> CallRing::Start(
     std::shared_ptr<Region> region, Handler handler, absl::Duration spin) {
@@ -81,6 +112,10 @@ CallRing::CallRing(std::shared_ptr<Region> region, Handler handler,
       area_bytes_(area_bytes),
       spin_ns_(absl::ToInt64Nanoseconds(spin)) {
   answered_ = ring::Load(ring::ResponseSeq(base_));
+  if (region_->pinned()) {
+    absl::StatusOr<void*> word = region_->DeviceAddress(ring::DoneSeq(base_));
+    if (word.ok()) done_word_device_ = *word;
+  }
   ring::Store(ring::State(base_), ring::kStateServing);
 }
 
@@ -100,6 +135,9 @@ void CallRing::Stop() {
                "the call ring closed before the request ran; it did not run"),
            "");
   }
+  // A client stream may wait for any request so far: release it, and let
+  // no device write into the memory once the ring lets go of it.
+  CompleteOnHost(submitted);
   ring::Store(ring::State(base_), ring::kStateClosed);
   ring::FutexWake(ring::ResponseSeq(base_));
   flock(region_->descriptor(), LOCK_UN);
@@ -135,12 +173,38 @@ void CallRing::Serve() {
       continue;
     }
     payload_.assign(area + sizeof(header), header.payload_bytes);
+    const bool deferred = (header.flags & ring::kRequestDeferred) != 0;
+    Completion completion(*this, seq);
     RingCallRequest call{absl::string_view(header.method, method_length),
-                         header.wait_event, header.signal_event, payload_};
+                         header.wait_event, header.signal_event, payload_,
+                         deferred ? &completion : nullptr};
     response_.clear();
     const absl::Status status = handler_(call, &response_);
     Answer(seq, status, response_);
+    // Nothing queued writes the word for this request (it failed, or its
+    // backend finished it already): the client's stream waits for it all
+    // the same.
+    if (deferred && !completion.queued()) CompleteOnHost(seq);
   }
+}
+
+bool CallRing::AwaitQueuedWrites(absl::Duration timeout) {
+  if (queued_device_ < 0) return true;
+  const uint32_t* word = ring::DoneSeq(base_);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!ring::Reached(ring::Load(word), queued_seq_)) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Microseconds(20));
+  }
+  queued_device_ = -1;
+  return true;
+}
+
+void CallRing::CompleteOnHost(uint32_t seq) {
+  AwaitQueuedWrites(kQueuedWriteWait);
+  queued_device_ = -1;
+  uint32_t* word = ring::DoneSeq(base_);
+  if (!ring::Reached(ring::Load(word), seq)) ring::Store(word, seq);
 }
 
 void CallRing::Answer(uint32_t seq, const absl::Status& status,

@@ -28,6 +28,8 @@ struct RingCallRequest {
   int wait_event = -1;
   int signal_event = -1;
   absl::string_view payload;  // the serialized request message
+  // A deferred request's completion (see mhc/call_ring.h); null for others.
+  DeviceCompletion* completion = nullptr;
 };
 
 class CallRing {
@@ -59,6 +61,14 @@ class CallRing {
   // object for the ring's life).
   static absl::StatusOr<uint64_t> CheckRing(const Region& region);
   void Serve();
+  // The done word of a deferred request (mhc/call_ring.h).
+  class Completion;
+  // Waits until every write of the done word queued on a device stream has
+  // landed, at most `timeout`; false when it did not.
+  bool AwaitQueuedWrites(absl::Duration timeout);
+  // Stores `seq` into the done word from this thread, once the queued
+  // writes are in, so that the word never moves backwards.
+  void CompleteOnHost(uint32_t seq);
   // Answers request `seq` with `status` (and `payload` when OK).
   void Answer(uint32_t seq, const absl::Status& status,
               const std::string& payload);
@@ -71,6 +81,13 @@ class CallRing {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   uint32_t answered_ = 0;
+  // The done word as devices address it; null when the ring's memory is not
+  // page-locked, and deferred requests then finish before their answer.
+  void* done_word_device_ = nullptr;
+  // The last deferred request whose done-word write is queued on a device
+  // stream, and that device (-1: none outstanding).
+  uint32_t queued_seq_ = 0;
+  int queued_device_ = -1;
   // Reused by every call: the request copied out of shared memory (the
   // client could change it while it is parsed) and the response.
   std::string payload_;

@@ -122,6 +122,10 @@ class IpcHostPinner final : public HostMemoryPinner {
     return ipc_->PinHost(device_, base, bytes, read_only);
   }
 
+  absl::StatusOr<void*> DeviceAddress(void* host) override {
+    return ipc_->HostDeviceAddress(device_, host);
+  }
+
   void Unpin(void* base) override {
     const absl::Status status = ipc_->UnpinHost(device_, base);
     if (!status.ok()) {

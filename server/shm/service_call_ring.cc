@@ -49,7 +49,7 @@ absl::Status MhcService::RingCall(const SessionRef& session,
         }
         RegionScope regions(shm_, session, /*local=*/true,
                             EventIndex(call.wait_event),
-                            EventIndex(call.signal_event));
+                            EventIndex(call.signal_event), call.completion);
         MHC_RETURN_IF_ERROR(
             rpc->kind.has_value()
                 ? runner_.RunSingle(*rpc->kind, *request, reply, &regions)

@@ -126,6 +126,14 @@ bool Region::Broken() const {
   return watch_slot_ >= 0 && shm_guard::Faulted(watch_slot_);
 }
 
+absl::StatusOr<void*> Region::DeviceAddress(void* host) const {
+  if (pinner_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region '", name_, "' is not page-locked"));
+  }
+  return pinner_->DeviceAddress(host);
+}
+
 bool Region::Shrunk() const {
   if (fd_ < 0) return false;
   struct stat st = {};
@@ -619,15 +627,25 @@ absl::StatusOr<std::shared_ptr<Region>> ShmRegistry::Find(
 }
 
 RegionScope::RegionScope(ShmRegistry* registry, SessionRef session, bool local,
-                         std::string wait_event, std::string signal_event)
+                         std::string wait_event, std::string signal_event,
+                         DeviceCompletion* completion)
     : registry_(registry),
       session_(std::move(session)),
       local_(local),
       wait_event_(std::move(wait_event)),
-      signal_event_(std::move(signal_event)) {}
+      signal_event_(std::move(signal_event)),
+      completion_(completion) {}
+
+void RegionScope::CompletionQueued(int device) {
+  if (completion_ != nullptr) completion_->Queued(device);
+}
 
 absl::StatusOr<StreamOrder> RegionScope::Events(int device) {
   StreamOrder order;
+  if (completion_ != nullptr && device >= 0) {
+    order.done_word = completion_->Word(device);
+    order.done_value = completion_->value();
+  }
   if (wait_event_.empty() && signal_event_.empty()) return order;
   if (device < 0) {
     return absl::FailedPreconditionError(

@@ -113,10 +113,26 @@ class EventPool {
   std::vector<DeviceEvent> daemon_;
 };
 
-// The events one request waits for and records (null: none).
+// How a deferred ring request (call_ring.h) tells the client's stream that
+// its device work is done: a word the device stream writes after the work.
+class DeviceCompletion {
+ public:
+  virtual ~DeviceCompletion() = default;
+  // The device address to write value() to after the work queued on
+  // `device`; null when the work must finish before the answer instead.
+  virtual void* Word(int device) = 0;
+  virtual uint32_t value() const = 0;
+  // The write is queued on `device`'s stream.
+  virtual void Queued(int device) = 0;
+};
+
+// The events one request waits for and records (null: none), and the word
+// its work's last step writes (null: none).
 struct StreamOrder {
   DeviceEvent wait = nullptr;
   DeviceEvent signal = nullptr;
+  void* done_word = nullptr;
+  uint32_t done_value = 0;
 };
 
 // Page-locks host memory for every CUDA device of the process, so that a
@@ -131,6 +147,10 @@ class HostMemoryPinner {
   virtual absl::Status Pin(void* base, size_t bytes, bool read_only) = 0;
   // Undoes Pin(base, ...); called before the memory is unmapped.
   virtual void Unpin(void* base) = 0;
+  // The address devices use for `host`, inside pinned memory.
+  virtual absl::StatusOr<void*> DeviceAddress(void* /*host*/) {
+    return absl::UnimplementedError("devices cannot address host memory");
+  }
 };
 
 // What became of page-locking a new system region.
@@ -162,6 +182,9 @@ class Region {
   bool Shrunk() const;
   // SYSTEM: the mapping is page-locked for device copies.
   bool pinned() const { return pinner_ != nullptr; }
+  // SYSTEM, pinned: the address devices use for `host`, a byte of the
+  // mapping (FAILED_PRECONDITION when the region is not pinned).
+  absl::StatusOr<void*> DeviceAddress(void* host) const;
   // The first registered byte in this process (host or device memory).
   char* data() const { return data_; }
   // SYSTEM: the object's open descriptor (-1 for CUDA).
@@ -223,9 +246,11 @@ class RegionScope {
  public:
   // `session`: the request's session and caller; `local`: the request came
   // over a unix socket; `wait_event` and `signal_event`: its
-  // "mhc-wait-event" and "mhc-signal-event" (empty when absent).
+  // "mhc-wait-event" and "mhc-signal-event" (empty when absent);
+  // `completion`: a deferred ring request's (null for others).
   RegionScope(ShmRegistry* registry, SessionRef session, bool local,
-              std::string wait_event = "", std::string signal_event = "");
+              std::string wait_event = "", std::string signal_event = "",
+              DeviceCompletion* completion = nullptr);
   ~RegionScope();
   RegionScope(const RegionScope&) = delete;
   RegionScope& operator=(const RegionScope&) = delete;
@@ -235,9 +260,11 @@ class RegionScope {
                                      uint64_t bytes, bool output,
                                      absl::string_view field);
   // The events the request names, on CUDA device `device` (-1: the
-  // request's layers are not on a CUDA device). The pool stays alive while
-  // this scope does.
+  // request's layers are not on a CUDA device), and its completion word.
+  // The pool stays alive while this scope does.
   absl::StatusOr<StreamOrder> Events(int device);
+  // The completion word of Events(device) is queued on its stream.
+  void CompletionQueued(int device);
   // After the request ran: FAILED_PRECONDITION when a region's object was
   // truncated while the request used it (its results are not valid), seen
   // by a fault or by the object's size.
@@ -255,6 +282,7 @@ class RegionScope {
   const bool local_;
   const std::string wait_event_;
   const std::string signal_event_;
+  DeviceCompletion* const completion_;
   std::vector<Use> uses_;
   std::shared_ptr<EventPool> events_;
 };

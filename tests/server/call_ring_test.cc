@@ -243,6 +243,66 @@ TEST_F(CallRingTest, KilledClientLeavesNothingBehind) {
   MHC_ASSERT_OK(client_->Pre(pre_).status());
 }
 
+// Deferred calls: each returns before its answer; the done word reaches a
+// call's number once its work is done (from the host here: the CPU backend
+// finishes work before it answers), a failure is reported by the next call
+// instead of running it, and a failed call releases the done word too.
+TEST_F(CallRingTest, DeferredCallsReportFailuresOnTheNextCall) {
+  MHC_ASSERT_OK_AND_ASSIGN(std::shared_ptr<CallRing> opened,
+                           CallRing::Open(*client_));
+  const absl::Duration timeout = absl::Seconds(10);
+  auto no_event = [] { return absl::OkStatus(); };
+  auto await_done = [&](uint32_t seq) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!ring::Reached(ring::Load(opened->done_word()), seq) &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(50));
+    }
+    return ring::Reached(ring::Load(opened->done_word()), seq);
+  };
+  uint32_t seq = 0;
+  bool sent = false;
+  int before_send_runs = 0;
+  MHC_ASSERT_OK(opened->Post(
+      "Pre", pre_, {},
+      [&] {
+        ++before_send_runs;
+        return absl::OkStatus();
+      },
+      timeout, &seq, &sent));
+  EXPECT_TRUE(sent);
+  EXPECT_EQ(before_send_runs, 1);
+  EXPECT_TRUE(await_done(seq));
+
+  v1::PreRequest missing = pre_;
+  missing.set_layer("nope");
+  uint32_t failed_seq = 0;
+  MHC_ASSERT_OK(
+      opened->Post("Pre", missing, {}, no_event, timeout, &failed_seq, &sent));
+  EXPECT_EQ(failed_seq, seq + 1);
+  // The stream of a failed call is released all the same.
+  EXPECT_TRUE(await_done(failed_seq));
+  // The next call reports it, naming it, and does not run.
+  absl::Status next =
+      opened->Post("Pre", pre_, {}, no_event, timeout, &seq, &sent);
+  EXPECT_EQ(next.code(), Code::kNotFound) << next;
+  EXPECT_TRUE(absl::StrContains(next.message(), "earlier deferred call (Pre)"))
+      << next;
+  EXPECT_TRUE(absl::StrContains(next.message(), "nope")) << next;
+  EXPECT_FALSE(sent);
+  // Reported once: the ring serves on, and a plain call after a deferred
+  // one collects its answer first.
+  MHC_ASSERT_OK(opened->Post("Pre", pre_, {}, no_event, timeout, &seq, &sent));
+  v1::PreResponse answer;
+  MHC_ASSERT_OK(opened->Call("Pre", pre_, answer, {}, timeout, &sent));
+  MHC_ASSERT_OK(opened->Flush(timeout));
+  EXPECT_EQ(opened->calls(), 4u);
+  // The done word stands in for a signal event.
+  EXPECT_EQ(
+      opened->Post("Pre", pre_, {-1, 0}, no_event, timeout, &seq, &sent).code(),
+      Code::kInvalidArgument);
+}
+
 // The daemon dies: a ring call fails at once instead of waiting for its
 // deadline.
 TEST_F(CallRingTest, ClientSeesTheDaemonGone) {

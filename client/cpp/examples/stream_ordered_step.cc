@@ -1,15 +1,20 @@
 // Training steps of one mHC layer through a local mhcd, zero copy and stream
 // ordered: the activations live in one device allocation registered once,
 // the layer's parameters and gradient accumulators are mapped in place, and
-// every call waits for an event recorded on this program's stream while the
-// stream waits for the daemon's event in turn. The loop never waits for the
-// GPU on the host; the last step is read back once at the end.
+// every call waits for an event recorded on this program's stream. Through
+// the call ring the calls are deferred: each returns once its request is
+// written and the stream waits on the ring's done word for the daemon's
+// work (without the ring, the stream waits on the daemon's event after each
+// answer). The loop never waits for the GPU on the host; the last step is
+// read back once at the end.
 //
 //   stream_ordered_step --address=unix:/run/mhcd.sock [--tokens=4096]
 //       [--hidden=4096] [--n=4] [--steps=20] [--warmup=3]
 //
 // The daemon runs with --backend=cuda --allow_shm on that unix socket, on
 // the GPU this program uses (device 0).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -17,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +45,9 @@ ABSL_FLAG(int, warmup, 3, "steps before the timed ones");
 ABSL_FLAG(bool, call_ring, true,
           "send the compute calls through the session's call ring "
           "(mhc/client/call_ring.h) instead of gRPC messages");
+ABSL_FLAG(bool, deferred, true,
+          "with the call ring, make the calls deferred: each returns once "
+          "written, and the stream waits on the ring's done word");
 
 namespace {
 
@@ -50,6 +59,48 @@ absl::Status Cuda(cudaError_t error, const char* what) {
   return absl::InternalError(
       absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
+
+// The stream waits until a word of host memory reaches a value (the call
+// ring's done word), through the driver's cuStreamWaitValue32.
+class WordWaiter {
+ public:
+  // Page-locks the ring's first page, which holds the word, for the device.
+  static absl::StatusOr<WordWaiter> Make(mhc::client::CallRing& ring) {
+    WordWaiter waiter;
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    MHC_RETURN_IF_ERROR(
+        Cuda(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &function,
+                                              12000, cudaEnableDefault, &found),
+             "cuStreamWaitValue32 entry point"));
+    if (found != cudaDriverEntryPointSuccess) {
+      return absl::UnavailableError("the driver has no cuStreamWaitValue32");
+    }
+    waiter.wait_ = reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(function);
+    waiter.page_ = ring.ring_page();
+    MHC_RETURN_IF_ERROR(Cuda(
+        cudaHostRegister(waiter.page_, mhc::client::CallRing::kRingPageBytes,
+                         cudaHostRegisterPortable | cudaHostRegisterMapped),
+        "page-lock the ring's page"));
+    MHC_RETURN_IF_ERROR(Cuda(
+        cudaHostGetDevicePointer(&waiter.word_, ring.done_word(), 0), "word"));
+    return waiter;
+  }
+  absl::Status Wait(cudaStream_t stream, uint32_t value) const {
+    if (wait_(stream, reinterpret_cast<CUdeviceptr>(word_), value,
+              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+      return absl::InternalError("cuStreamWaitValue32 failed");
+    }
+    return absl::OkStatus();
+  }
+  // Once no stream waits on the word any more.
+  void Release() const { cudaHostUnregister(page_); }
+
+ private:
+  PFN_cuStreamWaitValue32_v11070 wait_ = nullptr;
+  void* page_ = nullptr;
+  void* word_ = nullptr;
+};
 
 // Consecutive pieces of one cudaMalloc allocation, registered as one region.
 struct Arena {
@@ -185,14 +236,31 @@ absl::Status Run() {
   // Each call: record `ready` after this stream's work, name it and the
   // daemon's event, then make this stream wait for the daemon's work.
   client->set_stream_order({/*wait_event=*/0, /*signal_event=*/0});
+  std::shared_ptr<mhc::client::CallRing> ring;
+  std::optional<WordWaiter> waiter;
   if (absl::GetFlag(FLAGS_call_ring)) {
-    MHC_ASSIGN_OR_RETURN(std::shared_ptr<mhc::client::CallRing> ring,
-                         mhc::client::CallRing::Open(*client));
-    client->set_call_ring(std::move(ring));
+    MHC_ASSIGN_OR_RETURN(ring, mhc::client::CallRing::Open(*client));
+    client->set_call_ring(ring);
+    if (absl::GetFlag(FLAGS_deferred)) {
+      MHC_ASSIGN_OR_RETURN(waiter, WordWaiter::Make(*ring));
+    }
   }
-  auto ordered = [&](auto&& call) -> absl::Status {
-    MHC_RETURN_IF_ERROR(Cuda(cudaEventRecord(ready, stream), "record"));
-    MHC_RETURN_IF_ERROR(call());
+  auto record_ready = [&] {
+    return Cuda(cudaEventRecord(ready, stream), "record");
+  };
+  // `method` with `request`, as `by_client` would send it.
+  auto ordered = [&](const char* method,
+                     const google::protobuf::Message& request,
+                     auto&& by_client) -> absl::Status {
+    if (waiter.has_value()) {
+      uint32_t seq = 0;
+      bool sent = false;
+      MHC_RETURN_IF_ERROR(ring->Post(method, request, {0, -1}, record_ready,
+                                     client->timeout(), &seq, &sent));
+      return waiter->Wait(stream, seq);
+    }
+    MHC_RETURN_IF_ERROR(record_ready());
+    MHC_RETURN_IF_ERROR(by_client());
     return Cuda(cudaStreamWaitEvent(stream, done, 0), "wait");
   };
 
@@ -241,11 +309,15 @@ absl::Status Run() {
     MHC_RETURN_IF_ERROR(
         Cuda(cudaMemsetAsync(beta_grad, 0, beta_count * sizeof(float), stream),
              "zero grad"));
-    MHC_RETURN_IF_ERROR(ordered([&] { return client->Pre(pre).status(); }));
-    MHC_RETURN_IF_ERROR(ordered([&] { return client->Post(post).status(); }));
     MHC_RETURN_IF_ERROR(
-        ordered([&] { return client->PostBackward(post_backward).status(); }));
-    return ordered([&] { return client->PreBackward(pre_backward).status(); });
+        ordered("Pre", pre, [&] { return client->Pre(pre).status(); }));
+    MHC_RETURN_IF_ERROR(
+        ordered("Post", post, [&] { return client->Post(post).status(); }));
+    MHC_RETURN_IF_ERROR(ordered("PostBackward", post_backward, [&] {
+      return client->PostBackward(post_backward).status();
+    }));
+    return ordered("PreBackward", pre_backward,
+                   [&] { return client->PreBackward(pre_backward).status(); });
   };
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
@@ -255,6 +327,8 @@ absl::Status Run() {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) MHC_RETURN_IF_ERROR(step());
   MHC_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "synchronize"));
+  // The last deferred call's answer: its failure, if it failed.
+  if (waiter.has_value()) MHC_RETURN_IF_ERROR(ring->Flush(client->timeout()));
   const double ms = std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start)
                         .count();
@@ -275,6 +349,7 @@ absl::Status Run() {
       "beta[0] = %g\n",
       steps, static_cast<long long>(m), n, static_cast<long long>(c),
       ms / steps, std::sqrt(norm), host_beta[0]);
+  if (waiter.has_value()) waiter->Release();
   cudaIpcCloseMemHandle(layer_base);
   cudaFree(arena.base);
   MHC_RETURN_IF_ERROR(client->DeleteLayer(name).status());

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mhc/call_ring.h"
+#include "mhc/status.h"
 
 namespace mhc::client {
 namespace {
@@ -98,13 +99,12 @@ bool CallRing::DaemonAlive() const {
   return false;
 }
 
-absl::Status CallRing::Call(absl::string_view method,
-                            const google::protobuf::Message& request,
-                            google::protobuf::Message& response,
-                            const StreamOrder& order, absl::Duration timeout,
-                            bool* sent) {
-  *sent = false;
-  absl::MutexLock lock(&mu_);
+uint32_t* CallRing::done_word() const { return ring::DoneSeq(base_); }
+
+absl::StatusOr<uint32_t> CallRing::Submit(
+    absl::string_view method, const google::protobuf::Message& request,
+    const StreamOrder& order, uint32_t flags,
+    absl::FunctionRef<absl::Status()> before_send) {
   if (broken_ || ring::Load(ring::State(base_)) != ring::kStateServing) {
     return absl::UnavailableError("call ring: closed");
   }
@@ -119,6 +119,7 @@ absl::Status CallRing::Call(absl::string_view method,
   header.wait_event = order.wait_event;
   header.signal_event = order.signal_event;
   header.payload_bytes = static_cast<uint32_t>(payload);
+  header.flags = flags;
   char* area = ring::RequestArea(base_);
   std::memcpy(area, &header, sizeof(header));
   if (!request.SerializeToArray(area + sizeof(header),
@@ -126,17 +127,16 @@ absl::Status CallRing::Call(absl::string_view method,
     return absl::InvalidArgumentError(
         "call ring: the request did not serialize");
   }
+  MHC_RETURN_IF_ERROR(before_send());
   const uint32_t seq = seq_ + 1;
   ring::Store(ring::RequestSeq(base_), seq);
   ring::FutexWake(ring::RequestSeq(base_));
-  *sent = true;
   calls_.fetch_add(1, std::memory_order_relaxed);
-  absl::Status answered = AwaitAnswer(seq, absl::Now() + timeout);
-  if (!answered.ok()) {
-    broken_ = true;  // the daemon may still answer, into a reused area
-    return answered;
-  }
-  seq_ = seq;
+  return seq;
+}
+
+absl::Status CallRing::ReadAnswer(google::protobuf::Message* response,
+                                  bool* sent) {
   ring::RingResponse reply;
   const char* out = ring::ResponseArea(base_, area_bytes_);
   std::memcpy(&reply, out, sizeof(reply));
@@ -156,11 +156,86 @@ absl::Status CallRing::Call(absl::string_view method,
     }
     return status;
   }
-  if (!response.ParseFromArray(out + sizeof(reply),
-                               static_cast<int>(reply.payload_bytes))) {
+  if (response != nullptr &&
+      !response->ParseFromArray(out + sizeof(reply),
+                                static_cast<int>(reply.payload_bytes))) {
     return absl::InternalError("call ring: the answer did not parse");
   }
   return absl::OkStatus();
+}
+
+absl::Status CallRing::CollectDeferred(absl::Time deadline) {
+  if (!pending_) return absl::OkStatus();
+  const uint32_t seq = seq_ + 1;
+  absl::Status answered = AwaitAnswer(seq, deadline);
+  if (!answered.ok()) {
+    broken_ = true;  // the daemon may still answer, into a reused area
+    if (answered.code() == absl::StatusCode::kUnavailable) {
+      // The daemon is gone and writes nothing more: release any stream
+      // still waiting for the call.
+      ring::Store(ring::DoneSeq(base_), seq);
+    }
+  } else {
+    seq_ = seq;
+    bool sent = true;
+    answered = ReadAnswer(nullptr, &sent);
+  }
+  pending_ = false;
+  if (answered.ok()) return answered;
+  return absl::Status(
+      answered.code(),
+      absl::StrCat("an earlier deferred call (", pending_method_,
+                   ") failed; its outputs are "
+                   "not valid: ",
+                   answered.message()));
+}
+
+absl::Status CallRing::Flush(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return CollectDeferred(absl::Now() + timeout);
+}
+
+absl::Status CallRing::Post(absl::string_view method,
+                            const google::protobuf::Message& request,
+                            const StreamOrder& order,
+                            absl::FunctionRef<absl::Status()> before_send,
+                            absl::Duration timeout, uint32_t* seq, bool* sent) {
+  *sent = false;
+  if (order.signal_event >= 0) {
+    return absl::InvalidArgumentError(
+        "call ring: a deferred call is ordered by the done word, not by a "
+        "signal event");
+  }
+  absl::MutexLock lock(&mu_);
+  MHC_RETURN_IF_ERROR(CollectDeferred(absl::Now() + timeout));
+  MHC_ASSIGN_OR_RETURN(*seq, Submit(method, request, order,
+                                    ring::kRequestDeferred, before_send));
+  *sent = true;
+  pending_ = true;
+  pending_method_.assign(method.data(), method.size());
+  return absl::OkStatus();
+}
+
+absl::Status CallRing::Call(absl::string_view method,
+                            const google::protobuf::Message& request,
+                            google::protobuf::Message& response,
+                            const StreamOrder& order, absl::Duration timeout,
+                            bool* sent) {
+  *sent = false;
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  MHC_RETURN_IF_ERROR(CollectDeferred(deadline));
+  MHC_ASSIGN_OR_RETURN(
+      const uint32_t seq,
+      Submit(method, request, order, 0, [] { return absl::OkStatus(); }));
+  *sent = true;
+  absl::Status answered = AwaitAnswer(seq, deadline);
+  if (!answered.ok()) {
+    broken_ = true;  // the daemon may still answer, into a reused area
+    return answered;
+  }
+  seq_ = seq;
+  return ReadAnswer(&response, sent);
 }
 
 absl::Status CallRing::AwaitAnswer(uint32_t seq, absl::Time deadline) {

@@ -88,6 +88,15 @@ class EventPool:
             finally:
                 self._waiters -= 1
 
+    def reserve_wait(self) -> int:
+        """Takes one of this process's events out of the pool for good:
+        the deferred calls of a call ring record it, each after the daemon
+        has waited for the previous one (see
+        :meth:`mhc_client.native.Connection.enable_deferred_calls`)."""
+        wait, signal = self.acquire()
+        self._free_signal.append(signal)
+        return wait
+
     def release(self, wait_index: int, signal_index: int) -> None:
         self._free_wait.append(wait_index)
         self._free_signal.append(signal_index)

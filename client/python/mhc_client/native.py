@@ -20,7 +20,11 @@ Remote daemons and inline tensors always take the pure-Python path.
 
 On the native path a session also opens a call ring (unless
 ``MHC_CLIENT_CALL_RING=off``): the compute calls of that session then go
-through shared memory and a futex instead of gRPC messages.
+through shared memory and a futex instead of gRPC messages. Calls on CUDA
+tensors then become deferred (unless ``MHC_CLIENT_DEFERRED=off``): they
+return once the request is written, and the caller's stream waits on the
+ring's done word for the daemon's work (see
+:mod:`mhc_client.torch_transport`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ ENV = "MHC_CLIENT_NATIVE"
 # Connection.open_call_ring).
 CALL_RING_ENV = "MHC_CLIENT_CALL_RING"
 CALL_RING_AREA_BYTES = 64 << 10
+# "off" keeps calls on CUDA tensors answered before they return (see
+# Connection.enable_deferred_calls).
+DEFERRED_ENV = "MHC_CLIENT_DEFERRED"
 _MODES = {"auto": "auto", "": "auto", "on": "on", "1": "on", "true": "on",
           "off": "off", "0": "off", "false": "off"}
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -169,12 +176,33 @@ class Connection:
             raise _typed(error, "OpenCallRing") from None
 
     def close_call_ring(self) -> None:
-        """Compute calls go over gRPC again."""
+        """Compute calls go over gRPC again. With deferred calls, first
+        waits for them and for the device (streams may still wait on the
+        ring's memory)."""
         self._connection.close_call_ring()
 
+    def enable_deferred_calls(self) -> bool:
+        """Makes :meth:`compute_cuda` calls whose event pair has no signal
+        event (index -1) deferred calls of the open ring: they return once
+        the request is written, the stream waiting on the ring's done word
+        for the daemon's work, and a failure is raised by the next call (or
+        :meth:`flush`). Needs the CUDA context of the caller's device
+        current. False when there is no ring or the driver cannot wait on
+        host memory; calls then stay as they were."""
+        if os.environ.get(DEFERRED_ENV, "").strip().lower() in ("off", "0"):
+            return False
+        return bool(self._connection.enable_deferred_calls())
+
+    def flush(self) -> None:
+        """Collects the last deferred call's answer; raises its error."""
+        try:
+            self._connection.flush()
+        except self._error as error:
+            raise _typed(error, "flush") from None
+
     def stats(self) -> Dict[str, int]:
-        """Calls, failures, retries, the largest request (bytes) and the
-        calls sent through the open call ring so far."""
+        """Calls, deferred calls, failures, retries, the largest request
+        (bytes) and the calls sent through the open call ring so far."""
         return self._connection.stats()
 
     def reset_stats(self) -> None:

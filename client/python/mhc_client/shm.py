@@ -316,6 +316,9 @@ class Session:
         # extension): see mhc_client.native.cuda_region_table.
         self.cuda_table: Any = native_path.cuda_region_table()
         self._event_pools: Dict[int, Any] = {}  # device -> EventPool or None
+        # device -> the wait event of deferred calls (index, cudaEvent_t), or
+        # None where calls are not deferred (see deferred_wait_event).
+        self._deferred_waits: Dict[int, Optional[Tuple[int, int]]] = {}
         self._arena: Optional[HostArena] = None
         self.cuda_registrations = 0
         self.cuda_unregistrations = 0
@@ -582,6 +585,11 @@ class Session:
         return min(free, key=table.last_use) if table is not None else free[0]
 
     def _evict(self, buffer_id: int) -> None:
+        if self.call_ring:
+            # A deferred call naming the region may not have reached the
+            # daemon yet. Raises that call's error, if it failed, before
+            # anything changes here.
+            self._client.flush()
         region = self._cuda.pop(buffer_id)
         if self.cuda_table is not None:
             self.cuda_table.remove(buffer_id)
@@ -647,6 +655,26 @@ class Session:
                     self._event_pools[device] = None
             return self._event_pools[device]
 
+    def deferred_wait_event(self, device: int) -> Optional[Tuple[int, int]]:
+        """The (index, cudaEvent_t) of the event that deferred calls on
+        `device` record, enabling them on first use; None where calls on
+        CUDA tensors are not deferred (no call ring, no events, or a driver
+        that cannot wait on host memory). Call with `device`'s context
+        current."""
+        if device in self._deferred_waits:
+            return self._deferred_waits[device]
+        with self._cuda_lock:
+            if device not in self._deferred_waits:
+                pool = self.cuda_events(device)
+                connection = self._client.native
+                wait = None
+                if (pool is not None and self.call_ring
+                        and connection.enable_deferred_calls()):
+                    index = pool.reserve_wait()
+                    wait = (index, pool.wait_handles[index])
+                self._deferred_waits[device] = wait
+            return self._deferred_waits[device]
+
     def host_arena(self) -> HostArena:
         """The session's arena for host tensors in transit."""
         with self._lock:
@@ -686,6 +714,7 @@ class Session:
             self._cuda_at.clear()
             self._cuda_parked.clear()
             self._event_pools.clear()
+            self._deferred_waits.clear()
         self._arena = None
         self._client._forget_session(self)
 

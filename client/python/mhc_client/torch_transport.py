@@ -8,12 +8,17 @@ Three paths, picked per call from the first input tensor:
   the daemon reads and writes them in place. With the native extension the
   whole call (naming the regions, the events, the request) is one step in
   C++ once the allocations are registered; Python registers new ones. Outputs are allocated here
-  with ``torch.empty`` on the current stream. The call is ordered with the
-  current stream by two interprocess events (shm.proto, "Stream order"):
-  this process records one on the current stream once the inputs are
-  queued, the daemon's stream waits on it, and after the answer (sent when
-  the work is queued, not done) the current stream waits on the daemon's
-  event. No host synchronisation.
+  with ``torch.empty`` on the current stream. This process records an
+  interprocess event on the current stream once the inputs are queued, and
+  the daemon's stream waits on it (shm.proto, "Stream order"). With the
+  session's call ring the call is deferred: it returns once the request is
+  written, and the current stream waits (cuStreamWaitValue32) until the
+  ring's done word reaches the call's number, which the daemon's stream
+  writes after the work. The host waits for nothing; the next call
+  collects this one's answer and raises its error, if it failed
+  (:meth:`mhc_client.Client.flush` does it at once). Without a ring the
+  answer comes once the work is queued, and the current stream waits on an
+  event of the daemon's. No host synchronisation either way.
 * ``arena``: host tensors (or a daemon without CUDA) on this node with
   shared memory: inputs are copied into the session's host arena, the
   daemon writes outputs there, and they are copied out. No bytes travel in
@@ -27,7 +32,9 @@ by the native extension when available (see :mod:`mhc_client.native`;
 this module stays the same either way), else by the pure-Python stub.
 
 Ordering contract of the ``cuda`` path: the daemon's work behaves like a
-kernel launched on the current stream at the time of the call. It starts
+kernel launched on the current stream at the time of the call (a
+deferred call's failure is raised by the next call, as an asynchronous
+kernel error would be by a later CUDA call). It starts
 after everything queued on that stream before (so inputs, parameters
 written by an optimizer step, and recycled output memory are ready), and
 everything queued on that stream afterwards starts after it. Inputs and
@@ -79,12 +86,15 @@ class TransportStats:
     ``cuda`` and ``arena`` calls sent by the native extension (see
     :mod:`mhc_client.native`); ``native_cuda_calls`` those of them done in
     one step of the extension, tensors named by address (every ``cuda``
-    call in steady state, once their allocations are registered).
+    call in steady state, once their allocations are registered);
+    ``deferred_calls`` those of them that returned without waiting for the
+    daemon's answer (every one, with a call ring).
     """
 
     calls: int = 0
     native_calls: int = 0  # of the cuda and arena calls, native ones
     native_cuda_calls: int = 0  # of those, the cuda calls done in one step
+    deferred_calls: int = 0  # of those, deferred ones
     cuda_calls: int = 0
     arena_calls: int = 0
     inline_calls: int = 0
@@ -214,44 +224,55 @@ class _Transport:
                   inputs: Dict[str, Optional[torch.Tensor]], outputs: Outputs,
                   device: torch.device, order_device: Optional[torch.device],
                   retry: bool, flags: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        # Every call of a training step comes here: one pass over the
+        # tensors builds what the native call needs, since Python's cost per
+        # call is most of the host's time of a step.
         stream = self._current_stream(device)
         if order_device is not None and order_device != device:
             self._synchronize(order_device)
+        index = device.index
         named: List[Tuple[str, torch.Tensor]] = []
+        places: List[CudaTensorPlace] = []
         for name, t in inputs.items():
             if t is None:
                 continue
             if not t.is_contiguous():
                 t = t.contiguous()
-            if t.get_device() != device.index:
+            if t.get_device() != index:
                 raise errors.InvalidArgument(
                     f"{spec.kind}: '{name}' is on {t.device}, the other "
                     f"inputs on {device}")
             # No-op for memory allocated on this stream (the usual case).
             t.record_stream(stream)
             named.append((name, t))
-        result = {name: torch.empty(tuple(shape), dtype=dtype, device=device)
-                  for name, (shape, dtype) in outputs.items()}
+            places.append((name, torch_dtype_code(t), t.shape, t.data_ptr(),
+                           t.nbytes))
+        result: Dict[str, torch.Tensor] = {}
+        out_places: List[CudaOutputPlace] = []
+        for name, (shape, dtype) in outputs.items():
+            out = result[name] = torch.empty(shape, dtype=dtype, device=device)
+            if out.nbytes:
+                out_places.append((name, out.data_ptr(), out.nbytes))
         alive = [t for _, t in named] + list(result.values())
-        if not self._run_cuda_native(spec, session, layer, named, result,
+        if not self._run_cuda_native(spec, session, layer, places, out_places,
                                      stream, retry, flags, alive):
-            places: List[TensorPlace] = []
-            out_places: List[OutputPlace] = []
+            py_places: List[TensorPlace] = []
+            py_out_places: List[OutputPlace] = []
             with session.pinned_cuda_regions() as pins:
                 for name, t in named:
-                    places.append(_cuda_place(session, name, t, pins))
+                    py_places.append(_cuda_place(session, name, t, pins))
                 for name, out in result.items():
                     if out.numel() > 0:
                         _, _, _, region, offset, nbytes = _cuda_place(
                             session, name, out, pins)
-                        out_places.append((name, region, offset, nbytes))
-            self._ordered_call(spec, session, layer, places, out_places, flags,
-                               stream, retry, alive)
+                        py_out_places.append((name, region, offset, nbytes))
+            self._ordered_call(spec, session, layer, py_places, py_out_places,
+                               flags, stream, retry, alive)
         return result
 
     def _run_cuda_native(self, spec: OpDef, session: Any, layer: str,
-                         named: List[Tuple[str, torch.Tensor]],
-                         result: Dict[str, torch.Tensor], stream: Any,
+                         places: List[CudaTensorPlace],
+                         out_places: List[CudaOutputPlace], stream: Any,
                          retry: bool, flags: Dict[str, Any],
                          alive: List[torch.Tensor]) -> bool:
         """The call in one step of the native extension: tensors named by
@@ -263,18 +284,26 @@ class _Transport:
         table = session.cuda_table
         if connection is None or table is None:
             return False
-        index = stream.device.index
-        if stream.cuda_stream == 0 and index != torch.cuda.current_device():
+        raw_stream, index = stream.cuda_stream, stream.device_index
+        if raw_stream == 0 and index != torch.cuda.current_device():
             return False  # the legacy stream of another device's context
+        deferred = session.deferred_wait_event(index)
+        if deferred is not None:
+            # The ring's done word orders the stream; the event is the
+            # ring's own, recorded only after the previous call's answer.
+            sent = connection.compute_cuda(
+                spec.rpc, layer, places, out_places, tuple(flags.items()),
+                session_id=session.id, table=table, stream=raw_stream,
+                events=EventPair(deferred[0], -1, deferred[1], 0),
+                timeout=self.client.timeout, attempts=1)
+            if sent:
+                stats.native_calls += 1
+                stats.native_cuda_calls += 1
+                stats.deferred_calls += 1
+            return sent
         pool = session.cuda_events(index)
         if pool is None:
             return False
-        places: List[CudaTensorPlace] = [
-            (name, torch_dtype_code(t), t.shape, t.data_ptr(),
-             t.numel() * t.element_size()) for name, t in named]
-        out_places: List[CudaOutputPlace] = [
-            (name, out.data_ptr(), out.numel() * out.element_size())
-            for name, out in result.items() if out.numel() > 0]
         wait_index, signal_index = pool.acquire()
         events = EventPair(wait_index, signal_index,
                            pool.wait_handles[wait_index],
@@ -283,7 +312,7 @@ class _Transport:
         try:
             sent = connection.compute_cuda(
                 spec.rpc, layer, places, out_places, tuple(flags.items()),
-                session_id=session.id, table=table, stream=stream.cuda_stream,
+                session_id=session.id, table=table, stream=raw_stream,
                 events=events, timeout=self.client.timeout,
                 attempts=self.client.retries if retry else 1)
         except _AMBIGUOUS:

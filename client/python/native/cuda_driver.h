@@ -30,6 +30,19 @@ absl::StatusOr<CudaAllocation> AllocationOf(uint64_t address);
 absl::Status RecordEvent(CudaEventHandle event, CudaStreamHandle stream);
 absl::Status WaitEvent(CudaStreamHandle stream, CudaEventHandle event);
 
+// The stream waits on a word of host memory that another process's device
+// stream writes (a call ring's done word). PinHostPage page-locks
+// [page, page + bytes) for every context (the thread's context must be
+// current) and returns the address devices use for `word` inside it;
+// UnpinHostPage undoes it once no stream waits on the word any more.
+absl::StatusOr<uint64_t> PinHostPage(void* page, size_t bytes, void* word);
+absl::Status UnpinHostPage(void* page);
+// Work queued on `stream` later starts once the word at device address
+// `word` reaches `value` (cuStreamWaitValue32, cyclic greater or equal).
+absl::Status WaitWord(CudaStreamHandle stream, uint64_t word, uint32_t value);
+// cuCtxSynchronize of the thread's current context.
+absl::Status SynchronizeContext();
+
 }  // namespace mhc::client::python
 
 #endif  // MHC_CLIENT_PYTHON_NATIVE_CUDA_DRIVER_H_

@@ -42,6 +42,7 @@ struct Stats {
   std::atomic<uint64_t> failures{0};
   std::atomic<uint64_t> retries{0};
   std::atomic<uint64_t> largest_request_bytes{0};
+  std::atomic<uint64_t> deferred_calls{0};
 };
 
 struct ConnectionState {
@@ -49,6 +50,9 @@ struct ConnectionState {
   std::shared_ptr<Client> client;
   // The session's call ring, when one is open (see open_call_ring).
   std::shared_ptr<CallRing> ring;
+  // The ring's done word as devices address it, once deferred calls are
+  // enabled (enable_deferred_calls); 0 before.
+  uint64_t done_word_device = 0;
   Stats stats;
 };
 
@@ -209,6 +213,39 @@ absl::Status Send(ConnectionState& state, const CallArgs& call,
   return status;
 }
 
+// Posts the request as a deferred call of the session's ring: the wait
+// event is recorded on `stream` when the ring is ready for it, and `stream`
+// then waits on the ring's done word. `*sent` false (and OK) when the ring
+// is closed: nothing was done.
+absl::Status Post(ConnectionState& state, const CallArgs& call,
+                  CallMessages& messages, CudaStreamHandle stream,
+                  CudaEventHandle wait, bool* sent) {
+  *sent = false;
+  std::shared_ptr<CallRing> ring = state.ring;
+  if (ring == nullptr || !ring->usable()) return absl::OkStatus();
+  Stats& stats = state.stats;
+  absl::Status status;
+  uint32_t seq = 0;
+  const absl::Duration timeout =
+      call.options.timeout.value_or(state.client->timeout());
+  Py_BEGIN_ALLOW_THREADS;
+  NoteLargest(stats.largest_request_bytes, messages.request->ByteSizeLong());
+  status = ring->Post(
+      call.method->name(), *messages.request, call.options.stream_order,
+      [&] { return RecordEvent(wait, stream); }, timeout, &seq, sent);
+  if (status.ok()) status = WaitWord(stream, state.done_word_device, seq);
+  Py_END_ALLOW_THREADS;
+  if (*sent) {
+    stats.calls.fetch_add(1, std::memory_order_relaxed);
+    stats.deferred_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!status.ok()) {
+    stats.failures.fetch_add(1, std::memory_order_relaxed);
+    *sent = true;  // an earlier call's error, or this one's: not retried
+  }
+  return status;
+}
+
 ConnectionState* OpenState(PyObject* self) {
   ConnectionState* state = StateOf(self);
   if (state == nullptr || state->client == nullptr) {
@@ -267,11 +304,51 @@ PyObject* ComputeCuda(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
                       hold, placed, *messages.request);
   if (!status.ok()) return Raise(status);
   if (!placed) Py_RETURN_FALSE;
+  if (state->done_word_device != 0 &&
+      call.options.stream_order.signal_event < 0) {
+    bool sent = false;
+    status = Post(*state, call, messages, stream, wait, &sent);
+    if (!status.ok()) return Raise(status);
+    if (sent) Py_RETURN_TRUE;
+    // The ring closed: the call goes over gRPC, answered once done.
+  }
   status = RecordEvent(wait, stream);
   if (status.ok()) status = Send(*state, call, messages);
-  if (status.ok()) status = WaitEvent(stream, signal);
+  if (status.ok() && signal != 0) status = WaitEvent(stream, signal);
   if (!status.ok()) return Raise(status);
   Py_RETURN_TRUE;
+}
+
+// enable_deferred_calls(): compute_cuda() calls without a signal event go
+// through the open ring as deferred calls (mhc/client/call_ring.h), the
+// stream waiting on the ring's done word. Needs the thread's CUDA context
+// current. True when enabled; False, with nothing changed, without a ring
+// or a driver that can wait on host memory.
+PyObject* EnableDeferred(PyObject* self, PyObject*) {
+  ConnectionState* state = OpenState(self);
+  if (state == nullptr) return nullptr;
+  if (state->done_word_device != 0) Py_RETURN_TRUE;
+  if (state->ring == nullptr || !state->ring->usable()) Py_RETURN_FALSE;
+  absl::StatusOr<uint64_t> word =
+      PinHostPage(state->ring->ring_page(), CallRing::kRingPageBytes,
+                  state->ring->done_word());
+  if (!word.ok()) Py_RETURN_FALSE;
+  state->done_word_device = *word;
+  Py_RETURN_TRUE;
+}
+
+// flush(): collects the answer of the last deferred call; raises its error.
+PyObject* Flush(PyObject* self, PyObject*) {
+  ConnectionState* state = OpenState(self);
+  if (state == nullptr) return nullptr;
+  std::shared_ptr<CallRing> ring = state->ring;
+  if (ring == nullptr) Py_RETURN_NONE;
+  absl::Status status;
+  Py_BEGIN_ALLOW_THREADS;
+  status = ring->Flush(state->client->timeout());
+  Py_END_ALLOW_THREADS;
+  if (!status.ok()) return Raise(status);
+  Py_RETURN_NONE;
 }
 
 // open_call_ring(session_id, key_prefix, area_bytes): makes a ring of the
@@ -301,12 +378,23 @@ PyObject* OpenRing(PyObject* self, PyObject* args) {
 }
 
 // Later calls go over gRPC; the daemon drops the ring with the session.
+// With deferred calls, waits for the device first: streams may still wait
+// on the ring's done word, whose page is then unlocked.
 PyObject* CloseRing(PyObject* self, PyObject*) {
   ConnectionState* state = StateOf(self);
-  if (state != nullptr && state->client != nullptr) {
-    state->client->set_call_ring(nullptr);
+  if (state == nullptr) Py_RETURN_NONE;
+  if (state->client != nullptr) state->client->set_call_ring(nullptr);
+  std::shared_ptr<CallRing> ring = std::move(state->ring);
+  if (ring != nullptr && state->done_word_device != 0) {
+    Py_BEGIN_ALLOW_THREADS;
+    // Errors here belong to calls whose callers have gone; the memory must
+    // be released all the same.
+    ring->Flush(absl::Seconds(30)).IgnoreError();
+    SynchronizeContext().IgnoreError();
+    UnpinHostPage(ring->ring_page()).IgnoreError();
+    Py_END_ALLOW_THREADS;
   }
-  if (state != nullptr) state->ring.reset();
+  state->done_word_device = 0;
   Py_RETURN_NONE;
 }
 
@@ -315,8 +403,10 @@ PyObject* StatsDict(PyObject* self, PyObject*) {
   const Stats& s = StateOf(self)->stats;
   const std::shared_ptr<CallRing>& ring = StateOf(self)->ring;
   return Py_BuildValue(
-      "{sKsKsKsKsK}", "calls", static_cast<unsigned long long>(s.calls.load()),
-      "failures", static_cast<unsigned long long>(s.failures.load()), "retries",
+      "{sKsKsKsKsKsK}", "calls",
+      static_cast<unsigned long long>(s.calls.load()), "deferred_calls",
+      static_cast<unsigned long long>(s.deferred_calls.load()), "failures",
+      static_cast<unsigned long long>(s.failures.load()), "retries",
       static_cast<unsigned long long>(s.retries.load()),
       "largest_request_bytes",
       static_cast<unsigned long long>(s.largest_request_bytes.load()),
@@ -331,6 +421,7 @@ PyObject* ResetStats(PyObject* self, PyObject*) {
     s.failures = 0;
     s.retries = 0;
     s.largest_request_bytes = 0;
+    s.deferred_calls = 0;
   }
   Py_RETURN_NONE;
 }
@@ -355,6 +446,11 @@ PyMethodDef connection_methods[] = {
      "wait_event, signal_event, timeout_s, attempts, table, stream, "
      "wait_handle, signal_handle): one stream-ordered call on CUDA tensors "
      "named by address; False when an allocation is not in table"},
+    {"enable_deferred_calls", EnableDeferred, METH_NOARGS,
+     "compute_cuda() calls without a signal event become deferred calls "
+     "of the open ring; False when that cannot be"},
+    {"flush", Flush, METH_NOARGS,
+     "collects the last deferred call's answer; raises its error"},
     {"open_call_ring", OpenRing, METH_VARARGS,
      "open_call_ring(session_id, key_prefix, area_bytes): compute calls of "
      "that session go through a shared-memory call ring"},

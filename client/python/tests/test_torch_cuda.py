@@ -202,6 +202,8 @@ def test_steady_state_calls_are_one_native_step(cuda_client):
         stats = mhc_torch.stats
         assert stats.cuda_calls == 4 * 10, stats
         assert stats.native_cuda_calls == stats.cuda_calls, stats
+        if session.call_ring:
+            assert stats.deferred_calls == stats.cuda_calls, stats
         assert stats.host_syncs == 0, stats
         assert session.cuda_registrations == registrations
         snapshot = _snapshot([layer])
@@ -214,6 +216,34 @@ def test_steady_state_calls_are_one_native_step(cuda_client):
         assert _rel(x.grad, x64.grad) <= 1e-4, "dx through the native step"
     finally:
         layer.close()
+
+
+def test_deferred_failure_is_raised_by_the_next_call(cuda_client, layer_name):
+    """A deferred call that fails in the daemon: the caller's stream is not
+    left waiting, the next call raises the error without running, and the
+    calls after it run as before."""
+    if cuda_client.native is None:
+        pytest.skip("the native extension is not in use")
+    cuda_client.create_layer(layer_name, HIDDEN, n=N, seed=3)
+    session = cuda_client.open_session()
+    x = torch.randn(5, N, HIDDEN, device="cuda")
+    with torch.no_grad():
+        first = mhc_pre(cuda_client, layer_name, x)[0]
+    if session.deferred_wait_event(x.device.index) is None:
+        pytest.skip("calls on CUDA tensors are not deferred here")
+    transport = mhc_torch._Transport(cuda_client, "auto")
+    mhc_torch.stats.reset()
+    transport.run("pre", "no_such_layer", {"x": x},
+                  {"y": ((5, HIDDEN), torch.float32)})
+    assert mhc_torch.stats.deferred_calls == 1
+    torch.cuda.synchronize()  # would hang if the stream were left waiting
+    with pytest.raises(errors.NotFound, match="earlier deferred call"):
+        transport.run("pre", layer_name, {"x": x},
+                      {"y": ((5, HIDDEN), torch.float32)})
+    with torch.no_grad():
+        again = mhc_pre(cuda_client, layer_name, x)[0]
+    cuda_client.flush()
+    assert torch.equal(first, again)
 
 
 def test_reallocated_segment_is_not_read_through_a_stale_mapping(cuda_client, layer_name):

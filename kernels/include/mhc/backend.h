@@ -145,6 +145,12 @@ class Backend {
   // nothing to order and refuse both (FAILED_PRECONDITION).
   virtual absl::Status WaitForEvent(DeviceEvent event);
   virtual absl::Status RecordEvent(DeviceEvent event);
+  // Queues a write of `value` to the 32-bit word at device address `word`
+  // (page-locked host memory mapped for devices, see DeviceIpc) that runs
+  // after all work issued so far, copies included, like RecordEvent. Another
+  // process's stream can wait for it without an event. Refused like
+  // RecordEvent by backends whose ops finish before they return.
+  virtual absl::Status WriteWordAfterWork(void* word, uint32_t value);
   // Whether work issued earlier failed on the device, without waiting for
   // it: OK while it runs or succeeded. An error here is sticky on CUDA
   // (the context is lost) and fails every later request of the device.

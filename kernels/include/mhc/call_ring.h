@@ -15,6 +15,17 @@
 // into response_seq and wakes it. Every other field is written only while
 // the writer owns its area, so the two sequence words are the only
 // synchronization.
+//
+// A deferred request (kRequestDeferred) is one whose answer the client
+// collects later, before its next request: it returns as soon as the
+// request is written. Its device work is then ordered with the client's
+// stream by done_seq instead of by a signal event: the daemon's stream
+// writes the request's number there after the work, and the client's stream
+// waits until done_seq reaches it (cuStreamWaitValue32, greater or equal,
+// which compares cyclically). When no work was queued (an error, or a
+// backend whose ops finish before they return) the daemon stores the number
+// from the host, after every earlier write has landed, so the word never
+// moves backwards and a waiting stream never hangs.
 #ifndef MHC_CALL_RING_H_
 #define MHC_CALL_RING_H_
 
@@ -30,8 +41,8 @@
 namespace mhc::call_ring {
 
 inline constexpr uint32_t kMagic = 0x4d484352;  // "MHCR"
-inline constexpr uint32_t kVersion = 1;
-inline constexpr uint64_t kRingHeaderBytes = 256;
+inline constexpr uint32_t kVersion = 2;
+inline constexpr uint64_t kRingHeaderBytes = 512;
 inline constexpr uint64_t kMinAreaBytes = 4096;
 inline constexpr uint64_t kMaxAreaBytes = uint64_t{16} << 20;
 inline constexpr size_t kMethodBytes = 48;
@@ -56,6 +67,9 @@ struct RingHeader {
   alignas(64) uint32_t request_seq;   // client: the last request submitted
   alignas(64) uint32_t response_seq;  // daemon: the last request answered
   alignas(64) uint32_t state;         // daemon: kState*
+  // Written by the daemon's device stream (or its host, see above), read by
+  // the client's device stream: the last deferred request whose work is done.
+  alignas(64) uint32_t done_seq;
 };
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 
@@ -64,8 +78,11 @@ struct RingRequest {
   int32_t wait_event;         // "mhc-wait-event", -1 for none
   int32_t signal_event;       // "mhc-signal-event", -1 for none
   uint32_t payload_bytes;     // the serialized request message that follows
-  uint32_t reserved;
+  uint32_t flags;             // kRequest*
 };
+
+// RingRequest::flags.
+inline constexpr uint32_t kRequestDeferred = 1;
 
 struct RingResponse {
   int32_t code;            // absl::StatusCode
@@ -82,6 +99,14 @@ inline uint32_t* ResponseSeq(void* region) {
 }
 inline uint32_t* State(void* region) {
   return &static_cast<RingHeader*>(region)->state;
+}
+inline uint32_t* DoneSeq(void* region) {
+  return &static_cast<RingHeader*>(region)->done_seq;
+}
+// Whether `word` has reached `seq`, counting cyclically as the device's
+// greater-or-equal wait does.
+inline bool Reached(uint32_t word, uint32_t seq) {
+  return static_cast<int32_t>(word - seq) >= 0;
 }
 inline char* RequestArea(void* region) {
   return static_cast<char*>(region) + kRingHeaderBytes;

@@ -64,6 +64,13 @@ class DeviceIpc {
                                bool read_only) = 0;
   // Undoes PinHost(device, base, ...).
   virtual absl::Status UnpinHost(int device, void* base) = 0;
+  // The address devices use for `host`, inside memory of PinHost (the
+  // target of Backend::WriteWordAfterWork). UNIMPLEMENTED where devices
+  // cannot address host memory.
+  virtual absl::StatusOr<void*> HostDeviceAddress(int /*device*/,
+                                                  void* /*host*/) {
+    return absl::UnimplementedError("devices cannot address host memory");
+  }
 };
 
 }  // namespace mhc

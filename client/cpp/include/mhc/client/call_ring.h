@@ -11,6 +11,12 @@
 // messages and answers. Anything else, and a call whose messages do not fit
 // the ring, goes over gRPC as before. One call runs at a time; concurrent
 // callers take turns.
+//
+// Deferred calls (Post) return once the request is written; the answer is
+// collected before the next call, which reports a failure instead of
+// running. Their device work is ordered with the caller's stream by the
+// ring's done word (done_word(), see mhc/call_ring.h): the caller's stream
+// waits for it to reach the call's number.
 #ifndef MHC_CLIENT_CALL_RING_H_
 #define MHC_CLIENT_CALL_RING_H_
 
@@ -20,6 +26,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -60,8 +67,44 @@ class CallRing {
                     const StreamOrder& order, absl::Duration timeout,
                     bool* sent);
 
+  // Sends compute RPC `method` as a deferred call and returns without its
+  // answer. First collects the answer of the previous deferred call (at
+  // most `timeout`): if that call failed, returns its error and sends
+  // nothing. `before_send` runs just before the request becomes visible to
+  // the daemon, after that answer: the place to record the call's wait
+  // event, which the previous call has then waited for. On OK, `*seq` is
+  // the number done_word() reaches once the call's device work is done.
+  // `order.signal_event` must be -1: the done word replaces it.
+  absl::Status Post(absl::string_view method,
+                    const google::protobuf::Message& request,
+                    const StreamOrder& order,
+                    absl::FunctionRef<absl::Status()> before_send,
+                    absl::Duration timeout, uint32_t* seq, bool* sent);
+  // Collects the answer of the last deferred call: its error if it failed.
+  absl::Status Flush(absl::Duration timeout);
+  // The word the daemon's stream writes each deferred call's number to
+  // once the call's work is done. It lies in the first page of the ring's
+  // mapping (ring_page(), kRingPageBytes), which a caller whose stream waits
+  // on it page-locks for its device.
+  uint32_t* done_word() const;
+  void* ring_page() const { return base_; }
+  static constexpr size_t kRingPageBytes = 4096;
+
  private:
   CallRing() = default;
+  // Writes the request and makes it visible to the daemon; returns its
+  // number.
+  absl::StatusOr<uint32_t> Submit(absl::string_view method,
+                                  const google::protobuf::Message& request,
+                                  const StreamOrder& order, uint32_t flags,
+                                  absl::FunctionRef<absl::Status()> before_send)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the answer to the request just answered.
+  absl::Status ReadAnswer(google::protobuf::Message* response, bool* sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Collects the pending deferred call's answer, if any.
+  absl::Status CollectDeferred(absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the answer to request `seq`.
   absl::Status AwaitAnswer(uint32_t seq, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -79,6 +122,9 @@ class CallRing {
   mutable absl::Mutex mu_;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  // A deferred call whose answer is not collected yet, and its method.
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::string pending_method_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mhc::client
