@@ -167,7 +167,10 @@ absl::Status CallRing::ReadAnswer(google::protobuf::Message* response,
 absl::Status CallRing::CollectDeferred(absl::Time deadline) {
   if (!pending_) return absl::OkStatus();
   const uint32_t seq = seq_ + 1;
+  const absl::Time start = absl::Now();
   absl::Status answered = AwaitAnswer(seq, deadline);
+  deferred_wait_ns_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
+                              std::memory_order_relaxed);
   if (!answered.ok()) {
     broken_ = true;  // the daemon may still answer, into a reused area
     if (answered.code() == absl::StatusCode::kUnavailable) {

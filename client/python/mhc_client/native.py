@@ -202,7 +202,8 @@ class Connection:
 
     def stats(self) -> Dict[str, int]:
         """Calls, deferred calls, failures, retries, the largest request
-        (bytes) and the calls sent through the open call ring so far."""
+        (bytes), the calls sent through the open call ring so far and the
+        seconds callers waited there for deferred calls' answers."""
         return self._connection.stats()
 
     def reset_stats(self) -> None:

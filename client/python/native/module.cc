@@ -403,7 +403,7 @@ PyObject* StatsDict(PyObject* self, PyObject*) {
   const Stats& s = StateOf(self)->stats;
   const std::shared_ptr<CallRing>& ring = StateOf(self)->ring;
   return Py_BuildValue(
-      "{sKsKsKsKsKsK}", "calls",
+      "{sKsKsKsKsKsKsd}", "calls",
       static_cast<unsigned long long>(s.calls.load()), "deferred_calls",
       static_cast<unsigned long long>(s.deferred_calls.load()), "failures",
       static_cast<unsigned long long>(s.failures.load()), "retries",
@@ -411,7 +411,9 @@ PyObject* StatsDict(PyObject* self, PyObject*) {
       "largest_request_bytes",
       static_cast<unsigned long long>(s.largest_request_bytes.load()),
       "ring_calls",
-      static_cast<unsigned long long>(ring != nullptr ? ring->calls() : 0));
+      static_cast<unsigned long long>(ring != nullptr ? ring->calls() : 0),
+      "deferred_wait_s",
+      ring != nullptr ? absl::ToDoubleSeconds(ring->deferred_wait()) : 0.0);
 }
 
 PyObject* ResetStats(PyObject* self, PyObject*) {

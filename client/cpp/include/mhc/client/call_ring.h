@@ -53,6 +53,12 @@ class CallRing {
   const std::string& session_id() const { return session_id_; }
   // Calls sent through the ring so far.
   uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  // Time callers spent waiting for a deferred call's answer before their
+  // own call could go: what the daemon's handling costs beyond the
+  // caller's own work between calls.
+  absl::Duration deferred_wait() const {
+    return absl::Nanoseconds(deferred_wait_ns_.load(std::memory_order_relaxed));
+  }
   // False once the daemon closed the ring or a call left it in an unknown
   // state (timeout, daemon gone): callers go back to gRPC.
   bool usable() const;
@@ -119,6 +125,7 @@ class CallRing {
   uint64_t bytes_ = 0;
   uint64_t area_bytes_ = 0;
   std::atomic<uint64_t> calls_{0};
+  std::atomic<int64_t> deferred_wait_ns_{0};
   mutable absl::Mutex mu_;
   uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
