@@ -28,12 +28,24 @@ inline constexpr float kRepairMeanSquare = 0x1p64f;
 // A repaired token's flag is its exponent plus this bias (0: not repaired).
 inline constexpr int kRepairFlagBias = 1024;
 
+// Whether a token is repaired: its mean square above kRepairMeanSquare or
+// NaN, or an h[g] infinite or NaN. It runs on every token of the mixing
+// kernels, so it is branch-free over the values: the N loads are
+// independent (a chain `finite && isfinite(h[g])` made each load wait on
+// the compare and branch of the one before) and one compare decides. The
+// same tokens as that chain: with the sign bit cleared, a float's bits are
+// at least 0x7f800000 exactly when it is infinite (0x7f800000) or NaN
+// (above), and unsigned order is the order of those bits, so the largest
+// of them reaches 0x7f800000 exactly when some h[g] is not finite; the mean
+// square takes the chain's own compare, `!(ms <= 2^64)`, true for NaN.
 __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
                                             float ms) {
-  if (!(ms <= kRepairMeanSquare)) return true;  // also NaN
-  bool finite = true;
-  for (int g = 0; g < s.N; ++g) finite = finite && isfinite(h[g]);
-  return !finite;
+  unsigned worst = 0;  // the largest |h[g]| as bits
+#pragma unroll 8
+  for (int g = 0; g < s.N; ++g) {
+    worst = max(worst, __float_as_uint(h[g]) & 0x7fffffffu);
+  }
+  return !(ms <= kRepairMeanSquare) | (worst >= 0x7f800000u);
 }
 
 __device__ __forceinline__ float LoadX(const RepairSource& src, int64_t i) {
