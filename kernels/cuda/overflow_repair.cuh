@@ -106,6 +106,59 @@ __device__ __forceinline__ void StoreUnscaled(const DevSpec& s, int exponent,
   *ms = ldexpf(ms_s, 2 * exponent);
 }
 
+// The fused backward's pass for the repaired tokens (overflow_repair.h),
+// column k: their dh and dms rows reached the dx kernel as zeros, so it
+// wrote dx = H_pre dy (+ R dx_next) for them and added nothing to dphi.
+// This rewrites their dx[m][k] with the projection terms, from the scaled
+// dh_s, dms_s and x 2^-e (dx = 2^-e (sum_g dh_s phi' + dms_s 2 x_s / K) +
+// the rest, fp32, rounded once), and adds dh_s x_s, which is dh v, to
+// dphi'[.][k] and dgamma[k], tokens in order. Stream ordered after the dx
+// kernel, and after the dphi reduction has written column k. One thread per
+// k: the reduction's tail (projection/backward/dphi_reduce.cu) or, without a
+// reduction, repair_backward_kernel (overflow_repair.cu).
+template <typename T>
+__device__ __forceinline__ void RepairColumn(const DevSpec& s, int64_t tokens,
+                                             int64_t k,
+                                             const RepairBackwardArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* dx_next = static_cast<const T*>(a.dx_next);
+  T* dx = static_cast<T*>(a.dx);
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  const int i = static_cast<int>(s.minor ? k % s.n : k / s.C);
+  const int64_t c = s.minor ? k / s.n : k % s.C;
+  const float gamma_k = a.gamma != nullptr ? a.gamma[k] : 1.0f;
+  for (int64_t m = 0; m < tokens; ++m) {
+    const int flag = a.flag[m];
+    if (flag == 0) continue;
+    const int e = flag - kRepairFlagBias;
+    const float* scaled = a.scaled + m * (s.N + 1);
+    const float xs = ldexpf(ToFloat(x[m * s.K + k]), -e);
+    float proj = 0.0f;
+    for (int g = 0; g < s.N; ++g) {
+      proj = fmaf(scaled[g], a.phi[g * s.K + k] * gamma_k, proj);
+    }
+    proj = fmaf(scaled[s.N] * ms_scale, xs, proj);
+    float out = ldexpf(proj, -e);
+    out = fmaf(a.h_pre[m * s.n + i], ToFloat(dy[m * s.C + c]), out);
+    if (a.r != nullptr) {
+      for (int j = 0; j < s.n; ++j) {
+        out = fmaf(a.r[(m * s.n + i) * s.n + j],
+                   ToFloat(dx_next[m * s.K + XIndex(s, j, c)]), out);
+      }
+    }
+    dx[m * s.K + k] = FromFloat<T>(out);
+    if (a.grad_phi == nullptr && a.grad_gamma == nullptr) continue;
+    float dgamma = 0.0f;
+    for (int g = 0; g < s.N; ++g) {
+      const float dfolded = scaled[g] * xs;  // this token's dphi'[g][k]
+      if (a.grad_phi != nullptr) a.grad_phi[g * s.K + k] += dfolded * gamma_k;
+      dgamma = fmaf(dfolded, a.phi[g * s.K + k], dgamma);
+    }
+    if (a.grad_gamma != nullptr) a.grad_gamma[k] += dgamma;
+  }
+}
+
 }  // namespace mhc::cuda
 
 #endif  // MHC_KERNELS_CUDA_OVERFLOW_REPAIR_CUH_

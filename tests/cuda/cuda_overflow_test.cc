@@ -1,12 +1,12 @@
 // The overflow contract (docs/SPEC.md section 7) on the CUDA backend: fp32 x
 // up to 1e30 and 16-bit x up to the dtype's largest finite value, mixed with
 // normal tokens and tokens holding an infinity or a NaN, through the fused
-// pre forward (keeping its projection) and the pre backward from x and from
-// that kept projection, against the float64 reference on the same inputs;
-// n = 4 and the stream counts whose mHC layers split the mixing into the
-// scale and Sinkhorn op kernels; and the projection op alone. Widths 37,
-// 1024 and 5129 take different projection and dx variants. Skips without a
-// GPU.
+// pre forward (keeping its projection) and the pre backward from x (with and
+// without the phi gradient) and from that kept projection, against the
+// float64 reference on the same inputs; n = 4 and the stream counts whose
+// mHC layers split the mixing into the scale and Sinkhorn op kernels; and
+// the projection op alone. Widths 37, 1024 and 5129 take different
+// projection and dx variants. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -33,8 +33,9 @@ struct Outputs {
   std::vector<std::pair<std::string, std::vector<float>>> named;
 };
 
-// Pre forward with the kept projection, then pre backward from x and from
-// the kept projection, on backend b (0 the reference, 1 CUDA).
+// Pre forward with the kept projection, then pre backward from x, from the
+// kept projection, and from x without the phi gradient, on backend b (0 the
+// reference, 1 CUDA). Each batch mixes repaired and unrepaired tokens.
 Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
                  ActTensor& x, ActTensor& dy, ActTensor& dx_next) {
   const int64_t n = spec.n, c = spec.hidden, k = spec.K();
@@ -87,12 +88,17 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
     out.named = {{"y", Floats(fetch(y), dt)},
                  {"mix", Floats(fetch(hp), DType::kF32)}};
   }
-  for (bool kept : {false, true}) {
-    if (kept && !mhc) break;
+  // Pass 0 from x, 1 from the kept projection (mHC layers), 2 from x with
+  // no phi gradient asked for: the repair pass, which rides on the dphi
+  // reduction, then rides on the one for dgamma (gamma layers) or runs as a
+  // kernel of its own (no reduction at all).
+  for (int pass = 0; pass < 3; ++pass) {
+    const bool kept = pass == 1, no_phi = pass == 2;
+    if (kept && !mhc) continue;
     Pair dx = h.Output(m * k * DTypeSize(dt));
     Pair g_phi = h.Floats(big_n * k, 77), g_alpha = h.Floats(3, 78);
     Pair g_beta = h.Floats(big_n, 79), g_gamma = h.Floats(k, 80);
-    LayerGrads grads{g_phi.f(b), g_alpha.f(b), g_beta.f(b),
+    LayerGrads grads{no_phi ? nullptr : g_phi.f(b), g_alpha.f(b), g_beta.f(b),
                      spec.has_gamma ? g_gamma.f(b) : nullptr, nullptr};
     absl::Status status;
     if (mhc) {
@@ -122,7 +128,9 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
     }
     EXPECT_TRUE(status.ok()) << status;
     out.named.push_back({"dx", Floats(fetch(dx), dt)});
-    out.named.push_back({"dphi", Floats(fetch(g_phi), DType::kF32)});
+    if (!no_phi) {
+      out.named.push_back({"dphi", Floats(fetch(g_phi), DType::kF32)});
+    }
     out.named.push_back({"dbeta", Floats(fetch(g_beta), DType::kF32)});
     if (spec.has_gamma) {
       out.named.push_back({"dgamma", Floats(fetch(g_gamma), DType::kF32)});
