@@ -48,6 +48,15 @@ __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
   return !(ms <= kRepairMeanSquare) | (worst >= 0x7f800000u);
 }
 
+// The power of two a repaired token is scaled by: e with ms 2^(-2e) in
+// [0.5, 2) (0 while ms < 2), from the float64 mean square (RepairProjection)
+// or an fp32 one (the scale op's, converted exactly).
+__device__ __forceinline__ int RepairExponent(double ms) {
+  int e2 = 0;
+  frexp(ms, &e2);
+  return e2 > 0 ? e2 / 2 : 0;
+}
+
 __device__ __forceinline__ float LoadX(const RepairSource& src, int64_t i) {
   switch (src.dtype) {
     case DType::kBF16:
@@ -80,9 +89,7 @@ static __device__ __noinline__ int RepairProjection(const DevSpec& s,
   }
   const double ms = squares / static_cast<double>(s.K);
   if (!isfinite(ms)) return 0;
-  int e2 = 0;
-  frexp(ms, &e2);
-  const int e = e2 > 0 ? e2 / 2 : 0;
+  const int e = RepairExponent(ms);
   for (int g = 0; g < s.N; ++g) {
     const float* row = src.phi + g * s.K;
     double sum = 0.0;
