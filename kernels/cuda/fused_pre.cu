@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
 // once instead of a few per block.
 // A token whose projection overflowed fp32 (overflow_repair.cuh): the reverse
 // mode from its scaled float64 recompute. Its scaled dh and dms go to `rows`
-// for the repair kernel, and zeros to the dx kernel's rows, so that kernel
+// for the repair pass, and zeros to the dx kernel's rows, so that kernel
 // adds no projection terms for it (x is finite: 0 x = 0 in dphi). A token
 // whose x is not finite runs the fp32 reverse mode here instead. Writes the
 // token's flag (0: not repaired). Out of line and the whole of the token's
@@ -451,7 +451,7 @@ absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
 // The overflow repair (dynamic layers): the scale forward recomputes a
 // flagged token, flags every token and keeps the repaired one's scaled
 // projection in `rows`, where the scale backward reads it and leaves the
-// scaled dh / dms for the repair kernel, as the fused mixing kernel does.
+// scaled dh / dms for the repair pass, as the fused mixing kernel does.
 absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
                               const BackwardSlices& b, char* base,
                               const BackwardMixDev& d,
@@ -674,28 +674,30 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   dx.dphi_partial = want_phi ? at(b.dphi) : nullptr;
   dx.wide_scratch = at(b.wide);
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(dx, stream));
+  // The repair pass for the tokens the mixing kernel repaired rides on the
+  // dphi reduction, which runs after the dx kernel anyway: no launch of its
+  // own unless no phi / gamma gradient is asked for.
+  RepairBackwardArgs fix;
+  fix.dtype = a.act_dtype;
+  fix.x = a.x;
+  fix.dy = a.dy;
+  fix.dx_next = residual ? a.dx_next : nullptr;
+  fix.dx = a.dx;
+  fix.phi = a.weights.phi;
+  fix.gamma = gamma;
+  fix.h_pre = at(b.h_pre);
+  fix.r = residual ? at(b.r) : nullptr;
+  fix.grad_phi = want_phi ? a.grads.phi : nullptr;
+  fix.grad_gamma = want_phi && s.has_gamma ? a.grads.gamma : nullptr;
+  fix.scaled = rows.scaled;
+  fix.flag = rows.flag;
+  fix.count = rows.count;
   if (want_phi) {
-    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, at(b.dphi),
-                                            a.weights.phi, gamma, a.grads.phi,
-                                            a.grads.gamma, stream));
-  }
-  if (repair) {
-    RepairBackwardArgs fix;
-    fix.x = a.x;
-    fix.dy = a.dy;
-    fix.dx_next = residual ? a.dx_next : nullptr;
-    fix.dx = a.dx;
-    fix.phi = a.weights.phi;
-    fix.gamma = gamma;
-    fix.h_pre = at(b.h_pre);
-    fix.r = residual ? at(b.r) : nullptr;
-    fix.grad_phi = want_phi ? a.grads.phi : nullptr;
-    fix.grad_gamma = want_phi && s.has_gamma ? a.grads.gamma : nullptr;
-    fix.scaled = rows.scaled;
-    fix.flag = rows.flag;
-    fix.count = rows.count;
-    MHC_RETURN_IF_ERROR(
-        LaunchRepairBackward(*a.spec, a.tokens, a.act_dtype, fix, stream));
+    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(
+        *a.spec, a.tokens, at(b.dphi), a.weights.phi, gamma, a.grads.phi,
+        a.grads.gamma, stream, repair ? &fix : nullptr));
+  } else if (repair) {
+    MHC_RETURN_IF_ERROR(LaunchRepairBackward(*a.spec, a.tokens, fix, stream));
   }
   if (split) return absl::OkStatus();  // the scale backward summed them
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,

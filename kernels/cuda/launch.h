@@ -54,6 +54,7 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
 // `repair` (overflow_repair.h): the overflow repair of the SplitMix path in
 // the fused ops, which alone have x (n != 4); null for the single op.
 struct ScaleRepair;
+struct RepairBackwardArgs;  // overflow_repair.h
 absl::Status LaunchScaleForward(const ScaleForwardParams& p,
                                 cudaStream_t stream,
                                 const ScaleRepair* repair = nullptr);
@@ -191,11 +192,15 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
                                        cudaStream_t stream);
 
 // grads_phi[g][k] += sum_chunks partial * gamma[k] (or without gamma);
-// grads_gamma[k] += sum_g (sum_chunks partial[g][k]) phi[g][k].
+// grads_gamma[k] += sum_g (sum_chunks partial[g][k]) phi[g][k]. With
+// `repair` (the fused backward of a dynamic layer), then the overflow
+// repair's pass for the tokens the mixing kernel repaired, in the same
+// launch (or in its own when there is nothing to reduce).
 absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
                                  const float* partial, const float* phi,
                                  const float* gamma, float* grads_phi,
-                                 float* grads_gamma, cudaStream_t stream);
+                                 float* grads_gamma, cudaStream_t stream,
+                                 const RepairBackwardArgs* repair = nullptr);
 
 // Sums rows [M, W] over tokens in fixed chunks (partial: [NumChunks(M), W]
 // scratch), then out_a[w] += total[w] for w < split and out_b[w - split] +=

@@ -28,12 +28,33 @@ inline constexpr float kRepairMeanSquare = 0x1p64f;
 // A repaired token's flag is its exponent plus this bias (0: not repaired).
 inline constexpr int kRepairFlagBias = 1024;
 
+// Whether a token is repaired: its mean square above kRepairMeanSquare or
+// NaN, or an h[g] infinite or NaN. It runs on every token of the mixing
+// kernels, so it is branch-free over the values: the N loads are
+// independent (a chain `finite && isfinite(h[g])` made each load wait on
+// the compare and branch of the one before) and one compare decides. The
+// same tokens as that chain: with the sign bit cleared, a float's bits are
+// at least 0x7f800000 exactly when it is infinite (0x7f800000) or NaN
+// (above), and unsigned order is the order of those bits, so the largest
+// of them reaches 0x7f800000 exactly when some h[g] is not finite; the mean
+// square takes the chain's own compare, `!(ms <= 2^64)`, true for NaN.
 __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
                                             float ms) {
-  if (!(ms <= kRepairMeanSquare)) return true;  // also NaN
-  bool finite = true;
-  for (int g = 0; g < s.N; ++g) finite = finite && isfinite(h[g]);
-  return !finite;
+  unsigned worst = 0;  // the largest |h[g]| as bits
+#pragma unroll 8
+  for (int g = 0; g < s.N; ++g) {
+    worst = max(worst, __float_as_uint(h[g]) & 0x7fffffffu);
+  }
+  return !(ms <= kRepairMeanSquare) | (worst >= 0x7f800000u);
+}
+
+// The power of two a repaired token is scaled by: e with ms 2^(-2e) in
+// [0.5, 2) (0 while ms < 2), from the float64 mean square (RepairProjection)
+// or an fp32 one (the scale op's, converted exactly).
+__device__ __forceinline__ int RepairExponent(double ms) {
+  int e2 = 0;
+  frexp(ms, &e2);
+  return e2 > 0 ? e2 / 2 : 0;
 }
 
 __device__ __forceinline__ float LoadX(const RepairSource& src, int64_t i) {
@@ -68,9 +89,7 @@ static __device__ __noinline__ int RepairProjection(const DevSpec& s,
   }
   const double ms = squares / static_cast<double>(s.K);
   if (!isfinite(ms)) return 0;
-  int e2 = 0;
-  frexp(ms, &e2);
-  const int e = e2 > 0 ? e2 / 2 : 0;
+  const int e = RepairExponent(ms);
   for (int g = 0; g < s.N; ++g) {
     const float* row = src.phi + g * s.K;
     double sum = 0.0;
@@ -92,6 +111,59 @@ __device__ __forceinline__ void StoreUnscaled(const DevSpec& s, int exponent,
                                               float* h, float* ms) {
   for (int g = 0; g < s.N; ++g) h[g] = ldexpf(h_s[g], exponent);
   *ms = ldexpf(ms_s, 2 * exponent);
+}
+
+// The fused backward's pass for the repaired tokens (overflow_repair.h),
+// column k: their dh and dms rows reached the dx kernel as zeros, so it
+// wrote dx = H_pre dy (+ R dx_next) for them and added nothing to dphi.
+// This rewrites their dx[m][k] with the projection terms, from the scaled
+// dh_s, dms_s and x 2^-e (dx = 2^-e (sum_g dh_s phi' + dms_s 2 x_s / K) +
+// the rest, fp32, rounded once), and adds dh_s x_s, which is dh v, to
+// dphi'[.][k] and dgamma[k], tokens in order. Stream ordered after the dx
+// kernel, and after the dphi reduction has written column k. One thread per
+// k: the reduction's tail (projection/backward/dphi_reduce.cu) or, without a
+// reduction, repair_backward_kernel (overflow_repair.cu).
+template <typename T>
+__device__ __forceinline__ void RepairColumn(const DevSpec& s, int64_t tokens,
+                                             int64_t k,
+                                             const RepairBackwardArgs& a) {
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* dx_next = static_cast<const T*>(a.dx_next);
+  T* dx = static_cast<T*>(a.dx);
+  const float ms_scale = 2.0f / static_cast<float>(s.K);
+  const int i = static_cast<int>(s.minor ? k % s.n : k / s.C);
+  const int64_t c = s.minor ? k / s.n : k % s.C;
+  const float gamma_k = a.gamma != nullptr ? a.gamma[k] : 1.0f;
+  for (int64_t m = 0; m < tokens; ++m) {
+    const int flag = a.flag[m];
+    if (flag == 0) continue;
+    const int e = flag - kRepairFlagBias;
+    const float* scaled = a.scaled + m * (s.N + 1);
+    const float xs = ldexpf(ToFloat(x[m * s.K + k]), -e);
+    float proj = 0.0f;
+    for (int g = 0; g < s.N; ++g) {
+      proj = fmaf(scaled[g], a.phi[g * s.K + k] * gamma_k, proj);
+    }
+    proj = fmaf(scaled[s.N] * ms_scale, xs, proj);
+    float out = ldexpf(proj, -e);
+    out = fmaf(a.h_pre[m * s.n + i], ToFloat(dy[m * s.C + c]), out);
+    if (a.r != nullptr) {
+      for (int j = 0; j < s.n; ++j) {
+        out = fmaf(a.r[(m * s.n + i) * s.n + j],
+                   ToFloat(dx_next[m * s.K + XIndex(s, j, c)]), out);
+      }
+    }
+    dx[m * s.K + k] = FromFloat<T>(out);
+    if (a.grad_phi == nullptr && a.grad_gamma == nullptr) continue;
+    float dgamma = 0.0f;
+    for (int g = 0; g < s.N; ++g) {
+      const float dfolded = scaled[g] * xs;  // this token's dphi'[g][k]
+      if (a.grad_phi != nullptr) a.grad_phi[g * s.K + k] += dfolded * gamma_k;
+      dgamma = fmaf(dfolded, a.phi[g * s.K + k], dgamma);
+    }
+    if (a.grad_gamma != nullptr) a.grad_gamma[k] += dgamma;
+  }
 }
 
 }  // namespace mhc::cuda

@@ -1,6 +1,6 @@
 // Host side of the overflow repair (overflow_repair.cuh): what the mixing
-// kernels read it from and leave for the backward's repair kernel
-// (overflow_repair.cu).
+// kernels read it from and leave for the backward's repair pass (the dphi
+// reduction's tail, or its own kernel in overflow_repair.cu).
 #ifndef MHC_KERNELS_CUDA_OVERFLOW_REPAIR_H_
 #define MHC_KERNELS_CUDA_OVERFLOW_REPAIR_H_
 
@@ -24,7 +24,7 @@ struct RepairSource {
 };
 
 // What the fused backward's mixing kernel (SplitMix layers: the scale
-// backward) leaves for the repair kernel: the scaled dh and dms of each
+// backward) leaves for the repair pass: the scaled dh and dms of each
 // repaired token (whose dh and dms rows for the dx kernel are zeroed), every
 // token's flag, and the number of repaired tokens.
 struct RepairRows {
@@ -39,7 +39,7 @@ struct RepairRows {
 // The forward rewrites a repaired token's kept projection; the scale forward
 // of the backward leaves its scaled projection (h_s, ms_s) and every token's
 // flag in `rows`, and the scale backward replaces them with the scaled dh and
-// dms for the repair kernel, zeroing the dh / dms rows of the dx kernel.
+// dms for the repair pass, zeroing the dh / dms rows of the dx kernel.
 struct ScaleRepair {
   RepairSource src;
   float* kept_h = nullptr;   // [M, N] or null: forward, the kept projection
@@ -47,10 +47,11 @@ struct ScaleRepair {
   RepairRows rows;           // backward only
 };
 
-// What the repair kernel reads and writes; pointers as the fused backward
-// has them (r, dx_next null without the residual path, grads null when
-// skipped).
+// What the backward's repair pass (RepairColumn in overflow_repair.cuh)
+// reads and writes; pointers as the fused backward has them (r, dx_next null
+// without the residual path, grads null when skipped).
 struct RepairBackwardArgs {
+  DType dtype = DType::kF32;  // of x, dy, dx_next and dx
   const void* x = nullptr;
   const void* dy = nullptr;
   const void* dx_next = nullptr;
@@ -73,9 +74,12 @@ absl::Status LaunchProjectionRepair(const LayerSpec& spec, int64_t tokens,
                                     const RepairSource& src, float* h,
                                     float* mean_square, cudaStream_t stream);
 
-// Stream ordered after the dx kernel and the dphi reduction; no host sync.
+// The repair pass as a kernel of its own, for a backward with no dphi
+// reduction (no phi / gamma gradient asked for); otherwise the pass rides on
+// the reduction (LaunchPhiGradReduce). Stream ordered after the dx kernel;
+// no host sync.
 absl::Status LaunchRepairBackward(const LayerSpec& spec, int64_t tokens,
-                                  DType dtype, const RepairBackwardArgs& a,
+                                  const RepairBackwardArgs& a,
                                   cudaStream_t stream);
 
 }  // namespace mhc::cuda

@@ -121,7 +121,7 @@ int64_t WarpRows(int64_t tokens) { return (tokens + 31) / 32; }
 
 // A repaired token of the fused backward, whose scaled projection the scale
 // forward left in `rows`: its reverse mode from the scaled values, its
-// scaled dh and dms to `rows` for the repair kernel and zeros to the dx
+// scaled dh and dms to `rows` for the repair pass and zeros to the dx
 // kernel's rows (as RepairedBackwardMix in fused_pre.cu); from the fp32
 // values when x is not finite (flag 0). Out of line, as the forward's.
 template <int NT>
@@ -159,7 +159,59 @@ __device__ __noinline__ void RepairedScaleBackward(
   atomicAdd(rows.count, 1);  // an integer count: order does not matter
 }
 
-// `repair.rows` is given for the dynamic layers of the fused backward alone.
+// The scale op alone sees h and the mean square, not x, so it repairs
+// nothing; but dms = ms_dot dr/dms with dr/dms about ms^-1.5 leaves fp32's
+// normal range past ms near 1.9e25 (near 8e29 it is 0) while dms itself,
+// about ms_dot / ms^1.5 with ms_dot of order sqrt(ms), is a normal float.
+// A token whose mean square is finite and above kRepairMeanSquare (the
+// fused ops repair such tokens from x) runs in the repair's scaled form
+// instead: h_s = h 2^-e, ms_s = ms 2^-2e, eps_rms scaled (ScaledSpec), so
+// r_s = r 2^e exactly, h_s r_s = h r, and the gates, dz and dalpha terms
+// are the unscaled path's bits (unless h_g 2^-e falls below fp32's normal
+// range, where its terms are far below the others); dh = dh_s 2^-e and
+// dms = dms_s 2^-2e.
+__device__ __forceinline__ bool ScaledScaleToken(const DevSpec& s, float ms) {
+  return s.dynamic && ms > kRepairMeanSquare && isfinite(ms);
+}
+
+// Such a token's reverse mode in the generic kernel. Out of line, as the
+// repaired token's.
+template <int NT>
+__device__ __noinline__ void ScaledScaleBackward(
+    const DevSpec& s, int64_t m, const float* h, float ms, const float* alpha,
+    const float* beta, const float* dh_pre, const float* dh_post,
+    const float* dlogits, float* dh, float* dmean_square, float* contrib) {
+  const int n = StreamCount<NT>(s);
+  float da[NT * NT];
+#pragma unroll
+  for (int e = 0; e < NT * NT; ++e) {
+    da[e] = (!s.head && e < n * n) ? dlogits[m * n * n + e] : 0.0f;
+  }
+  const int e = RepairExponent(ms);
+  float h_s[NT * NT + 2 * NT];
+  for (int g = 0; g < s.N; ++g) h_s[g] = ldexpf(h[g], -e);
+  float* dh_row = dh + m * s.N;
+  ScaleBackwardToken<NT>(ScaledSpec(s, e), h_s, ldexpf(ms, -2 * e), alpha, beta,
+                         dh_pre + m * n, s.head ? nullptr : dh_post + m * n, da,
+                         dh_row, dmean_square + m, contrib);
+  for (int g = 0; g < s.N; ++g) dh_row[g] = ldexpf(dh_row[g], -e);
+  dmean_square[m] = ldexpf(dmean_square[m], -2 * e);
+}
+
+// Such a token's dms in the n = 4 kernel, from ms_dot (the sum over h): the
+// scaled form's ms_dot_s = ms_dot 2^-e times dr_s/dms_s, then 2^-2e.
+__device__ __noinline__ float ScaledRmsGrad(const DevSpec& s, float ms,
+                                            float ms_dot) {
+  const int e = RepairExponent(ms);
+  const DevSpec scaled = ScaledSpec(s, e);
+  const float ms_s = ldexpf(ms, -2 * e);
+  const float dr = RmsDerivative(scaled, ms_s, RmsFactor(scaled, ms_s));
+  return ldexpf(ldexpf(ms_dot, -e) * dr, -2 * e);
+}
+
+// `repair.rows` is given for the dynamic layers of the fused backward alone;
+// without it (the scale op alone) a token ScaledScaleToken picks runs in
+// the scaled form.
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     scale_backward_kernel(DevSpec s, int64_t tokens, const float* h,
@@ -182,6 +234,9 @@ __global__ void __launch_bounds__(kTokenThreads)
   } else if (repair.rows.flag != nullptr && NeedsRepair(s, h_row, ms)) {
     RepairedScaleBackward<NT>(s, m, h_row, ms, repair.rows, alpha, beta, dh_pre,
                               dh_post, dlogits, dh, dmean_square, contrib);
+  } else if (repair.rows.flag == nullptr && ScaledScaleToken(s, ms)) {
+    ScaledScaleBackward<NT>(s, m, h_row, ms, alpha, beta, dh_pre, dh_post,
+                            dlogits, dh, dmean_square, contrib);
   } else {
     float da[NT * NT];
 #pragma unroll
@@ -291,15 +346,16 @@ __global__ void __launch_bounds__(kScale4Threads)
   Store4<kVec>(dst, out);
 }
 
-// One block per kScaleTile tokens, thread (token t, quarter c). Per token:
-// dz as ScaleBackwardToken computes it, dh, and dms = (sum over quarters in
-// order of the quarter's dz alpha h sum) dr/dms. With partial != null also
-// the parameter gradients: the block's partial row (dbeta[N], dalpha[num
-// alpha]) is its tokens' sum as kScaleRuns runs of consecutive tokens, each
-// in token order, then the runs in order; the last block adds the partial
-// rows into grad_beta / grad_alpha in block order (kSplit interleaved
-// strands per column, then the strands in order). Both orders depend on M
-// alone.
+// One block per kScaleTile tokens, thread (token t, quarter c). Per token: dz
+// as ScaleBackwardToken computes it, dh, and dms = (sum over quarters in order
+// of the quarter's dz alpha h sum) dr/dms, in the scaled form for a token
+// ScaledScaleToken picks (ScaledRmsGrad; its dz and dh are the same bits either
+// way). With partial != null also the parameter gradients: the block's partial
+// row (dbeta[N], dalpha[num alpha]) is its tokens' sum as kScaleRuns runs of
+// consecutive tokens, each in token order, then the runs in order; the last
+// block adds the partial rows into grad_beta / grad_alpha in block order
+// (kSplit interleaved strands per column, then the strands in order). Both
+// orders depend on M alone.
 template <int kQuarters, bool kVec>
 __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
     scale4_backward_kernel(DevSpec s, int64_t tokens, const float* h,
@@ -384,7 +440,9 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
 #pragma unroll
       for (int q = 0; q < kQuarters; ++q) sum += msdot_s[u][q];
       const float ms = mean_square[mu];
-      dmean_square[mu] = sum * RmsDerivative(s, ms, RmsFactor(s, ms));
+      dmean_square[mu] = ScaledScaleToken(s, ms)
+                             ? ScaledRmsGrad(s, ms, sum)
+                             : sum * RmsDerivative(s, ms, RmsFactor(s, ms));
     }
   }
   if (partial == nullptr) return;  // no parameter gradient asked for

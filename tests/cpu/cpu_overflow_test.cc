@@ -3,8 +3,11 @@
 // x up to the dtype's largest finite value, mixed with normal tokens and
 // tokens holding an infinity or a NaN, against the float64 reference on the
 // same inputs.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/overflow_cases.h"
@@ -146,6 +149,76 @@ TEST_P(CpuOverflowTest, RepairIsBatchInvariant) {
           const float a = all[o].values[m * per + e], b = one[o].values[e];
           EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b)))
               << e << ": " << a << " vs " << b;
+        }
+      }
+    }
+  }
+}
+
+// The scale op alone sees h and the mean square, not x: a token whose fp32
+// mean square is far above the fused ops' repair threshold (up to the fp32
+// maximum, h of its order's square root) has a finite, nonzero dms in the
+// reference, about ms_dot / ms^1.5, while r^3 leaves fp32's normal range
+// at ms near 1.9e25 and flushes to 0 near 8e29. Every per-token output
+// within 1e-5 of the reference token by token (dms against its terms'
+// magnitude where that is larger), the parameter gradients against theirs.
+TEST(CpuScaleOpTest, LargeMeanSquareBackward) {
+  auto cpu = MakeCpuBackend(2);
+  auto ref = MakeReferenceBackend();
+  const std::vector<float> mean_squares = {1.5f,  1e19f, 0x1p64f, 2e25f,
+                                           1e27f, 1e29f, 1e31f,   1e34f,
+                                           1e37f, 3e38f, 0x1p66f};
+  const int64_t tokens = static_cast<int64_t>(mean_squares.size());
+  for (const std::string& preset : PresetNames()) {
+    for (int n : {4, 2}) {
+      for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+        absl::StatusOr<LayerSpec> base = PresetSpec(preset, n, 64);
+        ASSERT_TRUE(base.ok());
+        LayerSpec spec = SpecFor(OpKind::kScaleBackward, *base);
+        spec.dynamic = true;
+        spec.kind = kind;
+        SCOPED_TRACE(absl::StrCat(preset, " n=", n,
+                                  kind == LayerKind::kHead ? " head" : ""));
+        Inputs in = MakeInputs(spec, tokens, DType::kF32);
+        const int64_t big_n = spec.NumLogits();
+        for (int64_t m = 0; m < tokens; ++m) {
+          in.ms[m] = mean_squares[m];
+          const float root = std::sqrt(mean_squares[m]);
+          for (int64_t g = 0; g < big_n; ++g) in.h[m * big_n + g] *= root;
+        }
+        const std::vector<Output> got = RunOp(*cpu, OpKind::kScaleBackward, in);
+        const std::vector<Output> want =
+            RunOp(*ref, OpKind::kScaleBackward, in);
+        const std::vector<std::vector<double>> scales =
+            ErrorScales(*ref, OpKind::kScaleBackward, in, want);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t o = 0; o < got.size(); ++o) {
+          const std::string& name = got[o].name;
+          SCOPED_TRACE(name);
+          if (name != "dh" && name != "dms") {
+            const double tol = name == "dalpha" ? 1e-4 : 1e-5;
+            EXPECT_LE(ScaledError(got[o].values, want[o].values, scales[o]),
+                      tol);
+            continue;
+          }
+          const int64_t per = name == "dh" ? big_n : 1;
+          for (int64_t m = 0; m < tokens; ++m) {
+            SCOPED_TRACE(absl::StrCat("mean square ", mean_squares[m]));
+            double scale = 0.0, err = 0.0;
+            for (int64_t e = m * per; e < (m + 1) * per; ++e) {
+              const float w = want[o].values[e];
+              ASSERT_TRUE(std::isfinite(w));
+              if (name == "dms") {
+                ASSERT_NE(w, 0.0f);
+              }
+              scale = std::max(scale, std::fabs(double{w}));
+              if (name == "dms") scale = std::max(scale, scales[o][e]);
+              err = std::max(
+                  err, std::fabs(static_cast<double>(got[o].values[e]) - w));
+            }
+            EXPECT_LE(err, 1e-5 * scale)
+                << got[o].values[m * per] << " vs " << want[o].values[m * per];
+          }
         }
       }
     }

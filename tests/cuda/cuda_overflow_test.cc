@@ -1,12 +1,13 @@
 // The overflow contract (docs/SPEC.md section 7) on the CUDA backend: fp32 x
 // up to 1e30 and 16-bit x up to the dtype's largest finite value, mixed with
 // normal tokens and tokens holding an infinity or a NaN, through the fused
-// pre forward (keeping its projection) and the pre backward from x and from
-// that kept projection, against the float64 reference on the same inputs;
-// n = 4 and the stream counts whose mHC layers split the mixing into the
-// scale and Sinkhorn op kernels; and the projection op alone. Widths 37,
-// 1024 and 5129 take different projection and dx variants. Skips without a
-// GPU.
+// pre forward (keeping its projection) and the pre backward from x (with and
+// without the phi gradient) and from that kept projection, against the
+// float64 reference on the same inputs; n = 4 and the stream counts whose
+// mHC layers split the mixing into the scale and Sinkhorn op kernels; the
+// projection op alone; and the scale op backward alone at mean squares up
+// to the fp32 maximum. Widths 37, 1024 and 5129 take different projection
+// and dx variants. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -33,8 +34,9 @@ struct Outputs {
   std::vector<std::pair<std::string, std::vector<float>>> named;
 };
 
-// Pre forward with the kept projection, then pre backward from x and from
-// the kept projection, on backend b (0 the reference, 1 CUDA).
+// Pre forward with the kept projection, then pre backward from x, from the
+// kept projection, and from x without the phi gradient, on backend b (0 the
+// reference, 1 CUDA). Each batch mixes repaired and unrepaired tokens.
 Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
                  ActTensor& x, ActTensor& dy, ActTensor& dx_next) {
   const int64_t n = spec.n, c = spec.hidden, k = spec.K();
@@ -87,12 +89,17 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
     out.named = {{"y", Floats(fetch(y), dt)},
                  {"mix", Floats(fetch(hp), DType::kF32)}};
   }
-  for (bool kept : {false, true}) {
-    if (kept && !mhc) break;
+  // Pass 0 from x, 1 from the kept projection (mHC layers), 2 from x with
+  // no phi gradient asked for: the repair pass, which rides on the dphi
+  // reduction, then rides on the one for dgamma (gamma layers) or runs as a
+  // kernel of its own (no reduction at all).
+  for (int pass = 0; pass < 3; ++pass) {
+    const bool kept = pass == 1, no_phi = pass == 2;
+    if (kept && !mhc) continue;
     Pair dx = h.Output(m * k * DTypeSize(dt));
     Pair g_phi = h.Floats(big_n * k, 77), g_alpha = h.Floats(3, 78);
     Pair g_beta = h.Floats(big_n, 79), g_gamma = h.Floats(k, 80);
-    LayerGrads grads{g_phi.f(b), g_alpha.f(b), g_beta.f(b),
+    LayerGrads grads{no_phi ? nullptr : g_phi.f(b), g_alpha.f(b), g_beta.f(b),
                      spec.has_gamma ? g_gamma.f(b) : nullptr, nullptr};
     absl::Status status;
     if (mhc) {
@@ -122,7 +129,9 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
     }
     EXPECT_TRUE(status.ok()) << status;
     out.named.push_back({"dx", Floats(fetch(dx), dt)});
-    out.named.push_back({"dphi", Floats(fetch(g_phi), DType::kF32)});
+    if (!no_phi) {
+      out.named.push_back({"dphi", Floats(fetch(g_phi), DType::kF32)});
+    }
     out.named.push_back({"dbeta", Floats(fetch(g_beta), DType::kF32)});
     if (spec.has_gamma) {
       out.named.push_back({"dgamma", Floats(fetch(g_gamma), DType::kF32)});
@@ -262,6 +271,106 @@ TEST(CudaOverflowTest, ProjectionOpMatchesReference) {
         ExpectOverflowContract(spec, bad, "h", outs[1][0], outs[0][0], 1e-4);
         ExpectOverflowContract(spec, bad, "mean_square", outs[1][1], outs[0][1],
                                1e-4);
+      }
+    }
+  }
+}
+
+// The scale op backward alone (it sees h and the mean square, not x): tokens
+// whose mean square is far above the fused ops' repair threshold, up to the
+// fp32 maximum, with h of its order's square root, take the scaled form
+// (scale.cu); dms, about ms_dot / ms^1.5, came out denormal or 0 in fp32.
+// n = 4 runs the n = 4 kernels, n = 3 the generic one; every per-token
+// output within 1e-5 of the reference token by token, dms against its
+// terms' magnitude where that is larger.
+TEST(CudaOverflowTest, ScaleOpLargeMeanSquare) {
+  MHC_SKIP_WITHOUT_GPU();
+  Harness h;
+  const std::vector<float> mean_squares = {1.5f,  1e19f, 0x1p64f, 2e25f,
+                                           1e27f, 1e29f, 1e31f,   1e34f,
+                                           1e37f, 3e38f, 0x1p66f};
+  const int64_t m = static_cast<int64_t>(mean_squares.size());
+  for (const char* preset : {"deepseek_v4", "megatron"}) {
+    for (int n : {4, 3}) {
+      for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+        LayerSpec spec = PresetSpec(preset, n, 64).value();
+        spec.kind = kind;
+        const bool mhc = kind == LayerKind::kMhc;
+        const int64_t big_n = spec.NumLogits(), a = spec.NumAlpha();
+        SCOPED_TRACE(absl::StrCat(preset, " n=", n, mhc ? "" : " head"));
+        std::vector<float> hv = RandomFloats(m * big_n, FreshSeed());
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t g = 0; g < big_n; ++g) {
+            hv[t * big_n + g] *= std::sqrt(mean_squares[t]);
+          }
+        }
+        // The inputs, then their magnitudes (the terms of dms).
+        std::vector<float> in[2][6] = {
+            {hv, RandomFloats(a, FreshSeed(), 0.5f, 1.5f),
+             RandomFloats(big_n, FreshSeed()), RandomFloats(m * n, FreshSeed()),
+             RandomFloats(m * n, FreshSeed()),
+             RandomFloats(m * n * n, FreshSeed())}};
+        for (int i = 0; i < 6; ++i) {
+          in[1][i] = in[0][i];
+          for (float& v : in[1][i]) v = std::fabs(v);
+        }
+        std::vector<float> ms(mean_squares);
+        std::vector<float> outs[3][2];  // CUDA, reference, terms: dh, dms
+        for (int run = 0; run < 3; ++run) {
+          const int b = run == 0 ? 1 : 0;
+          const std::vector<float>* v = in[run == 2 ? 1 : 0];
+          Pair hp = h.Input(v[0].data(), v[0].size() * 4);
+          Pair msp = h.Input(ms.data(), ms.size() * 4);
+          Pair alpha = h.Input(v[1].data(), v[1].size() * 4);
+          Pair beta = h.Input(v[2].data(), v[2].size() * 4);
+          Pair dhp = h.Input(v[3].data(), v[3].size() * 4);
+          Pair dhq = h.Input(v[4].data(), v[4].size() * 4);
+          Pair dlg = h.Input(v[5].data(), v[5].size() * 4);
+          Pair dh = h.Output(m * big_n * 4), dms = h.Output(m * 4);
+          ScaleBackwardParams q;
+          q.spec = &spec;
+          q.tokens = m;
+          q.h = hp.f(b);
+          q.mean_square = msp.f(b);
+          q.weights.alpha = alpha.f(b);
+          q.weights.beta = beta.f(b);
+          q.dh_pre = dhp.f(b);
+          q.dh_post = mhc ? dhq.f(b) : nullptr;
+          q.dlogits = mhc ? dlg.f(b) : nullptr;
+          q.dh = dh.f(b);
+          q.dmean_square = dms.f(b);
+          const absl::Status status = h.backend(b).ScaleBackward(
+              q, h.Scratch(b, OpKind::kScaleBackward, spec, m, DType::kF32));
+          ASSERT_TRUE(status.ok()) << status;
+          auto fetch = [&](Pair& p) {
+            return Floats(b == 0 ? std::vector<uint8_t>(
+                                       p.host.begin(), p.host.begin() + p.bytes)
+                                 : h.Fetch(p),
+                          DType::kF32);
+          };
+          outs[run][0] = fetch(dh);
+          outs[run][1] = fetch(dms);
+        }
+        for (int o = 0; o < 2; ++o) {
+          const int64_t per = o == 0 ? big_n : 1;
+          SCOPED_TRACE(o == 0 ? "dh" : "dms");
+          for (int64_t t = 0; t < m; ++t) {
+            SCOPED_TRACE(absl::StrCat("mean square ", mean_squares[t]));
+            double scale = 0.0, err = 0.0;
+            for (int64_t e = t * per; e < (t + 1) * per; ++e) {
+              const float want = outs[1][o][e];
+              ASSERT_TRUE(std::isfinite(want));
+              scale = std::max(scale, std::fabs(double{want}));
+              if (o == 1) {
+                ASSERT_NE(want, 0.0f);
+                scale = std::max(scale, std::fabs(double{outs[2][o][e]}));
+              }
+              err = std::max(err, std::fabs(double{outs[0][o][e]} - want));
+            }
+            EXPECT_LE(err, 1e-5 * scale)
+                << outs[0][o][t * per] << " vs " << outs[1][o][t * per];
+          }
+        }
       }
     }
   }

@@ -127,6 +127,9 @@ void ProjectTokens(const LayerSpec& spec, DType dtype, const void* x,
 // their outputs turn non-finite.
 inline constexpr float kRepairMeanSquare = 0x1p64f;
 bool NeedsRepair(const LayerSpec& spec, const float* h, float ms);
+// The power of two e that brings a large mean square near 1 as ms 2^(-2e);
+// 0 for small ones, whose fp32 form never overflows.
+int RepairExponent(double mean_square);
 // The spec a repaired token's scale math runs with: eps_rms scaled as ms is
 // (2^-2e INSIDE, 2^-e OUTSIDE), so r_s = r 2^e and h_s r_s = h r.
 LayerSpec ScaledSpec(const LayerSpec& spec, int exponent);
@@ -150,6 +153,13 @@ void ScaleBackwardToken(const LayerSpec& spec, const LayerWeights& w,
                         const float* h, float ms, const float* dh_pre,
                         const float* dh_post, const float* dlogits, float* dz,
                         float* da, float* dh, float* dms);
+// ScaleBackwardToken of the scale op alone for a token whose mean square is
+// finite and above kRepairMeanSquare (the fused ops repair such tokens from
+// x): in the repair's scaled form, so dms stays in fp32 range.
+void ScaledScaleBackwardToken(const LayerSpec& spec, const LayerWeights& w,
+                              const float* h, float ms, const float* dh_pre,
+                              const float* dh_post, const float* dlogits,
+                              float* dz, float* da, float* dh, float* dms);
 // grads.beta[g] += sum_m dz[m][g]; grads.alpha[p] += sum_m da[m][p], tokens
 // in order; rows of `stride` floats, dz at offset 0, da at `da_offset`.
 void ReduceScaleGrads(const LayerSpec& spec, int64_t tokens, const float* rows,

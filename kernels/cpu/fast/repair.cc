@@ -12,14 +12,6 @@
 namespace mhc::cpu {
 namespace {
 
-// The power of two that brings a large `mean_square` near 1 when divided by
-// its square; 0 for small ones, whose fp32 form never overflows.
-int ExponentOf(double mean_square) {
-  int e2 = 0;
-  std::frexp(mean_square, &e2);
-  return e2 > 0 ? e2 / 2 : 0;
-}
-
 // h[N] and the mean square of token m in float64; false when its x row is
 // not finite (the token keeps its fp32 values).
 bool ProjectTokenDouble(const LayerSpec& spec, DType dtype, const void* x,
@@ -55,6 +47,12 @@ bool ProjectTokenDouble(const LayerSpec& spec, DType dtype, const void* x,
 
 }  // namespace
 
+int RepairExponent(double mean_square) {
+  int e2 = 0;
+  std::frexp(mean_square, &e2);
+  return e2 > 0 ? e2 / 2 : 0;
+}
+
 bool NeedsRepair(const LayerSpec& spec, const float* h, float ms) {
   if (!(ms <= kRepairMeanSquare)) return true;  // also NaN
   const int64_t big_n = spec.NumLogits();
@@ -85,7 +83,7 @@ void RepairGroup(const LayerSpec& spec, DType dtype, const void* x, int64_t m0,
     if (!ProjectTokenDouble(spec, dtype, x, m0 + t, w, s.v, h_d, &ms_d)) {
       continue;
     }
-    const int e = ExponentOf(ms_d);
+    const int e = RepairExponent(ms_d);
     for (int64_t g = 0; g < big_n; ++g) {
       h_t[g] = static_cast<float>(std::ldexp(h_d[g], -e));
     }

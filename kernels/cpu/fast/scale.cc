@@ -84,6 +84,28 @@ void ScaleBackwardToken(const LayerSpec& spec, const LayerWeights& w,
   }
 }
 
+// dms = ms_dot dr/dms with dr/dms about ms^-1.5: past ms near 1.9e25 that
+// factor leaves fp32's normal range (near 8e29 it is 0) while dms, about
+// ms_dot / ms^1.5 with ms_dot of order sqrt(ms), is still a normal float.
+// Scaled as a repaired token is (h_s = h 2^-e, ms_s = ms 2^-2e, eps_rms
+// scaled, ScaledSpec), r_s = r 2^e exactly, so h_s r_s = h r and the gates,
+// dz and the dalpha terms are the unscaled path's bits (unless h_g 2^-e
+// falls below fp32's normal range, where its terms are far below the
+// others); dh = dh_s 2^-e and dms = dms_s 2^-2e.
+void ScaledScaleBackwardToken(const LayerSpec& spec, const LayerWeights& w,
+                              const float* h, float ms, const float* dh_pre,
+                              const float* dh_post, const float* dlogits,
+                              float* dz, float* da, float* dh, float* dms) {
+  const int64_t big_n = spec.NumLogits();
+  const int e = RepairExponent(ms);
+  float h_s[kMaxStreams * kMaxStreams + 2 * kMaxStreams];
+  for (int64_t g = 0; g < big_n; ++g) h_s[g] = std::ldexp(h[g], -e);
+  ScaleBackwardToken(ScaledSpec(spec, e), w, h_s, std::ldexp(ms, -2 * e),
+                     dh_pre, dh_post, dlogits, dz, da, dh, dms);
+  for (int64_t g = 0; g < big_n; ++g) dh[g] = std::ldexp(dh[g], -e);
+  *dms = std::ldexp(*dms, -2 * e);
+}
+
 void ReduceScaleGrads(const LayerSpec& spec, int64_t tokens, const float* rows,
                       int64_t stride, int64_t da_offset,
                       const LayerGrads& grads) {
@@ -129,13 +151,15 @@ absl::Status ScaleBackward(const OpContext& ctx, const ScaleBackwardParams& p) {
   ForTokens(ctx, p.tokens, [&](int64_t m, const ThreadScratch&) {
     const bool mhc = spec.kind == LayerKind::kMhc;
     float* row = rows + m * stride;
-    ScaleBackwardToken(spec, p.weights,
-                       spec.dynamic ? p.h + m * big_n : nullptr,
-                       spec.dynamic ? p.mean_square[m] : 0.0f, p.dh_pre + m * n,
-                       mhc ? p.dh_post + m * n : nullptr,
-                       mhc ? p.dlogits + m * n * n : nullptr, row, row + big_n,
-                       spec.dynamic ? p.dh + m * big_n : nullptr,
-                       spec.dynamic ? p.dmean_square + m : nullptr);
+    const float ms = spec.dynamic ? p.mean_square[m] : 0.0f;
+    const bool scaled =
+        spec.dynamic && ms > kRepairMeanSquare && std::isfinite(ms);
+    (scaled ? ScaledScaleBackwardToken : ScaleBackwardToken)(
+        spec, p.weights, spec.dynamic ? p.h + m * big_n : nullptr, ms,
+        p.dh_pre + m * n, mhc ? p.dh_post + m * n : nullptr,
+        mhc ? p.dlogits + m * n * n : nullptr, row, row + big_n,
+        spec.dynamic ? p.dh + m * big_n : nullptr,
+        spec.dynamic ? p.dmean_square + m : nullptr);
   });
   ReduceScaleGrads(spec, p.tokens, rows, stride, big_n, p.grads);
   return absl::OkStatus();
