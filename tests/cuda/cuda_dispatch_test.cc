@@ -79,7 +79,7 @@ TEST(CudaDispatchTest, EveryForwardRowRunsItsVariant) {
         cuda::PlanProjectionForward(spec, e.dtype, M, alignment);
     EXPECT_EQ(plan.row, static_cast<int>(i));
     EXPECT_EQ(cuda::ToString(plan.variant), want);
-    EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
+    EXPECT_EQ(h.cuda().KernelVariant(p[1]), want);
     if (!spec.dynamic) {
       // No projection to run: the backend refuses the launch.
       EXPECT_FALSE(h.cuda().ProjectionForward(p[1], Workspace{}).ok());
@@ -136,7 +136,7 @@ void CheckProjectionBackward(const PlanExample& e, const std::string& want,
       cuda::PlanProjectionBackward(spec, e.dtype, M, alignment, e.terms);
   EXPECT_EQ(plan.row, row);
   EXPECT_EQ(cuda::ToString(plan.variant), want);
-  EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
+  EXPECT_EQ(h.cuda().KernelVariant(p[1]), want);
   for (int b = 0; b < 2; ++b) {
     Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, e.dtype);
     const absl::Status status = h.backend(b).ProjectionBackward(p[b], ws);
