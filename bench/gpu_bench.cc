@@ -274,8 +274,8 @@ class Bench {
           static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
           static_cast<long long>(M), streams_,
           static_cast<long long>(Hidden(config)),
-          std::string(CaseVariant(c, gpu_, spec, dev_, M)).c_str(), *us, bytes,
-          gbps, pct);
+          std::string(CaseVariant(c, gpu_, spec, head, dev_, M)).c_str(), *us,
+          bytes, gbps, pct);
       absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
       if (!good.ok()) return good.status();
       ok = ok && *good;

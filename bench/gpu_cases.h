@@ -235,15 +235,111 @@ inline ProjectionBackwardParams ProjectionBackwardOf(const LayerSpec& spec,
   return p;
 }
 
-// The kernel variant case `c` runs on `be` (the projection plan's name;
-// Backend::kDefaultVariant for the ops with one kernel).
+inline SinkhornForwardParams SinkhornForwardOf(const LayerSpec& spec, int64_t M,
+                                               const Tensors& t) {
+  SinkhornForwardParams p;
+  p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+  p.h_res = t.f(kHRes);
+  return p;
+}
+inline SinkhornBackwardParams SinkhornBackwardOf(const LayerSpec& spec,
+                                                 int64_t M, const Tensors& t) {
+  SinkhornBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
+  p.dh_res = t.f(kDhRes), p.dlogits = t.f(kDlogits);
+  return p;
+}
+inline AggregateForwardParams AggregateForwardOf(const LayerSpec& spec,
+                                                 int64_t M, const Tensors& t) {
+  AggregateForwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.h_pre = t.f(kHPre), p.y = t.p[kY];
+  return p;
+}
+inline AggregateBackwardParams AggregateBackwardOf(const LayerSpec& spec,
+                                                   int64_t M,
+                                                   const Tensors& t) {
+  AggregateBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.h_pre = t.f(kHPre), p.dy = t.p[kDy], p.dx = t.p[kDx];
+  p.dh_pre = t.f(kDhPre);
+  return p;
+}
+inline PostForwardParams PostForwardOf(const LayerSpec& spec, int64_t M,
+                                       const Tensors& t) {
+  PostForwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.f = t.p[kF];
+  p.x = t.p[kX], p.h_post = t.f(kHPost), p.h_res = t.f(kHRes);
+  p.x_next = t.p[kXNext];
+  return p;
+}
+inline ExpandForwardParams ExpandForwardOf(const LayerSpec& spec, int64_t M,
+                                           const Tensors& t) {
+  ExpandForwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.e = t.p[kE];
+  p.x = t.p[kXNext];
+  return p;
+}
+inline ExpandBackwardParams ExpandBackwardOf(const LayerSpec& spec, int64_t M,
+                                             const Tensors& t) {
+  ExpandBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
+  p.dx = t.p[kDxNext], p.de = t.p[kDe];
+  return p;
+}
+inline HeadForwardParams HeadForwardOf(const LayerSpec& head, int64_t M,
+                                       const Tensors& t) {
+  HeadForwardParams p;
+  p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.HeadWeights(), p.y = t.p[kY], p.mix = t.f(kMix);
+  return p;
+}
+inline HeadBackwardParams HeadBackwardOf(const LayerSpec& head, int64_t M,
+                                         const Tensors& t) {
+  HeadBackwardParams p;
+  p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
+  p.weights = t.HeadWeights(), p.dy = t.p[kDy], p.dx = t.p[kDx];
+  p.grads.phi = t.f(kGHeadPhi), p.grads.alpha = t.f(kGHeadAlpha);
+  p.grads.beta = t.f(kGHeadBeta);
+  return p;
+}
+
+// The kernel variant case `c` runs on `be` (Backend::KernelVariant: the
+// op's plan on CUDA); Backend::kDefaultVariant for the scale ops and the
+// layer cases, which run several ops.
 inline absl::string_view CaseVariant(int c, const Backend& be,
-                                     const LayerSpec& spec, const Tensors& t,
+                                     const LayerSpec& spec,
+                                     const LayerSpec& head, const Tensors& t,
                                      int64_t M) {
-  if (c == kProjFwd)
-    return be.ProjectionVariant(ProjectionForwardOf(spec, M, t));
-  if (c == kProjBwd) {
-    return be.ProjectionVariant(ProjectionBackwardOf(spec, M, t));
+  switch (c) {
+    case kProjFwd:
+      return be.KernelVariant(ProjectionForwardOf(spec, M, t));
+    case kProjBwd:
+      return be.KernelVariant(ProjectionBackwardOf(spec, M, t));
+    case kSinkFwd:
+      return be.KernelVariant(SinkhornForwardOf(spec, M, t));
+    case kSinkBwd:
+      return be.KernelVariant(SinkhornBackwardOf(spec, M, t));
+    case kAggFwd:
+      return be.KernelVariant(AggregateForwardOf(spec, M, t));
+    case kAggBwd:
+      return be.KernelVariant(AggregateBackwardOf(spec, M, t));
+    case kPostFwd:
+      return be.KernelVariant(PostForwardOf(spec, M, t));
+    case kPostBwd:
+      return be.KernelVariant(PostBackwardOf(spec, M, t));
+    case kExpandFwd:
+      return be.KernelVariant(ExpandForwardOf(spec, M, t));
+    case kExpandBwd:
+      return be.KernelVariant(ExpandBackwardOf(spec, M, t));
+    case kPreFwd:
+      return be.KernelVariant(PreForwardOf(spec, M, t));
+    case kPreBwd:
+      return be.KernelVariant(PreBackwardOf(spec, M, t));
+    case kHeadFwd:
+      return be.KernelVariant(HeadForwardOf(head, M, t));
+    case kHeadBwd:
+      return be.KernelVariant(HeadBackwardOf(head, M, t));
   }
   return Backend::kDefaultVariant;
 }
@@ -275,70 +371,30 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
       p.grads.beta = t.f(kGBeta);
       return be.ScaleBackward(p, t.ws);
     }
-    case kSinkFwd: {
-      SinkhornForwardParams p;
-      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
-      p.h_res = t.f(kHRes);
-      return be.SinkhornForward(p, t.ws);
-    }
-    case kSinkBwd: {
-      SinkhornBackwardParams p;
-      p.spec = &spec, p.tokens = M, p.logits = t.f(kLogits);
-      p.dh_res = t.f(kDhRes), p.dlogits = t.f(kDlogits);
-      return be.SinkhornBackward(p, t.ws);
-    }
-    case kAggFwd: {
-      AggregateForwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.h_pre = t.f(kHPre), p.y = t.p[kY];
-      return be.AggregateForward(p, t.ws);
-    }
-    case kAggBwd: {
-      AggregateBackwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.h_pre = t.f(kHPre), p.dy = t.p[kDy], p.dx = t.p[kDx];
-      p.dh_pre = t.f(kDhPre);
-      return be.AggregateBackward(p, t.ws);
-    }
-    case kPostFwd: {
-      PostForwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.f = t.p[kF];
-      p.x = t.p[kX], p.h_post = t.f(kHPost), p.h_res = t.f(kHRes);
-      p.x_next = t.p[kXNext];
-      return be.PostForward(p, t.ws);
-    }
+    case kSinkFwd:
+      return be.SinkhornForward(SinkhornForwardOf(spec, M, t), t.ws);
+    case kSinkBwd:
+      return be.SinkhornBackward(SinkhornBackwardOf(spec, M, t), t.ws);
+    case kAggFwd:
+      return be.AggregateForward(AggregateForwardOf(spec, M, t), t.ws);
+    case kAggBwd:
+      return be.AggregateBackward(AggregateBackwardOf(spec, M, t), t.ws);
+    case kPostFwd:
+      return be.PostForward(PostForwardOf(spec, M, t), t.ws);
     case kPostBwd:
       return be.PostBackward(PostBackwardOf(spec, M, t), t.ws);
-    case kExpandFwd: {
-      ExpandForwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct, p.e = t.p[kE];
-      p.x = t.p[kXNext];
-      return be.ExpandForward(p, t.ws);
-    }
-    case kExpandBwd: {
-      ExpandBackwardParams p;
-      p.spec = &spec, p.tokens = M, p.act_dtype = kAct;
-      p.dx = t.p[kDxNext], p.de = t.p[kDe];
-      return be.ExpandBackward(p, t.ws);
-    }
+    case kExpandFwd:
+      return be.ExpandForward(ExpandForwardOf(spec, M, t), t.ws);
+    case kExpandBwd:
+      return be.ExpandBackward(ExpandBackwardOf(spec, M, t), t.ws);
     case kPreFwd:
       return be.PreForward(PreForwardOf(spec, M, t), t.ws);
     case kPreBwd:
       return be.PreBackward(PreBackwardOf(spec, M, t), t.ws);
-    case kHeadFwd: {
-      HeadForwardParams p;
-      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.weights = t.HeadWeights(), p.y = t.p[kY], p.mix = t.f(kMix);
-      return be.HeadForward(p, t.ws);
-    }
-    case kHeadBwd: {
-      HeadBackwardParams p;
-      p.spec = &head, p.tokens = M, p.act_dtype = kAct, p.x = t.p[kX];
-      p.weights = t.HeadWeights(), p.dy = t.p[kDy], p.dx = t.p[kDx];
-      p.grads.phi = t.f(kGHeadPhi), p.grads.alpha = t.f(kGHeadAlpha);
-      p.grads.beta = t.f(kGHeadBeta);
-      return be.HeadBackward(p, t.ws);
-    }
+    case kHeadFwd:
+      return be.HeadForward(HeadForwardOf(head, M, t), t.ws);
+    case kHeadBwd:
+      return be.HeadBackward(HeadBackwardOf(head, M, t), t.ws);
     case kLayerFwd:
     case kLayerFwdBwd: {
       PreForwardParams pf = PreForwardOf(spec, M, t);

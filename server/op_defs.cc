@@ -105,7 +105,6 @@ std::vector<OpDef> BuildTable() {
       {F32(slot::Projection::kH, "h", D::kLogits),
        F32(slot::Projection::kMeanSquare, "mean_square", D::kToken)},
       LaunchProjection));
-  t.back().variant = ProjectionVariant;
   t.push_back(Make(
       "projection_backward", "ProjectionBackward", K::kProjectionBackward,
       R::kDynamic, v1::ProjectionBackwardRequest::descriptor(),
@@ -115,7 +114,6 @@ std::vector<OpDef> BuildTable() {
        F32(slot::ProjectionBackward::kDmeanSquare, "dmean_square", D::kToken)},
       {Act(slot::ProjectionBackward::kDx, "dx", D::kX)},
       LaunchProjectionBackward, true));
-  t.back().variant = ProjectionBackwardVariant;
   t.push_back(
       Make("scale", "Scale", K::kScaleForward, R::kAny,
            v1::ScaleRequest::descriptor(), v1::ScaleResponse::descriptor(),

@@ -70,8 +70,6 @@ struct BoundOp {
 };
 
 using LaunchFn = absl::Status (*)(Backend&, const BoundOp&, Workspace);
-// The kernel variant a launch takes (Backend::ProjectionVariant).
-using VariantFn = absl::string_view (*)(const Backend&, const BoundOp&);
 
 struct OpDef {
   std::string op_field;  // field of mhc.v1.Op's oneof, "pre_backward"
@@ -87,9 +85,6 @@ struct OpDef {
   // backward counts M once whether it runs fused or op by op.
   bool counts_tokens = false;
   LaunchFn launch = nullptr;
-  // For the ops whose backend picks among kernel variants; null: the
-  // kernel metrics label them Backend::kDefaultVariant.
-  VariantFn variant = nullptr;
 
   const google::protobuf::Descriptor* request = nullptr;
   const google::protobuf::Descriptor* response = nullptr;

@@ -7,11 +7,8 @@ namespace {
 const float* F(const void* p) { return static_cast<const float*>(p); }
 float* F(void* p) { return static_cast<float*>(p); }
 
-}  // namespace
-
-namespace {
-
-ProjectionForwardParams ProjectionParams(const BoundOp& op) {
+// Each op's params from its slots.
+ProjectionForwardParams ProjectionParamsOf(const BoundOp& op) {
   using S = slot::Projection;
   ProjectionForwardParams p;
   p.spec = op.spec;
@@ -39,27 +36,7 @@ ProjectionBackwardParams ProjectionBackwardParamsOf(const BoundOp& op) {
   return p;
 }
 
-}  // namespace
-
-absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws) {
-  return b.ProjectionForward(ProjectionParams(op), ws);
-}
-
-absl::string_view ProjectionVariant(const Backend& b, const BoundOp& op) {
-  return b.ProjectionVariant(ProjectionParams(op));
-}
-
-absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
-                                      Workspace ws) {
-  return b.ProjectionBackward(ProjectionBackwardParamsOf(op), ws);
-}
-
-absl::string_view ProjectionBackwardVariant(const Backend& b,
-                                            const BoundOp& op) {
-  return b.ProjectionVariant(ProjectionBackwardParamsOf(op));
-}
-
-absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws) {
+ScaleForwardParams ScaleParamsOf(const BoundOp& op) {
   using S = slot::Scale;
   ScaleForwardParams p;
   p.spec = op.spec;
@@ -70,10 +47,10 @@ absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws) {
   p.h_pre = F(op.out[S::kHPre]);
   p.h_post = F(op.out[S::kHPost]);
   p.logits = F(op.out[S::kLogits]);
-  return b.ScaleForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchScaleBackward(Backend& b, const BoundOp& op, Workspace ws) {
+ScaleBackwardParams ScaleBackwardParamsOf(const BoundOp& op) {
   using S = slot::ScaleBackward;
   ScaleBackwardParams p;
   p.spec = op.spec;
@@ -87,21 +64,20 @@ absl::Status LaunchScaleBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.dh = F(op.out[S::kDh]);
   p.dmean_square = F(op.out[S::kDmeanSquare]);
   p.grads = op.grads;
-  return b.ScaleBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchSinkhorn(Backend& b, const BoundOp& op, Workspace ws) {
+SinkhornForwardParams SinkhornParamsOf(const BoundOp& op) {
   using S = slot::Sinkhorn;
   SinkhornForwardParams p;
   p.spec = op.spec;
   p.tokens = op.tokens;
   p.logits = F(op.in[S::kLogits]);
   p.h_res = F(op.out[S::kHRes]);
-  return b.SinkhornForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchSinkhornBackward(Backend& b, const BoundOp& op,
-                                    Workspace ws) {
+SinkhornBackwardParams SinkhornBackwardParamsOf(const BoundOp& op) {
   using S = slot::SinkhornBackward;
   SinkhornBackwardParams p;
   p.spec = op.spec;
@@ -109,10 +85,10 @@ absl::Status LaunchSinkhornBackward(Backend& b, const BoundOp& op,
   p.logits = F(op.in[S::kLogits]);
   p.dh_res = F(op.in[S::kDhRes]);
   p.dlogits = F(op.out[S::kDlogits]);
-  return b.SinkhornBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchAggregate(Backend& b, const BoundOp& op, Workspace ws) {
+AggregateForwardParams AggregateParamsOf(const BoundOp& op) {
   using S = slot::Aggregate;
   AggregateForwardParams p;
   p.spec = op.spec;
@@ -121,11 +97,10 @@ absl::Status LaunchAggregate(Backend& b, const BoundOp& op, Workspace ws) {
   p.x = op.in[S::kX];
   p.h_pre = F(op.in[S::kHPre]);
   p.y = op.out[S::kY];
-  return b.AggregateForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchAggregateBackward(Backend& b, const BoundOp& op,
-                                     Workspace ws) {
+AggregateBackwardParams AggregateBackwardParamsOf(const BoundOp& op) {
   using S = slot::AggregateBackward;
   AggregateBackwardParams p;
   p.spec = op.spec;
@@ -136,10 +111,10 @@ absl::Status LaunchAggregateBackward(Backend& b, const BoundOp& op,
   p.dy = op.in[S::kDy];
   p.dx = op.out[S::kDx];
   p.dh_pre = F(op.out[S::kDhPre]);
-  return b.AggregateBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchPost(Backend& b, const BoundOp& op, Workspace ws) {
+PostForwardParams PostParamsOf(const BoundOp& op) {
   using S = slot::Post;
   PostForwardParams p;
   p.spec = op.spec;
@@ -151,10 +126,10 @@ absl::Status LaunchPost(Backend& b, const BoundOp& op, Workspace ws) {
   p.h_res = F(op.in[S::kHRes]);
   p.weights = op.weights;
   p.x_next = op.out[S::kXNext];
-  return b.PostForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchPostBackward(Backend& b, const BoundOp& op, Workspace ws) {
+PostBackwardParams PostBackwardParamsOf(const BoundOp& op) {
   using S = slot::PostBackward;
   PostBackwardParams p;
   p.spec = op.spec;
@@ -171,10 +146,10 @@ absl::Status LaunchPostBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.dh_post = F(op.out[S::kDhPost]);
   p.dh_res = F(op.out[S::kDhRes]);
   p.grads = op.grads;
-  return b.PostBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchExpand(Backend& b, const BoundOp& op, Workspace ws) {
+ExpandForwardParams ExpandParamsOf(const BoundOp& op) {
   using S = slot::Expand;
   ExpandForwardParams p;
   p.spec = op.spec;
@@ -182,10 +157,10 @@ absl::Status LaunchExpand(Backend& b, const BoundOp& op, Workspace ws) {
   p.act_dtype = op.act_dtype;
   p.e = op.in[S::kE];
   p.x = op.out[S::kX];
-  return b.ExpandForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchExpandBackward(Backend& b, const BoundOp& op, Workspace ws) {
+ExpandBackwardParams ExpandBackwardParamsOf(const BoundOp& op) {
   using S = slot::ExpandBackward;
   ExpandBackwardParams p;
   p.spec = op.spec;
@@ -193,10 +168,10 @@ absl::Status LaunchExpandBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.act_dtype = op.act_dtype;
   p.dx = op.in[S::kDx];
   p.de = op.out[S::kDe];
-  return b.ExpandBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchPre(Backend& b, const BoundOp& op, Workspace ws) {
+PreForwardParams PreParamsOf(const BoundOp& op) {
   using S = slot::Pre;
   PreForwardParams p;
   p.spec = op.spec;
@@ -210,10 +185,10 @@ absl::Status LaunchPre(Backend& b, const BoundOp& op, Workspace ws) {
   p.h_res = F(op.out[S::kHRes]);
   p.h = F(op.out[S::kH]);
   p.mean_square = F(op.out[S::kMeanSquare]);
-  return b.PreForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchPreBackward(Backend& b, const BoundOp& op, Workspace ws) {
+PreBackwardParams PreBackwardParamsOf(const BoundOp& op) {
   using S = slot::PreBackward;
   PreBackwardParams p;
   p.spec = op.spec;
@@ -229,10 +204,10 @@ absl::Status LaunchPreBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.mean_square = F(op.in[S::kMeanSquare]);
   p.dx = op.out[S::kDx];
   p.grads = op.grads;
-  return b.PreBackward(p, ws);
+  return p;
 }
 
-absl::Status LaunchHead(Backend& b, const BoundOp& op, Workspace ws) {
+HeadForwardParams HeadParamsOf(const BoundOp& op) {
   using S = slot::Head;
   HeadForwardParams p;
   p.spec = op.spec;
@@ -242,10 +217,10 @@ absl::Status LaunchHead(Backend& b, const BoundOp& op, Workspace ws) {
   p.weights = op.weights;
   p.y = op.out[S::kY];
   p.mix = F(op.out[S::kMix]);
-  return b.HeadForward(p, ws);
+  return p;
 }
 
-absl::Status LaunchHeadBackward(Backend& b, const BoundOp& op, Workspace ws) {
+HeadBackwardParams HeadBackwardParamsOf(const BoundOp& op) {
   using S = slot::HeadBackward;
   HeadBackwardParams p;
   p.spec = op.spec;
@@ -256,7 +231,114 @@ absl::Status LaunchHeadBackward(Backend& b, const BoundOp& op, Workspace ws) {
   p.dy = op.in[S::kDy];
   p.dx = op.out[S::kDx];
   p.grads = op.grads;
-  return b.HeadBackward(p, ws);
+  return p;
+}
+
+}  // namespace
+
+absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ProjectionForward(ProjectionParamsOf(op), ws);
+}
+
+absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
+                                      Workspace ws) {
+  return b.ProjectionBackward(ProjectionBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ScaleForward(ScaleParamsOf(op), ws);
+}
+
+absl::Status LaunchScaleBackward(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ScaleBackward(ScaleBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchSinkhorn(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.SinkhornForward(SinkhornParamsOf(op), ws);
+}
+
+absl::Status LaunchSinkhornBackward(Backend& b, const BoundOp& op,
+                                    Workspace ws) {
+  return b.SinkhornBackward(SinkhornBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchAggregate(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.AggregateForward(AggregateParamsOf(op), ws);
+}
+
+absl::Status LaunchAggregateBackward(Backend& b, const BoundOp& op,
+                                     Workspace ws) {
+  return b.AggregateBackward(AggregateBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchPost(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.PostForward(PostParamsOf(op), ws);
+}
+
+absl::Status LaunchPostBackward(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.PostBackward(PostBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchExpand(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ExpandForward(ExpandParamsOf(op), ws);
+}
+
+absl::Status LaunchExpandBackward(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.ExpandBackward(ExpandBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchPre(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.PreForward(PreParamsOf(op), ws);
+}
+
+absl::Status LaunchPreBackward(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.PreBackward(PreBackwardParamsOf(op), ws);
+}
+
+absl::Status LaunchHead(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.HeadForward(HeadParamsOf(op), ws);
+}
+
+absl::Status LaunchHeadBackward(Backend& b, const BoundOp& op, Workspace ws) {
+  return b.HeadBackward(HeadBackwardParamsOf(op), ws);
+}
+
+absl::string_view KernelVariant(const Backend& b, OpKind kind,
+                                const BoundOp& op) {
+  switch (kind) {
+    case OpKind::kProjectionForward:
+      return b.KernelVariant(ProjectionParamsOf(op));
+    case OpKind::kProjectionBackward:
+      return b.KernelVariant(ProjectionBackwardParamsOf(op));
+    case OpKind::kScaleForward:
+    case OpKind::kScaleBackward:
+      return Backend::kDefaultVariant;
+    case OpKind::kSinkhornForward:
+      return b.KernelVariant(SinkhornParamsOf(op));
+    case OpKind::kSinkhornBackward:
+      return b.KernelVariant(SinkhornBackwardParamsOf(op));
+    case OpKind::kAggregateForward:
+      return b.KernelVariant(AggregateParamsOf(op));
+    case OpKind::kAggregateBackward:
+      return b.KernelVariant(AggregateBackwardParamsOf(op));
+    case OpKind::kPostForward:
+      return b.KernelVariant(PostParamsOf(op));
+    case OpKind::kPostBackward:
+      return b.KernelVariant(PostBackwardParamsOf(op));
+    case OpKind::kExpandForward:
+      return b.KernelVariant(ExpandParamsOf(op));
+    case OpKind::kExpandBackward:
+      return b.KernelVariant(ExpandBackwardParamsOf(op));
+    case OpKind::kPreForward:
+      return b.KernelVariant(PreParamsOf(op));
+    case OpKind::kPreBackward:
+      return b.KernelVariant(PreBackwardParamsOf(op));
+    case OpKind::kHeadForward:
+      return b.KernelVariant(HeadParamsOf(op));
+    case OpKind::kHeadBackward:
+      return b.KernelVariant(HeadBackwardParamsOf(op));
+  }
+  return Backend::kDefaultVariant;
 }
 
 }  // namespace mhc::server

@@ -1,5 +1,6 @@
 // How each op's tensor slots reach its Backend call: the slots of every op
-// by name, and the launch function the op table names for it.
+// by name, the launch function the op table names for it, and the kernel
+// variant the backend picks for it.
 #ifndef MHC_SERVER_OP_LAUNCH_H_
 #define MHC_SERVER_OP_LAUNCH_H_
 
@@ -80,9 +81,6 @@ struct HeadBackward {
 }  // namespace slot
 
 absl::Status LaunchProjection(Backend& b, const BoundOp& op, Workspace ws);
-absl::string_view ProjectionVariant(const Backend& b, const BoundOp& op);
-absl::string_view ProjectionBackwardVariant(const Backend& b,
-                                            const BoundOp& op);
 absl::Status LaunchProjectionBackward(Backend& b, const BoundOp& op,
                                       Workspace ws);
 absl::Status LaunchScale(Backend& b, const BoundOp& op, Workspace ws);
@@ -101,6 +99,11 @@ absl::Status LaunchPre(Backend& b, const BoundOp& op, Workspace ws);
 absl::Status LaunchPreBackward(Backend& b, const BoundOp& op, Workspace ws);
 absl::Status LaunchHead(Backend& b, const BoundOp& op, Workspace ws);
 absl::Status LaunchHeadBackward(Backend& b, const BoundOp& op, Workspace ws);
+
+// The kernel variant the backend picks for launching `op` as `kind`
+// (Backend::KernelVariant): the `variant` label of the kernel metrics.
+absl::string_view KernelVariant(const Backend& b, OpKind kind,
+                                const BoundOp& op);
 
 }  // namespace mhc::server
 

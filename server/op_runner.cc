@@ -14,6 +14,7 @@
 #include "server/determinism_audit.h"
 #include "server/op_batch.h"
 #include "server/op_defs.h"
+#include "server/op_launch.h"
 #include "server/status_util.h"
 
 namespace mhc::server {
@@ -84,8 +85,7 @@ absl::Status LaunchOp(Executor& executor, Backend& backend, Workspace ws,
     bound.out.push_back(index < 0 ? nullptr : batch.outputs[index]->data);
   }
   KernelSample sample = SampleOf(batch, op);
-  if (op.def->variant != nullptr)
-    sample.variant = op.def->variant(backend, bound);
+  sample.variant = KernelVariant(backend, op.def->kind, bound);
   absl::Status status = executor.Launch(
       sample, [&] { return op.def->launch(backend, bound, ws); });
   if (!status.ok()) {

@@ -47,13 +47,60 @@ absl::Status Backend::WriteWordAfterWork(void*, uint32_t) {
   return WaitForEvent(nullptr);
 }
 
-absl::string_view Backend::ProjectionVariant(
-    const ProjectionForwardParams&) const {
+absl::string_view Backend::KernelVariant(const ProjectionForwardParams&) const {
   return kDefaultVariant;
 }
 
-absl::string_view Backend::ProjectionVariant(
+absl::string_view Backend::KernelVariant(
     const ProjectionBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const SinkhornForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const SinkhornBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const AggregateForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const AggregateBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const PostForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const PostBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const ExpandForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const ExpandBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const PreForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const PreBackwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const HeadForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const HeadBackwardParams&) const {
   return kDefaultVariant;
 }
 

@@ -100,23 +100,32 @@ __global__ void __launch_bounds__(kRowThreads,
 
 }  // namespace
 
+RowAccessPlan PlanOf(const AggregateForwardParams& p) {
+  return RowAccessOf<RowKernel::kAggregateForward>(*p.spec, p.act_dtype, p.x,
+                                                   p.y);
+}
+
+RowAccessPlan PlanOf(const AggregateBackwardParams& p) {
+  return RowAccessOf<RowKernel::kAggregateBackward>(*p.spec, p.act_dtype, p.x,
+                                                    p.dy, p.dx);
+}
+
 absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.y);
+  const RowAccessPlan plan = PlanOf(p);
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
-  DispatchStreams<StreamState::kLinearWide>(
-      p.act_dtype, s.n, access,
-      [&](auto tt, auto nt, auto vt, auto rt) {
+  const bool built = DispatchRows<RowKernel::kAggregateForward>(
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         err = LaunchAfterPrevious(
             aggregate_forward_kernel<T, decltype(nt)::value,
                                      decltype(vt)::value, decltype(rt)::value>,
             dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
             static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
-      },
-      WideStreams(s.C, p.act_dtype));
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+      });
+  if (!built) return NoRowKernel("aggregate forward", shape, plan);
   MHC_CUDA_RETURN_IF_ERROR(err, "aggregate forward", shape);
   MHC_CUDA_CHECK_LAUNCH("aggregate forward", shape);
   return absl::OkStatus();
@@ -125,10 +134,10 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
 absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
                                      cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const RowAccess access =
-      ChooseRowAccess(*p.spec, p.act_dtype, p.x, p.dy, p.dx);
-  DispatchStreams<StreamState::kLinear>(
-      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  const RowAccessPlan plan = PlanOf(p);
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const bool built = DispatchRows<RowKernel::kAggregateBackward>(
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                                   decltype(rt)::value>
@@ -136,8 +145,8 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
                 s, static_cast<const T*>(p.x), p.h_pre,
                 static_cast<const T*>(p.dy), static_cast<T*>(p.dx), p.dh_pre);
       });
-  MHC_CUDA_CHECK_LAUNCH("aggregate backward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  if (!built) return NoRowKernel("aggregate backward", shape, plan);
+  MHC_CUDA_CHECK_LAUNCH("aggregate backward", shape);
   return absl::OkStatus();
 }
 

@@ -315,14 +315,70 @@ absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
   return absl::OkStatus();
 }
 
-absl::string_view CudaBackend::ProjectionVariant(
+absl::string_view CudaBackend::KernelVariant(
     const ProjectionForwardParams& p) const {
   return ToString(PlanOf(p).variant);
 }
 
-absl::string_view CudaBackend::ProjectionVariant(
+absl::string_view CudaBackend::KernelVariant(
     const ProjectionBackwardParams& p) const {
   return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const SinkhornForwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const SinkhornBackwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(const PostForwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const PostBackwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const AggregateForwardParams& p) const {
+  return ToString(PlanOf(p).access);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const AggregateBackwardParams& p) const {
+  return ToString(PlanOf(p).access);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const ExpandForwardParams& p) const {
+  return ToString(PlanOf(p).access);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const ExpandBackwardParams& p) const {
+  return ToString(PlanOf(p).access);
+}
+
+absl::string_view CudaBackend::KernelVariant(const PreForwardParams& p) const {
+  return ToString(PlanFusedForward(*p.spec).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(const PreBackwardParams& p) const {
+  return ToString(PlanFusedBackward(*p.spec).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(const HeadForwardParams& p) const {
+  return ToString(PlanFusedForward(*p.spec).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const HeadBackwardParams& p) const {
+  return ToString(PlanFusedBackward(*p.spec).variant);
 }
 
 size_t CudaBackend::WorkspaceBytes(OpKind op, const LayerSpec& spec,

@@ -56,11 +56,27 @@ class CudaBackend final : public Backend {
   absl::Status WriteWordAfterWork(void* word, uint32_t value) override;
   absl::Status CheckDevice() override;
   absl::StatusOr<ExportedMemory> ExportMemory(void* pointer) override;
-  // The projection plan's variant (projection/plan.h).
-  absl::string_view ProjectionVariant(
+  // The variant of the op family's plan (projection/plan.h, plans/).
+  absl::string_view KernelVariant(
       const ProjectionForwardParams& p) const override;
-  absl::string_view ProjectionVariant(
+  absl::string_view KernelVariant(
       const ProjectionBackwardParams& p) const override;
+  absl::string_view KernelVariant(
+      const SinkhornForwardParams& p) const override;
+  absl::string_view KernelVariant(
+      const SinkhornBackwardParams& p) const override;
+  absl::string_view KernelVariant(
+      const AggregateForwardParams& p) const override;
+  absl::string_view KernelVariant(
+      const AggregateBackwardParams& p) const override;
+  absl::string_view KernelVariant(const PostForwardParams& p) const override;
+  absl::string_view KernelVariant(const PostBackwardParams& p) const override;
+  absl::string_view KernelVariant(const ExpandForwardParams& p) const override;
+  absl::string_view KernelVariant(const ExpandBackwardParams& p) const override;
+  absl::string_view KernelVariant(const PreForwardParams& p) const override;
+  absl::string_view KernelVariant(const PreBackwardParams& p) const override;
+  absl::string_view KernelVariant(const HeadForwardParams& p) const override;
+  absl::string_view KernelVariant(const HeadBackwardParams& p) const override;
   size_t WorkspaceBytes(OpKind op, const LayerSpec& spec, int64_t tokens,
                         DType act_dtype) const override;
 

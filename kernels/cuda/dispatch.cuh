@@ -1,14 +1,15 @@
-// Compile-time dispatch of the activation dtype and the stream shape. n = 2,
-// 4 (the production case) and 8 get instantiations with n == NT and V
-// channels per thread, vector or strided (primitives/row_access.cuh): 16-byte
-// accesses, 8-byte ones at n = 8, where the post backward holds 2 x 8 streams
-// of V channels. n = 16 gets them (8-byte accesses) in the kernels whose
-// per-thread state grows with n alone (kStreamsLinear): a thread of the
-// post's FFMA backward keeps NT^2 sums, which at 16 streams of V channels
-// would spill. Every other case runs the generic path with runtime n and
-// element accesses, at the smallest stream capacity that holds it (2, 4, 8
-// or 16): capacity 16 for n = 2 would cost the post 272 registers' worth of
-// local memory per thread.
+// Compile-time dispatch of the activation dtype and of the stream shape the
+// row access plan (plans/row_access.h) picks for a row kernel. n = 2, 4
+// (the production case) and 8 get instantiations with n == NT and V
+// channels per thread, vector or strided (primitives/row_access.cuh):
+// 16-byte accesses, 8-byte ones at n = 8, where the post backward holds
+// 2 x 8 streams of V channels. n = 16 gets them (8-byte accesses) in the
+// kernels whose per-thread state grows with n alone (StreamState): a thread
+// of the post's FFMA backward keeps NT^2 sums, which at 16 streams of V
+// channels would spill. Every other case runs the generic path with runtime
+// n and element accesses, at the smallest stream capacity that holds it (2,
+// 4, 8 or 16): capacity 16 for n = 2 would cost the post 272 registers'
+// worth of local memory per thread.
 #ifndef MHC_KERNELS_CUDA_DISPATCH_CUH_
 #define MHC_KERNELS_CUDA_DISPATCH_CUH_
 
@@ -18,9 +19,13 @@
 #include <string>
 #include <type_traits>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common.cuh"
 #include "mhc/types.h"
+#include "plans/row_access.h"
+#include "plans/table.h"
 
 namespace mhc::cuda {
 
@@ -58,97 +63,98 @@ void DispatchDType(DType dtype, F&& f) {
   }
 }
 
-// Channels per thread of the vector path: one 16-byte access per stream.
-inline int VectorWidth(DType dtype) {
-  return 16 / static_cast<int>(DTypeSize(dtype));
+static_assert(kRowThreads == kRowPlanThreads,
+              "the row access plan counts the row kernels' threads");
+
+// The row access plan (plans/row_access.h) of a launch of `kKernel` on
+// these activation tensors.
+template <RowKernel kKernel, typename... P>
+RowAccessPlan RowAccessOf(const LayerSpec& spec, DType dtype, P... tensors) {
+  return PlanRowAccess(kKernel, spec, dtype,
+                       LeastAlignment({static_cast<const void*>(tensors)...}));
 }
 
-// How the row kernels of one launch touch their activation rows
-// (primitives/row_access.cuh).
-enum class RowAccess { kElement, kVector, kStrided };
-
-// For n = 2, 4, 8 and 16: vector accesses where C is a multiple of the
-// vector width and every given activation tensor starts on 16 bytes, strided
-// element accesses otherwise; element accesses for every other n (and for n =
-// 16 in the kernels DispatchStreams does not build it for).
-template <typename... P>
-RowAccess ChooseRowAccess(const LayerSpec& spec, DType dtype, P... pointers) {
-  const bool vector_n =
-      spec.n == 2 || spec.n == 4 || spec.n == 8 || spec.n == 16;
-  if (!vector_n) return RowAccess::kElement;
-  if (spec.hidden % VectorWidth(dtype) == 0 &&
-      (... && (pointers == nullptr || Aligned16(pointers)))) {
-    return RowAccess::kVector;
-  }
-  return RowAccess::kStrided;
-}
-
-// Whether a row kernel's per-thread state grows with n alone, so that n = 16
-// fits the vector and strided paths. kLinearWide: linear, and a kernel that
-// reduces the streams of a channel to one value (the aggregate forward, the
-// expand backward), light enough to take 16-byte accesses on aligned rows
-// at n = 8 and 16 too (DispatchStreams' `wide`), where the others take
-// 8-byte ones for their registers.
-enum class StreamState { kQuadratic, kLinear, kLinearWide };
-
-// Whether 16-byte accesses keep a row kernel's passes over the C channels
-// full: at most a tenth of the thread slots idle in them. Where they do, the
-// wider accesses measured faster; at a sixth idle (C = 2560) slower
-// (docs/decisions.md).
-inline bool WideStreams(int64_t hidden, DType dtype) {
-  const int64_t per_pass = int64_t{kRowThreads} * VectorWidth(dtype);
-  const int64_t passes = (hidden + per_pass - 1) / per_pass;
-  return 10 * hidden >= 9 * passes * per_pass;
-}
-
-// f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>); NT == 4 means
-// n == 4 exactly, and so does V > 1 for every NT. `wide` (kLinearWide only):
-// the vector path's V is the full 16 bytes at n = 8 and 16 too.
-template <StreamState kState = StreamState::kQuadratic, typename F>
-void DispatchStreams(DType dtype, int n, RowAccess access, F&& f,
-                     bool wide = false) {
-  if (n == 16 && kState == StreamState::kQuadratic) {
-    access = RowAccess::kElement;
-  }
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>) with the plan's
+// stream count NT and channels V: NT == 4 means n == 4 exactly, and so does
+// V > 1 for every NT. Builds, per dtype, the shapes the plan gives
+// `kKernel`: the vector and strided paths at n = 2, 4, 8 and (not for
+// kQuadratic kernels) 16, at n = 8 and 16 with 8-byte accesses, or 16-byte
+// ones on the vector path of kLinearWide kernels; the element path at every
+// stream capacity. False, with nothing launched, for a shape not built.
+template <RowKernel kKernel, typename F>
+bool DispatchRows(DType dtype, const RowAccessPlan& plan, F&& f) {
+  constexpr StreamState kState = StateOf(kKernel);
+  bool built = false;
   DispatchDType(dtype, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     constexpr int kV = 16 / sizeof(T);
-    // n = 8 or kMaxStreams at V = kV / 2, or kV where `wide` allows.
-    auto wide_or_half = [&](auto nt, auto strided) {
+    auto run = [&](auto nt, auto vt, auto strided) {
+      if (decltype(vt)::value != plan.channels) return;
+      f(type_tag, nt, vt, strided);
+      built = true;
+    };
+    auto half_or_wide = [&](auto nt, auto strided) {
       if constexpr (kState == StreamState::kLinearWide &&
                     !decltype(strided)::value) {
-        if (wide) {
-          f(type_tag, nt, IntTag<kV>{}, strided);
+        if (plan.channels == kV) {
+          run(nt, IntTag<kV>{}, strided);
           return;
         }
       }
-      f(type_tag, nt, IntTag<kV / 2>{}, strided);
+      run(nt, IntTag<kV / 2>{}, strided);
     };
     auto vector = [&](auto strided) {
-      if (n == 4) {
-        f(type_tag, IntTag<4>{}, IntTag<kV>{}, strided);
-      } else if (n == 2) {
-        f(type_tag, IntTag<2>{}, IntTag<kV>{}, strided);
-      } else if (n == 8) {
-        wide_or_half(IntTag<8>{}, strided);
-      } else if constexpr (kState != StreamState::kQuadratic) {
-        wide_or_half(IntTag<kMaxStreams>{}, strided);
+      switch (plan.streams) {
+        case 4:
+          run(IntTag<4>{}, IntTag<kV>{}, strided);
+          return;
+        case 2:
+          run(IntTag<2>{}, IntTag<kV>{}, strided);
+          return;
+        case 8:
+          half_or_wide(IntTag<8>{}, strided);
+          return;
+        case kMaxStreams:
+          if constexpr (kState != StreamState::kQuadratic) {
+            half_or_wide(IntTag<kMaxStreams>{}, strided);
+          }
+          return;
       }
     };
-    if (access == RowAccess::kVector) {
-      vector(BoolTag<false>{});
-    } else if (access == RowAccess::kStrided) {
-      vector(BoolTag<true>{});
-    } else if (n == 4) {
-      f(type_tag, IntTag<4>{}, IntTag<1>{}, BoolTag<false>{});
-    } else if (n <= 2) {
-      f(type_tag, IntTag<2>{}, IntTag<1>{}, BoolTag<false>{});
-    } else if (n <= 8) {
-      f(type_tag, IntTag<8>{}, IntTag<1>{}, BoolTag<false>{});
-    } else {
-      f(type_tag, IntTag<kMaxStreams>{}, IntTag<1>{}, BoolTag<false>{});
+    auto element = [&](auto nt) { run(nt, IntTag<1>{}, BoolTag<false>{}); };
+    switch (plan.access) {
+      case RowAccess::kVector:
+        vector(BoolTag<false>{});
+        return;
+      case RowAccess::kStrided:
+        vector(BoolTag<true>{});
+        return;
+      case RowAccess::kElement:
+        switch (plan.streams) {
+          case 4:
+            element(IntTag<4>{});
+            return;
+          case 2:
+            element(IntTag<2>{});
+            return;
+          case 8:
+            element(IntTag<8>{});
+            return;
+          case kMaxStreams:
+            element(IntTag<kMaxStreams>{});
+            return;
+        }
     }
   });
+  return built;
+}
+
+// What a row kernel's launcher returns where DispatchRows built nothing.
+inline absl::Status NoRowKernel(absl::string_view op, const std::string& shape,
+                                const RowAccessPlan& plan) {
+  return absl::InternalError(absl::StrCat(
+      "cuda ", op, " ", shape, ": no kernel built for ", ToString(plan.access),
+      " rows of ", plan.streams, " streams x ", plan.channels, " channels"));
 }
 
 // f(IntTag<NT>) for the per-token mixing kernels.

@@ -56,42 +56,48 @@ __global__ void __launch_bounds__(kRowThreads)
 
 }  // namespace
 
+RowAccessPlan PlanOf(const ExpandForwardParams& p) {
+  return RowAccessOf<RowKernel::kExpandForward>(*p.spec, p.act_dtype, p.e, p.x);
+}
+
+RowAccessPlan PlanOf(const ExpandBackwardParams& p) {
+  return RowAccessOf<RowKernel::kExpandBackward>(*p.spec, p.act_dtype, p.dx,
+                                                 p.de);
+}
+
 absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.e, p.x);
-  DispatchStreams<StreamState::kLinear>(
-      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  const RowAccessPlan plan = PlanOf(p);
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const bool built = DispatchRows<RowKernel::kExpandForward>(
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                               decltype(rt)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
       });
-  MHC_CUDA_CHECK_LAUNCH("expand forward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  if (!built) return NoRowKernel("expand forward", shape, plan);
+  MHC_CUDA_CHECK_LAUNCH("expand forward", shape);
   return absl::OkStatus();
 }
 
 absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const RowAccess access = ChooseRowAccess(*p.spec, p.act_dtype, p.dx, p.de);
-  DispatchStreams<StreamState::kLinearWide>(
-      p.act_dtype, s.n, access,
-      [&](auto tt, auto nt, auto vt, auto rt) {
+  const RowAccessPlan plan = PlanOf(p);
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const bool built = DispatchRows<RowKernel::kExpandBackward>(
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                                decltype(rt)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
-      },
-      // 16-byte accesses at n = 16 only: at n = 8 the 8-byte ones already
-      // run near copy bandwidth and the wide ones measured slower
-      // (docs/decisions.md).
-      s.n == 16 && WideStreams(s.C, p.act_dtype));
-  MHC_CUDA_CHECK_LAUNCH("expand backward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+      });
+  if (!built) return NoRowKernel("expand backward", shape, plan);
+  MHC_CUDA_CHECK_LAUNCH("expand backward", shape);
   return absl::OkStatus();
 }
 

@@ -569,10 +569,11 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     agg.y = a.y;
     return LaunchAggregateForward(agg, stream);
   }
-  const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.y);
+  const RowAccessPlan access =
+      RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.y);
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
-  DispatchStreams<StreamState::kLinear>(
-      a.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  DispatchRows<RowKernel::kPre>(
+      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                               decltype(rt)::value>
@@ -624,10 +625,11 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   const RepairRows rows{at(b.repair_scaled),
                         reinterpret_cast<int*>(at(b.repair_flag)),
                         reinterpret_cast<int*>(at(b.repair_count))};
-  const RowAccess access = ChooseRowAccess(*a.spec, a.act_dtype, a.x, a.dy);
+  const RowAccessPlan access =
+      RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.dy);
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
-  DispatchStreams<StreamState::kLinear>(
-      a.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  DispatchRows<RowKernel::kPre>(
+      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
                       decltype(rt)::value>

@@ -1,7 +1,7 @@
-// The fused pre / head ops' workspace layout (fused_pre.cu): which layers
-// run their mixing as the split scale and Sinkhorn kernels, and the slices
-// of the forward's and the backward's workspace. Host code, included by
-// fused_pre.cu alone.
+// The fused pre / head ops' workspace layout (fused_pre.cu): the slices of
+// the forward's and the backward's workspace, which depend on the fused
+// plan's mixing variant (SplitMix). Host code, included by fused_pre.cu
+// alone.
 #ifndef MHC_KERNELS_CUDA_FUSED_PRE_WORKSPACE_CUH_
 #define MHC_KERNELS_CUDA_FUSED_PRE_WORKSPACE_CUH_
 
@@ -12,21 +12,14 @@
 #include "launch.h"
 #include "mhc/dtype.h"
 #include "mhc/types.h"
+#include "plans/fused.h"
 #include "projection/backward/wide.h"
 
 namespace mhc::cuda::fused_pre {
 
-// mHC layers (n other than 4) whose Sinkhorn the lane kernels cover run the
-// mixing, forward and backward, as the scale and Sinkhorn op kernels instead
-// of one thread per token: the lane kernels keep the matrices in registers
-// where a thread works from local memory (and replays checkpoints in the
-// reverse mode), which made the backward mixing a large share of the layer
-// (docs/decisions.md). n = 4 keeps the fused kernels (sinkhorn4.cuh's
-// one-thread form).
-inline bool SplitMix(const LayerSpec& spec) {
-  return spec.kind == LayerKind::kMhc && spec.n != 4 &&
-         SinkhornLanesCover(spec);
-}
+// The layers whose mixing runs as the scale and Sinkhorn op kernels, in both
+// directions: the fused plan's split_mix rows (plans/fused.h).
+using ::mhc::cuda::SplitMix;
 
 // Workspace slices of the fused backward, in order (h_post, logits and
 // dlogits only for SplitMix layers).

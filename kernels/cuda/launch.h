@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "mhc/ops/aggregate.h"
@@ -21,6 +20,10 @@
 #include "mhc/ops/sinkhorn.h"
 #include "mhc/ops/weights.h"
 #include "mhc/types.h"
+#include "plans/fused.h"
+#include "plans/post.h"
+#include "plans/row_access.h"
+#include "plans/sinkhorn.h"
 #include "projection/geometry.h"
 #include "projection/plan.h"
 
@@ -43,12 +46,22 @@ size_t FusedForwardWorkspace(const LayerSpec& spec, int64_t tokens,
 size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
                               DType dtype);
 
-absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
-                                     Workspace ws, cudaStream_t stream);
-// The plan a projection op's launch follows (its variant names the kernel
-// metrics' label).
+// The plan an op's launch follows, from its tensors' alignment (its
+// variant names the kernel metrics' label). The fused ops' plan needs only
+// the layer (PlanFusedForward / Backward).
 ProjectionForwardPlan PlanOf(const ProjectionForwardParams& p);
 ProjectionBackwardPlan PlanOf(const ProjectionBackwardParams& p);
+SinkhornPlan PlanOf(const SinkhornForwardParams& p);
+SinkhornPlan PlanOf(const SinkhornBackwardParams& p);
+RowAccessPlan PlanOf(const AggregateForwardParams& p);
+RowAccessPlan PlanOf(const AggregateBackwardParams& p);
+RowAccessPlan PlanOf(const ExpandForwardParams& p);
+RowAccessPlan PlanOf(const ExpandBackwardParams& p);
+PostPlan PlanOf(const PostForwardParams& p);
+PostPlan PlanOf(const PostBackwardParams& p);
+
+absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
+                                     Workspace ws, cudaStream_t stream);
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
                                       Workspace ws, cudaStream_t stream);
 // `repair` (overflow_repair.h): the overflow repair of the SplitMix path in
@@ -71,9 +84,7 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
 // The lane kernels' reverse mode for the fused backward: dlogits as
 // LaunchSinkhornBackward and, when r is given, the forward's H_res in
 // source-rows form ([M, n, n], R[i][j] at i n + j) from the same forward.
-// SinkhornLanesCover says whether they apply (LINEAR, at most
-// kLaneMaxIterations iterations, n from 2 to 16).
-bool SinkhornLanesCover(const LayerSpec& spec);
+// For layers whose Sinkhorn plan picks the lane kernels (SplitMix layers).
 absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
                                          const float* logits,
                                          const float* dh_res, float* dlogits,
@@ -85,11 +96,8 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
 absl::Status LaunchPostForward(const PostForwardParams& p, cudaStream_t stream);
 absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream);
-// The tensor-core post kernels (post_mma.cu), which LaunchPost* pick where
-// PostOnTensorCores: bf16 activations, stream-major layout, n = 3 or 5..16,
-// C % 8 == 0 and every given tensor (bias included) on 16 bytes.
-bool PostOnTensorCores(const LayerSpec& spec, DType dtype,
-                       std::initializer_list<const void*> tensors);
+// The tensor-core post kernels (post_mma.cu), which LaunchPost* run where
+// the post plan (plans/post.h) picks `mma`.
 absl::Status LaunchPostForwardMma(const PostForwardParams& p,
                                   cudaStream_t stream);
 // Everything but the bias gradient.

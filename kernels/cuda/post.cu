@@ -6,7 +6,7 @@
 // fixed chunks of kTokenChunk tokens (token order inside a chunk) into
 // workspace partials, then over chunks in order: deterministic for any M.
 // bf16 stream-major rows at n = 3 and 5..16 run on the tensor cores instead
-// (post_mma.cu; PostOnTensorCores says where).
+// (post_mma.cu); the post plan (plans/post.h) says where.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -247,6 +247,11 @@ __global__ void post_bias_partial_kernel(DevSpec s, int64_t tokens,
   partial[chunk * s.C + c] = static_cast<float>(sum);
 }
 
+// The bias the kernels read: none without has_post_bias.
+const float* BiasOf(const LayerSpec& spec, const LayerWeights& weights) {
+  return spec.has_post_bias ? weights.bias : nullptr;
+}
+
 }  // namespace
 
 size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
@@ -254,17 +259,31 @@ size_t PostBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
   return AlignBytes(sizeof(float) * NumChunks(tokens) * spec.hidden);
 }
 
+PostPlan PlanOf(const PostForwardParams& p) {
+  PostAlignment a;
+  a.rows = LeastAlignment({p.f, p.x, p.x_next});
+  a.bias = AddressAlignment(BiasOf(*p.spec, p.weights));
+  return PlanPost(*p.spec, p.act_dtype, a);
+}
+
+PostPlan PlanOf(const PostBackwardParams& p) {
+  PostAlignment a;
+  a.rows = LeastAlignment({p.dx_next, p.f, p.x, p.df, p.dx});
+  a.bias = AddressAlignment(BiasOf(*p.spec, p.weights));
+  return PlanPost(*p.spec, p.act_dtype, a);
+}
+
 absl::Status LaunchPostForward(const PostForwardParams& p,
                                cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const float* bias = s.has_bias ? p.weights.bias : nullptr;
-  if (PostOnTensorCores(*p.spec, p.act_dtype, {p.f, p.x, p.x_next, bias})) {
+  const float* bias = BiasOf(*p.spec, p.weights);
+  const PostPlan plan = PlanOf(p);
+  if (plan.variant == PostVariant::kMma) {
     return LaunchPostForwardMma(p, stream);
   }
-  const RowAccess access =
-      ChooseRowAccess(*p.spec, p.act_dtype, p.f, p.x, p.x_next);
-  DispatchStreams(
-      p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const bool built = DispatchRows<RowKernel::kPost>(
+      p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
         post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                             decltype(rt)::value>
@@ -274,8 +293,8 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
                          static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
                          static_cast<T*>(p.x_next));
       });
-  MHC_CUDA_CHECK_LAUNCH("post forward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+  if (!built) return NoRowKernel("post forward", shape, plan.rows);
+  MHC_CUDA_CHECK_LAUNCH("post forward", shape);
   return absl::OkStatus();
 }
 
@@ -283,15 +302,13 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
-  const float* bias = s.has_bias ? p.weights.bias : nullptr;
-  if (PostOnTensorCores(*p.spec, p.act_dtype,
-                        {p.dx_next, p.f, p.x, p.df, p.dx, bias})) {
+  const float* bias = BiasOf(*p.spec, p.weights);
+  const PostPlan plan = PlanOf(p);
+  if (plan.variant == PostVariant::kMma) {
     MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
   } else {
-    const RowAccess access =
-        ChooseRowAccess(*p.spec, p.act_dtype, p.dx_next, p.f, p.x, p.df, p.dx);
-    DispatchStreams(
-        p.act_dtype, s.n, access, [&](auto tt, auto nt, auto vt, auto rt) {
+    const bool built = DispatchRows<RowKernel::kPost>(
+        p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
           using T = typename decltype(tt)::type;
           post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
                                decltype(rt)::value>
@@ -304,6 +321,7 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                               bias, static_cast<T*>(p.df),
                               static_cast<T*>(p.dx), p.dh_post, p.dh_res);
         });
+    if (!built) return NoRowKernel("post backward", shape, plan.rows);
     MHC_CUDA_CHECK_LAUNCH("post backward", shape);
   }
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();

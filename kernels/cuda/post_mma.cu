@@ -401,18 +401,6 @@ void DispatchPostMma(int n, F&& f) {
 
 }  // namespace
 
-bool PostOnTensorCores(const LayerSpec& spec, DType dtype,
-                       std::initializer_list<const void*> tensors) {
-  if (dtype != DType::kBF16 || spec.layout != Layout::kStreamMajor) {
-    return false;
-  }
-  if (spec.n <= 2 || spec.n == 4 || spec.hidden % 8 != 0) return false;
-  for (const void* p : tensors) {
-    if (p != nullptr && !Aligned16(p)) return false;
-  }
-  return true;
-}
-
 absl::Status LaunchPostForwardMma(const PostForwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);

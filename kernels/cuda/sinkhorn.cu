@@ -1,21 +1,21 @@
 // Sinkhorn-Knopp forward and exact reverse mode (LINEAR and LOG), fp32.
-// Determinism / batch invariance: LINEAR with n = 4, eps_sk >= FLT_MIN runs
-// one thread per token (sinkhorn4.cuh; T <= 20 for the reverse mode); other
-// LINEAR n in {2, 4, 8, 16} with T <= 20 run n / 2 lanes per token
-// (sinkhorn_lanes.cuh: shuffles stay inside the token's lanes, fixed
+// The Sinkhorn plan (plans/sinkhorn.h) picks the kernel: LINEAR with n = 4,
+// eps_sk >= FLT_MIN runs one thread per token (sinkhorn4.cuh; T <= 20 for
+// the reverse mode); other LINEAR n from 2 to 16 with T <= 20 run lanes per
+// token (sinkhorn_lanes.cuh: shuffles stay inside the token's lanes, fixed
 // orders); everything else runs one thread per token with the matrix in
 // registers (n = 4) or thread-local arrays and recomputes the forward from
-// in-thread checkpoints. The path depends on the spec alone, and the n = 4
-// kernels use the same per-token code whether their rows are read as
-// vectors or (unaligned pointers) as scalars, so a token's bits depend on
+// in-thread checkpoints.
+// Determinism / batch invariance: the path depends on the spec alone, and
+// the n = 4 kernels use the same per-token code whether their rows are read
+// as vectors or (unaligned pointers) as scalars, so a token's bits depend on
 // that token alone. Nothing per token beyond the outputs reaches global
 // memory.
-#include <cfloat>
-
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
 #include "mix.cuh"
+#include "plans/sinkhorn.h"
 #include "sinkhorn4.cuh"
 #include "sinkhorn_lanes.cuh"
 
@@ -288,28 +288,26 @@ __global__ void __launch_bounds__(kLaneThreads)
   StoreRows<N, L, kPadded>(dlogits, m, live, ext, a);
 }
 
-// Runs f with IntTag<N>, the lane count and BoolTag<kPadded> when the lane
-// kernels cover the spec (n from 2 to 16, in the block of 2, 4, 8 or 16
-// that holds it); false otherwise.
+// f(IntTag<N>, IntTag<L>, BoolTag<kPadded>) for the plan's block of the
+// lane kernels.
 template <typename F>
-bool DispatchLanes(const DevSpec& s, F&& f) {
-  if (s.log_mode || s.iterations > kLaneMaxIterations || s.iterations < 1 ||
-      s.n < 2 || s.n > 16) {
-    return false;
-  }
-  const bool padded = (s.n & (s.n - 1)) != 0;
-  DispatchBool(padded, [&](auto padded_tag) {
-    if (s.n <= 2) {
-      f(IntTag<2>{}, IntTag<1>{}, padded_tag);
-    } else if (s.n <= 4) {
-      f(IntTag<4>{}, IntTag<2>{}, padded_tag);
-    } else if (s.n <= 8) {
-      f(IntTag<8>{}, IntTag<4>{}, padded_tag);
-    } else {
-      f(IntTag<16>{}, IntTag<8>{}, padded_tag);
+void DispatchLanes(const SinkhornPlan& plan, F&& f) {
+  DispatchBool(plan.padded, [&](auto padded_tag) {
+    switch (plan.block) {
+      case 2:
+        f(IntTag<2>{}, IntTag<SinkhornLanesPerToken(2)>{}, padded_tag);
+        return;
+      case 4:
+        f(IntTag<4>{}, IntTag<SinkhornLanesPerToken(4)>{}, padded_tag);
+        return;
+      case 8:
+        f(IntTag<8>{}, IntTag<SinkhornLanesPerToken(8)>{}, padded_tag);
+        return;
+      case 16:
+        f(IntTag<16>{}, IntTag<SinkhornLanesPerToken(16)>{}, padded_tag);
+        return;
     }
   });
-  return true;
 }
 
 // One warp per 32 tokens.
@@ -323,12 +321,12 @@ unsigned LaneGrid(int64_t tokens, int lanes) {
   return GridSize((tokens * lanes + kLaneThreads - 1) / kLaneThreads);
 }
 
-// The lane kernels' reverse mode (with R when r is given); false where they
-// do not cover the spec.
-bool LaunchLanesBackward(const DevSpec& s, int64_t tokens, const float* logits,
+// The lane kernels' reverse mode (with R when r is given).
+void LaunchLanesBackward(const DevSpec& s, const SinkhornPlan& plan,
+                         int64_t tokens, const float* logits,
                          const float* dh_res, float* dlogits, float* r,
                          cudaStream_t stream) {
-  return DispatchLanes(s, [&](auto nt, auto lt, auto pt) {
+  DispatchLanes(plan, [&](auto nt, auto lt, auto pt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
     sinkhorn_lanes_backward_kernel<kN, kL, decltype(pt)::value>
         <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
@@ -378,36 +376,51 @@ __global__ void __launch_bounds__(kTokenThreads)
 
 }  // namespace
 
+SinkhornPlan PlanOf(const SinkhornForwardParams& p) {
+  return PlanSinkhornForward(*p.spec, LeastAlignment({p.logits, p.h_res}));
+}
+
+SinkhornPlan PlanOf(const SinkhornBackwardParams& p) {
+  return PlanSinkhornBackward(*p.spec,
+                              LeastAlignment({p.logits, p.dh_res, p.dlogits}));
+}
+
 absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
                                    cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
-  if (sk4::Applies(s, /*backward=*/false)) {
-    const unsigned grid = Sk4Grid(p.tokens, kSk4Threads);
-    if (Aligned16(p.logits) && Aligned16(p.h_res)) {
-      sinkhorn4_forward_kernel<true><<<grid, kSk4Threads, 0, stream>>>(
-          s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
-    } else {
-      sinkhorn4_forward_kernel<false><<<grid, kSk4Threads, 0, stream>>>(
-          s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+  const SinkhornPlan plan = PlanOf(p);
+  switch (plan.variant) {
+    case SinkhornVariant::kN4: {
+      const unsigned grid = Sk4Grid(p.tokens, kSk4Threads);
+      if (plan.vector_rows) {
+        sinkhorn4_forward_kernel<true><<<grid, kSk4Threads, 0, stream>>>(
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+      } else {
+        sinkhorn4_forward_kernel<false><<<grid, kSk4Threads, 0, stream>>>(
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+      }
+      break;
     }
-    MHC_CUDA_CHECK_LAUNCH("sinkhorn forward",
-                          ShapeString(*p.spec, p.tokens, DType::kF32));
-    return absl::OkStatus();
+    case SinkhornVariant::kLanes:
+      DispatchLanes(plan, [&](auto nt, auto lt, auto pt) {
+        constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
+        sinkhorn_lanes_forward_kernel<kN, kL, decltype(pt)::value>
+            <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
+                s.n, s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+      });
+      break;
+    case SinkhornVariant::kThread: {
+      const unsigned grid =
+          GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
+      DispatchMix(plan.streams, [&](auto nt) {
+        sinkhorn_forward_kernel<decltype(nt)::value>
+            <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits,
+                                                 p.h_res);
+      });
+      break;
+    }
   }
-  const bool lanes = DispatchLanes(s, [&](auto nt, auto lt, auto pt) {
-    constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_forward_kernel<kN, kL, decltype(pt)::value>
-        <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
-            s.n, s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
-  });
-  const unsigned grid =
-      GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
-  if (!lanes)
-    DispatchMix(s.n, [&](auto nt) {
-      sinkhorn_forward_kernel<decltype(nt)::value>
-          <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits, p.h_res);
-    });
   MHC_CUDA_CHECK_LAUNCH("sinkhorn forward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
@@ -417,36 +430,37 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
-  if (sk4::Applies(s, /*backward=*/true)) {
-    const unsigned grid = Sk4Grid(p.tokens, kSk4BwdThreads);
-    if (Aligned16(p.logits) && Aligned16(p.dh_res) && Aligned16(p.dlogits)) {
-      sinkhorn4_backward_kernel<true><<<grid, kSk4BwdThreads, 0, stream>>>(
-          s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
-    } else {
-      sinkhorn4_backward_kernel<false><<<grid, kSk4BwdThreads, 0, stream>>>(
-          s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+  const SinkhornPlan plan = PlanOf(p);
+  switch (plan.variant) {
+    case SinkhornVariant::kN4: {
+      const unsigned grid = Sk4Grid(p.tokens, kSk4BwdThreads);
+      if (plan.vector_rows) {
+        sinkhorn4_backward_kernel<true><<<grid, kSk4BwdThreads, 0, stream>>>(
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+      } else {
+        sinkhorn4_backward_kernel<false><<<grid, kSk4BwdThreads, 0, stream>>>(
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+      }
+      break;
     }
-    MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
-                          ShapeString(*p.spec, p.tokens, DType::kF32));
-    return absl::OkStatus();
+    case SinkhornVariant::kLanes:
+      LaunchLanesBackward(s, plan, p.tokens, p.logits, p.dh_res, p.dlogits,
+                          /*r=*/nullptr, stream);
+      break;
+    case SinkhornVariant::kThread: {
+      const unsigned grid =
+          GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
+      DispatchMix(plan.streams, [&](auto nt) {
+        sinkhorn_backward_kernel<decltype(nt)::value>
+            <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits,
+                                                 p.dh_res, p.dlogits);
+      });
+      break;
+    }
   }
-  const bool lanes = LaunchLanesBackward(s, p.tokens, p.logits, p.dh_res,
-                                         p.dlogits, /*r=*/nullptr, stream);
-  const unsigned grid =
-      GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
-  if (!lanes)
-    DispatchMix(s.n, [&](auto nt) {
-      sinkhorn_backward_kernel<decltype(nt)::value>
-          <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits, p.dh_res,
-                                               p.dlogits);
-    });
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
-}
-
-bool SinkhornLanesCover(const LayerSpec& spec) {
-  return DispatchLanes(MakeDevSpec(spec), [](auto, auto, auto) {});
 }
 
 absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
@@ -455,12 +469,15 @@ absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
                                          float* r, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   if (tokens == 0) return absl::OkStatus();
-  if (!LaunchLanesBackward(s, tokens, logits, dh_res, dlogits, r, stream)) {
-    return absl::InternalError(
-        absl::StrCat("cuda sinkhorn backward (lanes) ",
-                     ShapeString(spec, tokens, DType::kF32),
-                     ": the lane kernels do not cover this spec"));
+  const SinkhornPlan plan =
+      PlanSinkhornBackward(spec, LeastAlignment({logits, dh_res, dlogits}));
+  if (plan.variant != SinkhornVariant::kLanes) {
+    return absl::InternalError(absl::StrCat(
+        "cuda sinkhorn backward (lanes) ",
+        ShapeString(spec, tokens, DType::kF32), ": the Sinkhorn plan picks ",
+        ToString(plan.variant), " for this layer, not the lane kernels"));
   }
+  LaunchLanesBackward(s, plan, tokens, logits, dh_res, dlogits, r, stream);
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward (lanes)",
                         ShapeString(spec, tokens, DType::kF32));
   return absl::OkStatus();

@@ -6,7 +6,7 @@
 // no shuffles and computes every row / column denominator once (lanes that
 // split a token each recompute all column reciprocals); every sum is a
 // two-level tree (a + b) + (c + d) so the chain per step is short. What is
-// inverted is a denominator (>= eps_sk >= FLT_MIN on this path: the launcher
+// inverted is a denominator (>= eps_sk >= FLT_MIN on this path: the plan
 // checks) or an inverse scale (a denominator over the previous scale, see
 // Forward), a positive normal either way, so one rcp.approx.ftz (<= 1 ulp, a
 // single MUFU op) replaces the division: the subnormal fix-up of the non-ftz
@@ -30,15 +30,15 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "plans/sinkhorn.h"
 #include "sinkhorn_lanes.cuh"
 
 namespace mhc::cuda::sk4 {
 
-// n = 4 LINEAR with denominators that stay normal (eps_sk >= FLT_MIN); the
-// reverse mode keeps at most kLaneMaxIterations steps.
+// The Sinkhorn plan's n4 row (plans/sinkhorn.h), which the fused mixing
+// kernels test on the device.
 __host__ __device__ inline bool Applies(const DevSpec& s, bool backward) {
-  return s.n == 4 && !s.log_mode && s.iterations >= 1 && s.eps_sk >= FLT_MIN &&
-         (!backward || s.iterations <= kLaneMaxIterations);
+  return SinkhornN4Applies(s, backward);
 }
 
 // The denominators of every step of a thread's token in shared memory,

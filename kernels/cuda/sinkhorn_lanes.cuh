@@ -29,12 +29,12 @@
 
 #include "common.cuh"
 #include "mix.cuh"
+#include "plans/sinkhorn.h"
 
 namespace mhc::cuda {
 
-// Iterations whose denominators the lane kernels keep; longer runs take the
-// one-thread-per-token path.
-inline constexpr int kLaneMaxIterations = 20;
+// kLaneMaxIterations (plans/sinkhorn.h): the iterations whose denominators
+// the lane kernels keep; the plan sends longer runs to the one-thread path.
 
 template <int N, int L, bool kPadded = false>
 struct SinkhornLanes {

@@ -1,14 +1,15 @@
 // The projection plan's tables on the device: for every row, the row's
 // example launch reaches that row's variant (the plan with the tensors'
 // real alignment, and the variant the CUDA backend reports for the
-// launch), and its results match the float64 reference. Skips without a
-// GPU.
+// launch), and its results match the float64 reference. The other
+// families' tables: cuda_dispatch_families_test.cc. Skips without a GPU.
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_cases.h"
 #include "cuda/cuda_harness.h"
+#include "cuda/cuda_placed.h"
 #include "gtest/gtest.h"
 #include "projection/plan.h"
 
@@ -25,23 +26,6 @@ std::string RowName(size_t i, const PlanExample& e, absl::string_view variant) {
                       "): ", CaseName(e.Spec(), kTokens, e.dtype));
 }
 
-// Activations x [M, K] starting `alignment` bytes past a 16-byte boundary
-// (none for 16), on both backends.
-struct OffsetAct {
-  Pair data;
-  size_t offset = 0;
-  const void* ptr(int b) {
-    return static_cast<const char*>(data.ptr(b)) + offset;
-  }
-};
-OffsetAct MakeX(Harness& h, DType dtype, int64_t count, int alignment) {
-  OffsetAct x;
-  x.offset = alignment % 16;
-  const int64_t pad = 16 / static_cast<int64_t>(DTypeSize(dtype));
-  x.data = h.Act(dtype, count + pad, FreshSeed());
-  return x;
-}
-
 TEST(CudaDispatchTest, EveryForwardRowRunsItsVariant) {
   MHC_SKIP_WITHOUT_GPU();
   const auto& rows = cuda::ProjectionForwardRows();
@@ -52,7 +36,7 @@ TEST(CudaDispatchTest, EveryForwardRowRunsItsVariant) {
     SCOPED_TRACE(RowName(i, e, want));
     const int64_t M = kTokens, K = spec.K(), N = spec.NumLogits();
     Harness h;
-    OffsetAct x = MakeX(h, e.dtype, M * K, e.x_alignment);
+    Placed x = PlaceAct(h, e.dtype, M * K, e.x_alignment);
     const float scale = 1.0f / std::sqrt(static_cast<float>(K));
     Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
     Pair gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
@@ -79,7 +63,7 @@ TEST(CudaDispatchTest, EveryForwardRowRunsItsVariant) {
         cuda::PlanProjectionForward(spec, e.dtype, M, alignment);
     EXPECT_EQ(plan.row, static_cast<int>(i));
     EXPECT_EQ(cuda::ToString(plan.variant), want);
-    EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
+    EXPECT_EQ(h.cuda().KernelVariant(p[1]), want);
     if (!spec.dynamic) {
       // No projection to run: the backend refuses the launch.
       EXPECT_FALSE(h.cuda().ProjectionForward(p[1], Workspace{}).ok());
@@ -105,7 +89,7 @@ void CheckProjectionBackward(const PlanExample& e, const std::string& want,
   const int64_t M = kTokens, K = spec.K(), N = spec.NumLogits();
   const size_t es = DTypeSize(e.dtype);
   Harness h;
-  OffsetAct x = MakeX(h, e.dtype, M * K, e.x_alignment);
+  Placed x = PlaceAct(h, e.dtype, M * K, e.x_alignment);
   const float scale = 1.0f / std::sqrt(static_cast<float>(K));
   Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
   Pair dh = h.Floats(M * N, FreshSeed());
@@ -136,7 +120,7 @@ void CheckProjectionBackward(const PlanExample& e, const std::string& want,
       cuda::PlanProjectionBackward(spec, e.dtype, M, alignment, e.terms);
   EXPECT_EQ(plan.row, row);
   EXPECT_EQ(cuda::ToString(plan.variant), want);
-  EXPECT_EQ(h.cuda().ProjectionVariant(p[1]), want);
+  EXPECT_EQ(h.cuda().KernelVariant(p[1]), want);
   for (int b = 0; b < 2; ++b) {
     Workspace ws = h.Scratch(b, OpKind::kProjectionBackward, spec, M, e.dtype);
     const absl::Status status = h.backend(b).ProjectionBackward(p[b], ws);
@@ -162,7 +146,7 @@ void CheckStaticPreBackward(const PlanExample& e, const std::string& want,
   const int64_t N = spec.NumLogits();
   const size_t es = DTypeSize(e.dtype);
   Harness h;
-  OffsetAct x = MakeX(h, e.dtype, M * K, e.x_alignment);
+  Placed x = PlaceAct(h, e.dtype, M * K, e.x_alignment);
   Pair beta = h.Floats(N, FreshSeed());
   Pair dy = h.Act(e.dtype, M * C, FreshSeed());
   Pair dhq = h.Floats(M * n, FreshSeed());

@@ -5,7 +5,8 @@
 // token's mixing values reach its CTA through CtaValues and the channel
 // loop runs through ForEachChannelStep.
 //
-// Three modes, picked per launch by ChooseRowAccess (dispatch.cuh):
+// Three modes, picked per launch by the row access plan
+// (plans/row_access.h):
 //  - element (V == 1): any n, C, layout and alignment;
 //  - vector (V > 1): channels [c, c + V) with one 8- or 16-byte access per
 //    stream, for rows that start on a vector boundary (C % V == 0, aligned

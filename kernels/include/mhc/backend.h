@@ -172,14 +172,30 @@ class Backend {
   virtual size_t WorkspaceBytes(OpKind op, const LayerSpec& spec,
                                 int64_t tokens, DType act_dtype) const = 0;
 
-  // The kernel variant a projection launch with these params takes: a name
-  // from a small fixed set (docs/kernels.md), the `variant` label of the
-  // kernel metrics; kDefaultVariant where the backend has one kernel.
+  // The kernel variant a launch with these params takes: a name from a
+  // small fixed set per op (docs/kernels.md), the `variant` label of the
+  // kernel metrics; kDefaultVariant where the backend has one kernel (the
+  // scale ops have one everywhere).
   static constexpr absl::string_view kDefaultVariant = "default";
-  virtual absl::string_view ProjectionVariant(
+  virtual absl::string_view KernelVariant(
       const ProjectionForwardParams& p) const;
-  virtual absl::string_view ProjectionVariant(
+  virtual absl::string_view KernelVariant(
       const ProjectionBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const SinkhornForwardParams& p) const;
+  virtual absl::string_view KernelVariant(
+      const SinkhornBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(
+      const AggregateForwardParams& p) const;
+  virtual absl::string_view KernelVariant(
+      const AggregateBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const PostForwardParams& p) const;
+  virtual absl::string_view KernelVariant(const PostBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const ExpandForwardParams& p) const;
+  virtual absl::string_view KernelVariant(const ExpandBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const PreForwardParams& p) const;
+  virtual absl::string_view KernelVariant(const PreBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const HeadForwardParams& p) const;
+  virtual absl::string_view KernelVariant(const HeadBackwardParams& p) const;
 
   absl::Status ProjectionForward(const ProjectionForwardParams& p,
                                  Workspace ws);
