@@ -135,12 +135,21 @@ def warm_up(fn, device, warmup, steps, budget_s):
 
 
 def time_ms(fn, device, steps):
+    return time_wall_and_host(fn, device, steps)[0]
+
+
+def time_wall_and_host(fn, device, steps):
+    """(ms per step, host ms per step): the wall time with the device
+    drained, and the time the host took to issue the steps. Equal when the
+    host, not the device, bounds the step."""
     sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         fn()
+    issued = time.perf_counter()
     sync(device)
-    return (time.perf_counter() - t0) * 1e3 / steps
+    return ((time.perf_counter() - t0) * 1e3 / steps,
+            (issued - t0) * 1e3 / steps)
 
 
 def oom_error():
@@ -294,8 +303,8 @@ def daemon_times(layer, x, g, device, args):
     for key, fn in (("fwd", fwd), ("step", step)):
         steps = warm_up(fn, device, args.warmup, args.steps, args.budget_s)
         before = settled_scrape(args.metrics) if args.metrics else None
-        ms = time_ms(fn, device, steps)
-        out[key] = {"ms": ms, "steps": steps}
+        ms, host_ms = time_wall_and_host(fn, device, steps)
+        out[key] = {"ms": ms, "host_ms": host_ms, "steps": steps}
         if before is not None:
             out[key].update(delta(before, settled_scrape(args.metrics), steps))
     x.grad = None
@@ -346,7 +355,7 @@ def bench_row(clients, cfg, n, transport, x, g, eager, args, device, dtype):
         x.grad = None
     fwd, step = r["fwd"], r["step"]
     rec.update(fwd_ms=round(fwd["ms"], 3), step_ms=round(step["ms"], 3),
-               steps=step["steps"])
+               step_host_ms=round(step["host_ms"], 3), steps=step["steps"])
     if "kernel_ms" in step:
         rec.update(
             kernel_fwd_ms=round(fwd["kernel_ms"], 3),
