@@ -235,6 +235,25 @@ inline ProjectionBackwardParams ProjectionBackwardOf(const LayerSpec& spec,
   return p;
 }
 
+inline ScaleForwardParams ScaleForwardOf(const LayerSpec& spec, int64_t M,
+                                         const Tensors& t) {
+  ScaleForwardParams p;
+  p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+  p.weights = t.Weights(), p.h_pre = t.f(kHPre), p.h_post = t.f(kHPost);
+  p.logits = t.f(kLogits);
+  return p;
+}
+inline ScaleBackwardParams ScaleBackwardOf(const LayerSpec& spec, int64_t M,
+                                           const Tensors& t) {
+  ScaleBackwardParams p;
+  p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
+  p.weights = t.Weights(), p.dh_pre = t.f(kDhPre);
+  p.dh_post = t.f(kDhPost), p.dlogits = t.f(kDlogits), p.dh = t.f(kDh);
+  p.dmean_square = t.f(kDms), p.grads.alpha = t.f(kGAlpha);
+  p.grads.beta = t.f(kGBeta);
+  return p;
+}
+
 inline SinkhornForwardParams SinkhornForwardOf(const LayerSpec& spec, int64_t M,
                                                const Tensors& t) {
   SinkhornForwardParams p;
@@ -305,8 +324,8 @@ inline HeadBackwardParams HeadBackwardOf(const LayerSpec& head, int64_t M,
 }
 
 // The kernel variant case `c` runs on `be` (Backend::KernelVariant: the
-// op's plan on CUDA); Backend::kDefaultVariant for the scale ops and the
-// layer cases, which run several ops.
+// op's plan on CUDA); Backend::kDefaultVariant for the layer cases, which
+// run several ops.
 inline absl::string_view CaseVariant(int c, const Backend& be,
                                      const LayerSpec& spec,
                                      const LayerSpec& head, const Tensors& t,
@@ -316,6 +335,10 @@ inline absl::string_view CaseVariant(int c, const Backend& be,
       return be.KernelVariant(ProjectionForwardOf(spec, M, t));
     case kProjBwd:
       return be.KernelVariant(ProjectionBackwardOf(spec, M, t));
+    case kScaleFwd:
+      return be.KernelVariant(ScaleForwardOf(spec, M, t));
+    case kScaleBwd:
+      return be.KernelVariant(ScaleBackwardOf(spec, M, t));
     case kSinkFwd:
       return be.KernelVariant(SinkhornForwardOf(spec, M, t));
     case kSinkBwd:
@@ -355,22 +378,10 @@ inline absl::Status RunCase(int c, Backend& be, const LayerSpec& spec,
       return be.ProjectionForward(ProjectionForwardOf(spec, M, t), t.ws);
     case kProjBwd:
       return be.ProjectionBackward(ProjectionBackwardOf(spec, M, t), t.ws);
-    case kScaleFwd: {
-      ScaleForwardParams p;
-      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
-      p.weights = t.Weights(), p.h_pre = t.f(kHPre), p.h_post = t.f(kHPost);
-      p.logits = t.f(kLogits);
-      return be.ScaleForward(p, t.ws);
-    }
-    case kScaleBwd: {
-      ScaleBackwardParams p;
-      p.spec = &spec, p.tokens = M, p.h = t.f(kH), p.mean_square = t.f(kMs);
-      p.weights = t.Weights(), p.dh_pre = t.f(kDhPre);
-      p.dh_post = t.f(kDhPost), p.dlogits = t.f(kDlogits), p.dh = t.f(kDh);
-      p.dmean_square = t.f(kDms), p.grads.alpha = t.f(kGAlpha);
-      p.grads.beta = t.f(kGBeta);
-      return be.ScaleBackward(p, t.ws);
-    }
+    case kScaleFwd:
+      return be.ScaleForward(ScaleForwardOf(spec, M, t), t.ws);
+    case kScaleBwd:
+      return be.ScaleBackward(ScaleBackwardOf(spec, M, t), t.ws);
     case kSinkFwd:
       return be.SinkhornForward(SinkhornForwardOf(spec, M, t), t.ws);
     case kSinkBwd:

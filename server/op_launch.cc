@@ -311,8 +311,9 @@ absl::string_view KernelVariant(const Backend& b, OpKind kind,
     case OpKind::kProjectionBackward:
       return b.KernelVariant(ProjectionBackwardParamsOf(op));
     case OpKind::kScaleForward:
+      return b.KernelVariant(ScaleParamsOf(op));
     case OpKind::kScaleBackward:
-      return Backend::kDefaultVariant;
+      return b.KernelVariant(ScaleBackwardParamsOf(op));
     case OpKind::kSinkhornForward:
       return b.KernelVariant(SinkhornParamsOf(op));
     case OpKind::kSinkhornBackward:

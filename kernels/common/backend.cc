@@ -56,6 +56,14 @@ absl::string_view Backend::KernelVariant(
   return kDefaultVariant;
 }
 
+absl::string_view Backend::KernelVariant(const ScaleForwardParams&) const {
+  return kDefaultVariant;
+}
+
+absl::string_view Backend::KernelVariant(const ScaleBackwardParams&) const {
+  return kDefaultVariant;
+}
+
 absl::string_view Backend::KernelVariant(const SinkhornForwardParams&) const {
   return kDefaultVariant;
 }

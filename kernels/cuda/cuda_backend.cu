@@ -326,6 +326,16 @@ absl::string_view CudaBackend::KernelVariant(
 }
 
 absl::string_view CudaBackend::KernelVariant(
+    const ScaleForwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
+    const ScaleBackwardParams& p) const {
+  return ToString(PlanOf(p).variant);
+}
+
+absl::string_view CudaBackend::KernelVariant(
     const SinkhornForwardParams& p) const {
   return ToString(PlanOf(p).variant);
 }

@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
       const ProjectionForwardParams& p) const override;
   absl::string_view KernelVariant(
       const ProjectionBackwardParams& p) const override;
+  absl::string_view KernelVariant(const ScaleForwardParams& p) const override;
+  absl::string_view KernelVariant(const ScaleBackwardParams& p) const override;
   absl::string_view KernelVariant(
       const SinkhornForwardParams& p) const override;
   absl::string_view KernelVariant(

@@ -23,6 +23,7 @@
 #include "plans/fused.h"
 #include "plans/post.h"
 #include "plans/row_access.h"
+#include "plans/scale.h"
 #include "plans/sinkhorn.h"
 #include "projection/geometry.h"
 #include "projection/plan.h"
@@ -51,6 +52,8 @@ size_t FusedBackwardWorkspace(const LayerSpec& spec, int64_t tokens,
 // the layer (PlanFusedForward / Backward).
 ProjectionForwardPlan PlanOf(const ProjectionForwardParams& p);
 ProjectionBackwardPlan PlanOf(const ProjectionBackwardParams& p);
+ScalePlan PlanOf(const ScaleForwardParams& p);
+ScalePlan PlanOf(const ScaleBackwardParams& p);
 SinkhornPlan PlanOf(const SinkhornForwardParams& p);
 SinkhornPlan PlanOf(const SinkhornBackwardParams& p);
 RowAccessPlan PlanOf(const AggregateForwardParams& p);

@@ -19,7 +19,8 @@
 // dbeta rows in token order into a partial row, and the last block to finish
 // (an integer arrival counter, reset by that block) adds the partial rows in
 // block order. Unaligned pointers take the same code with scalar accesses,
-// so alignment never changes a bit.
+// so alignment never changes a bit. The scale plan (plans/scale.h) says
+// which kernel runs.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -559,11 +560,16 @@ __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
   }
 }
 
-// The n = 4 kernels cover every n = 4 spec; the vector form needs every
-// row they touch 16-byte aligned.
-bool UseScale4(const DevSpec& s) { return s.n == 4; }
-
 }  // namespace
+
+ScalePlan PlanOf(const ScaleForwardParams& p) {
+  return PlanScale(*p.spec, LeastAlignment({p.h, p.h_pre, p.h_post, p.logits}));
+}
+
+ScalePlan PlanOf(const ScaleBackwardParams& p) {
+  return PlanScale(*p.spec,
+                   LeastAlignment({p.h, p.dh, p.dh_pre, p.dh_post, p.dlogits}));
+}
 
 absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
                              int split, float* partial, float* out_a,
@@ -594,7 +600,9 @@ absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
 
 size_t ScaleBackwardWorkspace(const LayerSpec& spec, int64_t tokens) {
   const int64_t width = spec.NumLogits() + spec.NumAlpha();
-  if (spec.n == 4) {  // one partial row per kScaleTile tokens
+  // The workspace is the same at every alignment.
+  if (PlanScale(spec, 16).variant != ScaleVariant::kThread) {
+    // One partial row per kScaleTile tokens.
     return AlignBytes(sizeof(float) * ((tokens + kScaleTile - 1) / kScaleTile) *
                       width);
   }
@@ -609,18 +617,17 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
   const DevSpec s = MakeDevSpec(*p.spec);
   // The n = 4 kernels never get a repair: SplitMix layers have n != 4.
   const ScaleRepair fix = repair != nullptr ? *repair : ScaleRepair{};
-  if (UseScale4(s)) {
-    const bool vec = Aligned16(p.h) && Aligned16(p.h_pre) &&
-                     Aligned16(p.h_post) && Aligned16(p.logits);
-    const int quarters = s.head ? 1 : 6;
-    const unsigned grid =
-        GridSize((p.tokens * quarters + kScale4Threads - 1) / kScale4Threads);
+  const ScalePlan plan = PlanOf(p);
+  if (plan.variant != ScaleVariant::kThread) {
+    const bool vec = plan.variant == ScaleVariant::kN4Vector;
+    const unsigned grid = GridSize(
+        (p.tokens * plan.quarters + kScale4Threads - 1) / kScale4Threads);
     auto launch = [&](auto kernel) {
       kernel<<<grid, kScale4Threads, 0, stream>>>(
           s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
           p.h_pre, p.h_post, p.logits);
     };
-    if (s.head) {
+    if (plan.quarters == 1) {
       vec ? launch(scale4_forward_kernel<1, true>)
           : launch(scale4_forward_kernel<1, false>);
     } else {
@@ -655,20 +662,19 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   const int width = s.N + s.num_alpha;
   if (p.tokens == 0) return absl::OkStatus();
   float* grad_alpha = s.dynamic ? p.grads.alpha : nullptr;
-  if (UseScale4(s)) {
+  const ScalePlan plan = PlanOf(p);
+  if (plan.variant != ScaleVariant::kThread) {
     const bool grads = p.grads.beta != nullptr || grad_alpha != nullptr;
     float* partial = grads ? static_cast<float*>(ws.data) : nullptr;
-    const bool vec = Aligned16(p.h) && Aligned16(p.dh) && Aligned16(p.dh_pre) &&
-                     Aligned16(p.dh_post) && Aligned16(p.dlogits);
-    const int quarters = s.head ? 1 : 6;
+    const bool vec = plan.variant == ScaleVariant::kN4Vector;
     const unsigned grid = GridSize((p.tokens + kScaleTile - 1) / kScaleTile);
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kScaleTile * quarters, 0, stream>>>(
+      kernel<<<grid, kScaleTile * plan.quarters, 0, stream>>>(
           s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
           p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, partial,
           arrivals, p.grads.beta, grad_alpha);
     };
-    if (s.head) {
+    if (plan.quarters == 1) {
       vec ? launch(scale4_backward_kernel<1, true>)
           : launch(scale4_backward_kernel<1, false>);
     } else {

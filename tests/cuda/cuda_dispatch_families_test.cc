@@ -1,9 +1,10 @@
 // The kernel plans of the op families besides the projection on the device
-// (kernels/cuda/plans/): for every row of the Sinkhorn, row access, post
-// and fused tables, the row's example launch, its tensors placed at the
+// (kernels/cuda/plans/): for every row of the scale, Sinkhorn, row access,
+// post and fused tables, the row's example launch, its tensors placed at the
 // row's alignment, reaches that row's variant (the plan with the tensors'
 // real alignment, and the variant the CUDA backend reports), and its
 // results match the float64 reference. Skips without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "plans/fused.h"
 #include "plans/post.h"
 #include "plans/row_access.h"
+#include "plans/scale.h"
 #include "plans/sinkhorn.h"
 
 namespace mhc::testing {
@@ -44,6 +46,107 @@ void RunBoth(Harness& h, Params (&p)[2], OpKind op, const LayerSpec& spec,
     ASSERT_TRUE(st.ok()) << (b ? "cuda: " : "ref: ") << st;
   }
   ASSERT_TRUE(h.cuda().Synchronize().ok());
+}
+
+// ---- Scale: both directions of every row, for the row's mHC layer and
+// its HEAD layer (the n = 4 kernels' 6 and 1 quarters per token).
+
+TEST(CudaDispatchTest, EveryScaleRowRunsItsVariant) {
+  MHC_SKIP_WITHOUT_GPU();
+  const auto& rows = cuda::ScaleRows();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LayerExample& e = rows[i].example;
+    const std::string want(cuda::ToString(rows[i].variant));
+    for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+      LayerSpec spec = e.Spec();
+      spec.kind = kind;
+      const bool mhc = kind == LayerKind::kMhc;
+      SCOPED_TRACE(absl::StrCat(RowName(i, e, want), mhc ? "" : " HEAD"));
+      const int64_t M = kTokens, N = spec.NumLogits(), n = spec.n;
+      const int64_t A = spec.NumAlpha();
+      Harness h;
+      Placed sh = PlaceFloats(h, M * N, e.alignment);
+      Pair sms = h.Floats(M, FreshSeed(), 0.25f, 2.0f);
+      Pair alpha = h.Floats(A, FreshSeed(), 0.5f, 1.5f);
+      Pair beta = h.Floats(N, FreshSeed());
+      Placed hp = PlaceOutput(h, M * n * 4, e.alignment);
+      Placed hq = PlaceOutput(h, M * n * 4, e.alignment);
+      Placed lg = PlaceOutput(h, M * n * n * 4, e.alignment);
+      Placed dhp = PlaceFloats(h, M * n, e.alignment);
+      Placed dhq = PlaceFloats(h, M * n, e.alignment);
+      Placed dlg = PlaceFloats(h, M * n * n, e.alignment);
+      Placed dh = PlaceOutput(h, M * N * 4, e.alignment);
+      Pair dms = h.Output(M * 4);
+      const std::vector<float> init = RandomFloats(N + A, 5);
+      Pair galpha = h.Input(init.data(), A * 4);
+      Pair gbeta = h.Input(init.data() + A, N * 4);
+      ScaleForwardParams f[2];
+      ScaleBackwardParams g[2];
+      for (int b = 0; b < 2; ++b) {
+        f[b].spec = g[b].spec = &spec;
+        f[b].tokens = g[b].tokens = M;
+        f[b].h = g[b].h = sh.f(b);
+        f[b].mean_square = g[b].mean_square = sms.f(b);
+        f[b].weights.alpha = g[b].weights.alpha = alpha.f(b);
+        f[b].weights.beta = g[b].weights.beta = beta.f(b);
+        f[b].h_pre = hp.f(b);
+        f[b].h_post = mhc ? hq.f(b) : nullptr;
+        f[b].logits = mhc ? lg.f(b) : nullptr;
+        g[b].dh_pre = dhp.f(b);
+        g[b].dh_post = mhc ? dhq.f(b) : nullptr;
+        g[b].dlogits = mhc ? dlg.f(b) : nullptr;
+        g[b].dh = dh.f(b);
+        g[b].dmean_square = dms.f(b);
+        g[b].grads.alpha = galpha.f(b);
+        g[b].grads.beta = gbeta.f(b);
+      }
+      const int forward_alignment =
+          LeastAlignment({f[1].h, f[1].h_pre, f[1].h_post, f[1].logits});
+      const int backward_alignment = LeastAlignment(
+          {g[1].h, g[1].dh, g[1].dh_pre, g[1].dh_post, g[1].dlogits});
+      EXPECT_EQ(forward_alignment, e.alignment);
+      EXPECT_EQ(backward_alignment, e.alignment);
+      const cuda::ScalePlan fp = cuda::PlanScale(spec, forward_alignment);
+      const cuda::ScalePlan bp = cuda::PlanScale(spec, backward_alignment);
+      EXPECT_EQ(fp.row, static_cast<int>(i));
+      EXPECT_EQ(bp.row, static_cast<int>(i));
+      if (rows[i].variant != cuda::ScaleVariant::kThread) {
+        EXPECT_EQ(fp.quarters, mhc ? 6 : 1);
+      }
+      EXPECT_EQ(h.cuda().KernelVariant(f[1]), want);
+      EXPECT_EQ(h.cuda().KernelVariant(g[1]), want);
+      RunBoth(h, f, OpKind::kScaleForward, spec, DType::kF32,
+              [](Backend& be, const ScaleForwardParams& p, Workspace ws) {
+                return be.ScaleForward(p, ws);
+              });
+      RunBoth(h, g, OpKind::kScaleBackward, spec, DType::kF32,
+              [](Backend& be, const ScaleBackwardParams& p, Workspace ws) {
+                return be.ScaleBackward(p, ws);
+              });
+      ExpectPlacedClose(h, hp, DType::kF32, M * n, 1e-5, false, "h_pre");
+      if (mhc) {
+        ExpectPlacedClose(h, hq, DType::kF32, M * n, 1e-5, false, "h_post");
+        ExpectPlacedClose(h, lg, DType::kF32, M * n * n, 1e-5, false, "logits");
+      }
+      ExpectPlacedClose(h, dh, DType::kF32, M * N, 1e-5, false, "dh");
+      // dms sums N terms that can cancel far below them: held against the
+      // terms, ~ sum_g |dh_g h_g| / 2 ms (as the ops test).
+      double dms_floor = 0.0;
+      for (int64_t t = 0; t < M; ++t) {
+        double terms = 0.0;
+        for (int64_t k = 0; k < N; ++k) {
+          terms += std::fabs(double{dh.f(0)[t * N + k]} * sh.f(0)[t * N + k]);
+        }
+        dms_floor = std::max(dms_floor, terms / (2.0 * sms.f(0)[t]));
+      }
+      ExpectCloseWithFloor(h, dms, M, dms_floor, BackwardTol(DType::kF32),
+                           "dms");
+      ExpectAccumulated(h, galpha, init.data(), A, BackwardTol(DType::kF32),
+                        "dalpha");
+      ExpectAccumulated(h, gbeta, init.data() + A, N, BackwardTol(DType::kF32),
+                        "dbeta");
+    }
+  }
 }
 
 // ---- Sinkhorn: both directions of every row.

@@ -1,9 +1,11 @@
-// The kernel plans of the op families besides the projection (Sinkhorn, row
-// access, post, fused) on the host: every row's example reaches its row,
-// every variant has a row, no plan reads M, and a grid of layers, dtypes and
-// alignments takes the kernels the launchers' inline choices took before
-// the plans existed (transcribed below). No GPU needed.
+// The kernel plans of the op families besides the projection (scale,
+// Sinkhorn, row access, post, fused) on the host: every row's example reaches
+// its row, every variant has a row, no plan reads M, and a grid of layers,
+// dtypes and alignments takes the kernels the launchers' inline choices took
+// before the plans existed (transcribed below). No GPU needed.
 #include <cfloat>
+#include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -14,6 +16,7 @@
 #include "plans/fused.h"
 #include "plans/post.h"
 #include "plans/row_access.h"
+#include "plans/scale.h"
 #include "plans/sinkhorn.h"
 #include "projection/plan.h"
 
@@ -23,6 +26,8 @@ namespace {
 // Batch invariance: a variant may depend on the layer, the dtype and the
 // alignment, never on M. These plans take no token count at all; a change
 // that gives them one has to face this test.
+static_assert(
+    std::is_same_v<decltype(&PlanScale), ScalePlan (*)(const LayerSpec&, int)>);
 static_assert(std::is_same_v<decltype(&PlanSinkhornForward),
                              SinkhornPlan (*)(const LayerSpec&, int)>);
 static_assert(std::is_same_v<decltype(&PlanSinkhornBackward),
@@ -65,6 +70,18 @@ std::string Describe(const LayerSpec& s, DType dtype, int alignment) {
 }
 
 // ---- Every row reachable, every variant a row.
+
+TEST(KernelPlans, EveryScaleRowReachesItsVariant) {
+  const auto& rows = ScaleRows();
+  ASSERT_EQ(rows.size(), size_t{kNumScaleVariants});
+  EXPECT_EQ(VariantNames(rows).size(), size_t{kNumScaleVariants});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LayerExample& e = rows[i].example;
+    const ScalePlan plan = PlanScale(e.Spec(), e.alignment);
+    EXPECT_EQ(plan.row, static_cast<int>(i)) << rows[i].when;
+    EXPECT_EQ(plan.variant, rows[i].variant) << rows[i].when;
+  }
+}
 
 TEST(KernelPlans, EverySinkhornRowReachesItsVariant) {
   const auto& rows = SinkhornRows();
@@ -132,9 +149,9 @@ TEST(KernelPlans, EveryFusedRowReachesItsVariant) {
 
 TEST(KernelPlans, VariantNamesAreKnown) {
   for (const auto& names :
-       {VariantNames(SinkhornRows()), VariantNames(RowAccessRows()),
-        VariantNames(PostRows()), VariantNames(FusedForwardRows()),
-        VariantNames(FusedBackwardRows())}) {
+       {VariantNames(ScaleRows()), VariantNames(SinkhornRows()),
+        VariantNames(RowAccessRows()), VariantNames(PostRows()),
+        VariantNames(FusedForwardRows()), VariantNames(FusedBackwardRows())}) {
     EXPECT_EQ(names.count("unknown"), 0u);
     EXPECT_EQ(names.count(""), 0u);
   }
@@ -170,6 +187,118 @@ TEST(KernelPlans, ProjectionVariantsNeverReadM) {
 }
 
 // ---- The choices the launchers made before the plans, transcribed.
+
+// scale.cu: UseScale4 (n == 4), then the vector form where every row the
+// kernel moves is Aligned16 (a null one counts as aligned), quarters
+// s.head ? 1 : 6; else the one-thread-per-token kernels.
+struct OldScale {
+  bool n4 = false;
+  bool vec = false;
+  int quarters = 0;
+};
+OldScale OldScaleChoice(const LayerSpec& s,
+                        std::initializer_list<const float*> rows) {
+  OldScale old;
+  if (s.n != 4) return old;
+  old.n4 = true;
+  old.vec = true;
+  for (const float* row : rows) {
+    old.vec = old.vec && (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+  }
+  old.quarters = s.kind == LayerKind::kHead ? 1 : 6;
+  return old;
+}
+
+// A float pointer at `offset` bytes past a 256-byte boundary, or null.
+const float* At(int offset) {
+  if (offset < 0) return nullptr;
+  return reinterpret_cast<const float*>(uintptr_t{1} << 20 | offset);
+}
+
+// `alignment`: LeastAlignment of `rows`, as the launchers' PlanOf.
+void ExpectScaleKeeps(const LayerSpec& spec, const std::string& what,
+                      int alignment, std::initializer_list<const float*> rows) {
+  const ScalePlan plan = PlanScale(spec, alignment);
+  const OldScale old = OldScaleChoice(spec, rows);
+  const ScaleVariant want = !old.n4   ? ScaleVariant::kThread
+                            : old.vec ? ScaleVariant::kN4Vector
+                                      : ScaleVariant::kN4Scalar;
+  ASSERT_EQ(plan.variant, want) << what;
+  EXPECT_EQ(plan.quarters, old.quarters) << what;
+}
+
+TEST(KernelPlans, ScaleKeepsTheChoices) {
+  // Each row's start: 16-byte aligned, 4 or 8 bytes past, or null.
+  constexpr int kOffsets[] = {0, 4, 8, 16, 36, -1};
+  for (const char* preset : {"deepseek_v4", "transformer_engine"}) {
+    for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+      for (int n = 1; n <= 16; ++n) {
+        for (bool dynamic : {true, false}) {
+          for (Layout layout : {Layout::kStreamMajor, Layout::kStreamMinor}) {
+            LayerSpec spec = PresetSpec(preset, n, 64).value();
+            spec.kind = kind;
+            spec.dynamic = dynamic;
+            spec.layout = layout;
+            const std::string layer = Describe(spec, DType::kF32, 0);
+            // Forward: h, h_pre, h_post, logits.
+            for (int h : kOffsets) {
+              for (int pre : kOffsets) {
+                for (int post : kOffsets) {
+                  for (int lg : kOffsets) {
+                    ExpectScaleKeeps(
+                        spec,
+                        absl::StrCat(layer, " forward ", h, " ", pre, " ", post,
+                                     " ", lg),
+                        LeastAlignment({At(h), At(pre), At(post), At(lg)}),
+                        {At(h), At(pre), At(post), At(lg)});
+                  }
+                }
+              }
+            }
+            // Backward: h, dh, dh_pre, dh_post, dlogits.
+            for (int h : kOffsets) {
+              for (int dh : kOffsets) {
+                for (int pre : kOffsets) {
+                  for (int post : kOffsets) {
+                    for (int dlg : kOffsets) {
+                      ExpectScaleKeeps(
+                          spec,
+                          absl::StrCat(layer, " backward ", h, " ", dh, " ",
+                                       pre, " ", post, " ", dlg),
+                          LeastAlignment(
+                              {At(h), At(dh), At(pre), At(post), At(dlg)}),
+                          {At(h), At(dh), At(pre), At(post), At(dlg)});
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The scale tensors are fp32 at every activation dtype: the plan takes no
+// dtype, and every fp32 alignment (4, 8, 16) of every n takes its row.
+TEST(KernelPlans, ScalePlanFollowsNAndAlignment) {
+  for (int n = 1; n <= 16; ++n) {
+    for (int alignment : {4, 8, 16}) {
+      for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+        LayerSpec spec = PresetSpec("deepseek_v4", n, 256).value();
+        spec.kind = kind;
+        const ScalePlan plan = PlanScale(spec, alignment);
+        const std::string what = Describe(spec, DType::kF32, alignment);
+        EXPECT_EQ(plan.variant, n != 4            ? ScaleVariant::kThread
+                                : alignment >= 16 ? ScaleVariant::kN4Vector
+                                                  : ScaleVariant::kN4Scalar)
+            << what;
+        EXPECT_EQ(plan.row, static_cast<int>(plan.variant)) << what;
+      }
+    }
+  }
+}
 
 // sinkhorn.cu: sk4::Applies, then DispatchLanes, then DispatchMix.
 struct OldSinkhorn {

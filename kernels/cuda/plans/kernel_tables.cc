@@ -17,6 +17,7 @@
 #include "plans/fused.h"
 #include "plans/post.h"
 #include "plans/row_access.h"
+#include "plans/scale.h"
 #include "plans/sinkhorn.h"
 #include "projection/plan.h"
 
@@ -88,6 +89,13 @@ std::string Tables() {
       "` (`kernels/cuda/projection/backward/dphi_mma.cu`); the others in the "
       "dx kernel:\n\n");
   AppendRows(ProjectionBackwardRows(), &out);
+  absl::StrAppend(
+      &out,
+      "\n**Scale** (`PlanScale`, both directions, from the layer and the "
+      "least alignment of the rows the `n = 4` kernels move: `h`, the gates "
+      "and logits, their gradients and `dh`; the tensors are fp32 at any "
+      "dtype):\n\n");
+  AppendRows(ScaleRows(), &out);
   absl::StrAppend(
       &out,
       "\n**Sinkhorn** (`PlanSinkhornForward` / `Backward`, from the layer and "

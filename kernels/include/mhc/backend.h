@@ -174,13 +174,14 @@ class Backend {
 
   // The kernel variant a launch with these params takes: a name from a
   // small fixed set per op (docs/kernels.md), the `variant` label of the
-  // kernel metrics; kDefaultVariant where the backend has one kernel (the
-  // scale ops have one everywhere).
+  // kernel metrics; kDefaultVariant where the backend has one kernel.
   static constexpr absl::string_view kDefaultVariant = "default";
   virtual absl::string_view KernelVariant(
       const ProjectionForwardParams& p) const;
   virtual absl::string_view KernelVariant(
       const ProjectionBackwardParams& p) const;
+  virtual absl::string_view KernelVariant(const ScaleForwardParams& p) const;
+  virtual absl::string_view KernelVariant(const ScaleBackwardParams& p) const;
   virtual absl::string_view KernelVariant(const SinkhornForwardParams& p) const;
   virtual absl::string_view KernelVariant(
       const SinkhornBackwardParams& p) const;
