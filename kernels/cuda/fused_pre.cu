@@ -21,6 +21,7 @@
 #include "mix.cuh"
 #include "overflow_repair.cuh"
 #include "overflow_repair.h"
+#include "plans/fused.h"
 #include "primitives/row_access.cuh"
 #include "projection/backward/wide.h"
 #include "projection/forward/mma.cuh"
@@ -33,7 +34,6 @@ using fused_pre::BackwardSlices;
 using fused_pre::ForwardSlices;
 using fused_pre::ForwardSlicesOf;
 using fused_pre::Slices;
-using fused_pre::SplitMix;
 
 struct ForwardDev {
   const float* alpha;
@@ -503,7 +503,8 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
   const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
   ForwardDev d{a.weights.alpha, a.weights.beta, a.h_pre, a.h_post, a.h_res};
-  if (s.dynamic) {
+  const FusedVariant variant = PlanFusedForward(*a.spec).variant;
+  if (variant != FusedVariant::kStatic) {
     if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens, a.act_dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
@@ -515,7 +516,7 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       return reinterpret_cast<float*>(base + offset);
     };
     float* h_pre = a.h_pre != nullptr ? a.h_pre : at(f.h_pre);
-    if (SplitMix(*a.spec)) {
+    if (variant == FusedVariant::kSplitMix) {
       // h and the mean square, then the scale and Sinkhorn op kernels.
       float* h = a.h != nullptr ? a.h : at(f.h);
       float* ms = a.h != nullptr ? a.mean_square : at(f.ms);
@@ -617,7 +618,8 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     d.h_in = at(b.h_fwd);
     d.ms_in = at(b.ms_fwd);
   }
-  const bool split = SplitMix(*a.spec);
+  const bool split =
+      PlanFusedBackward(*a.spec).variant == FusedVariant::kSplitMix;
   // Overflow repair (overflow_repair.cuh): the fused mixing kernel, or on
   // SplitMix layers the scale op kernels, flag and count the tokens.
   const bool repair = s.dynamic;
