@@ -168,29 +168,34 @@ absl::Status CallRing::CollectDeferred(absl::Time deadline) {
   if (!pending_) return absl::OkStatus();
   const uint32_t seq = seq_ + 1;
   const absl::Time start = absl::Now();
-  absl::Status answered = AwaitAnswer(seq, deadline);
+  bool sent = true;
+  const absl::Status answered = Receive(seq, deadline, nullptr, &sent);
   deferred_wait_ns_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
                               std::memory_order_relaxed);
-  if (!answered.ok()) {
-    broken_ = true;  // the daemon may still answer, into a reused area
-    if (answered.code() == absl::StatusCode::kUnavailable) {
-      // The daemon is gone and writes nothing more: release any stream
-      // still waiting for the call.
-      ring::Store(ring::DoneSeq(base_), seq);
-    }
-  } else {
-    seq_ = seq;
-    bool sent = true;
-    answered = ReadAnswer(nullptr, &sent);
-  }
   pending_ = false;
   if (answered.ok()) return answered;
+  if (broken_ && answered.code() == absl::StatusCode::kUnavailable) {
+    // The daemon is gone and writes nothing more: release any stream
+    // still waiting for the call.
+    ring::Store(ring::DoneSeq(base_), seq);
+  }
   return absl::Status(
       answered.code(),
-      absl::StrCat("an earlier deferred call (", pending_method_,
-                   ") failed; its outputs are "
-                   "not valid: ",
-                   answered.message()));
+      absl::StrCat(
+          "an earlier deferred call (", pending_method_,
+          ") failed; its outputs are not valid: ", answered.message()));
+}
+
+absl::Status CallRing::Receive(uint32_t seq, absl::Time deadline,
+                               google::protobuf::Message* response,
+                               bool* sent) {
+  absl::Status answered = AwaitAnswer(seq, deadline);
+  if (!answered.ok()) {
+    broken_ = true;  // the daemon may still answer, into a reused area
+    return answered;
+  }
+  seq_ = seq;
+  return ReadAnswer(response, sent);
 }
 
 absl::Status CallRing::Flush(absl::Duration timeout) {
@@ -232,13 +237,7 @@ absl::Status CallRing::Call(absl::string_view method,
       const uint32_t seq,
       Submit(method, request, order, 0, [] { return absl::OkStatus(); }));
   *sent = true;
-  absl::Status answered = AwaitAnswer(seq, deadline);
-  if (!answered.ok()) {
-    broken_ = true;  // the daemon may still answer, into a reused area
-    return answered;
-  }
-  seq_ = seq;
-  return ReadAnswer(&response, sent);
+  return Receive(seq, deadline, &response, sent);
 }
 
 absl::Status CallRing::AwaitAnswer(uint32_t seq, absl::Time deadline) {

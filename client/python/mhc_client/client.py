@@ -244,14 +244,6 @@ class Client(BenchmarkCalls, GroupCalls, SharedMemoryCalls, TrainingCalls):
         """The open shared-memory session (:class:`mhc_client.shm.Session`)."""
         return self._session
 
-    def flush(self) -> None:
-        """Waits for the answer of the last deferred call (see
-        :mod:`mhc_client.torch_transport`) and raises its error, if it
-        failed. Later calls report it too; this is for a caller that wants
-        to know now, e.g. at the end of a training step."""
-        if self._native:
-            self._native.flush()
-
     def close(self) -> None:
         """Ends the session (releasing its regions) and the channel."""
         if self._closed:

@@ -14,7 +14,7 @@ from ._proto import shm_pb2
 
 class SharedMemoryCalls:
     """Mixed into :class:`mhc_client.Client` (which provides ``_call``,
-    ``native`` and ``_session``)."""
+    ``native``, ``_native`` and ``_session``)."""
 
     def open_session(self) -> Any:
         """Opens the shared-memory session (see :mod:`mhc_client.shm`)."""
@@ -41,6 +41,14 @@ class SharedMemoryCalls:
             return
         session.call_ring = True
         session.on_close(connection.close_call_ring)
+
+    def flush(self) -> None:
+        """Waits for the answer of the last deferred call (see
+        :mod:`mhc_client.torch_transport`) and raises its error, if it
+        failed. Later calls report it too; this is for a caller that wants
+        to know now, e.g. at the end of a training step."""
+        if self._native:
+            self._native.flush()
 
     def _forget_session(self, session: Any) -> None:
         if self._session is session:

@@ -288,43 +288,39 @@ class _Transport:
         if raw_stream == 0 and index != torch.cuda.current_device():
             return False  # the legacy stream of another device's context
         deferred = session.deferred_wait_event(index)
+        pool = None
         if deferred is not None:
             # The ring's done word orders the stream; the event is the
             # ring's own, recorded only after the previous call's answer.
-            sent = connection.compute_cuda(
-                spec.rpc, layer, places, out_places, tuple(flags.items()),
-                session_id=session.id, table=table, stream=raw_stream,
-                events=EventPair(deferred[0], -1, deferred[1], 0),
-                timeout=self.client.timeout, attempts=1)
-            if sent:
-                stats.native_calls += 1
-                stats.native_cuda_calls += 1
-                stats.deferred_calls += 1
-            return sent
-        pool = session.cuda_events(index)
-        if pool is None:
-            return False
-        wait_index, signal_index = pool.acquire()
-        events = EventPair(wait_index, signal_index,
-                           pool.wait_handles[wait_index],
-                           pool.signal_handles[signal_index])
-        release = True
+            events = EventPair(deferred[0], -1, deferred[1], 0)
+            attempts = 1
+        else:
+            pool = session.cuda_events(index)
+            if pool is None:
+                return False
+            wait_index, signal_index = pool.acquire()
+            events = EventPair(wait_index, signal_index,
+                               pool.wait_handles[wait_index],
+                               pool.signal_handles[signal_index])
+            attempts = self.client.retries if retry else 1
         try:
             sent = connection.compute_cuda(
                 spec.rpc, layer, places, out_places, tuple(flags.items()),
                 session_id=session.id, table=table, stream=raw_stream,
-                events=events, timeout=self.client.timeout,
-                attempts=self.client.retries if retry else 1)
+                events=events, timeout=self.client.timeout, attempts=attempts)
         except _AMBIGUOUS:
-            release = False
-            _abandoned.append((alive, pool, wait_index, signal_index))
+            if pool is not None:
+                _abandoned.append((alive, pool, wait_index, signal_index))
+                pool = None  # never hand these events out again
             raise
         finally:
-            if release:
+            if pool is not None:
                 pool.release(wait_index, signal_index)
         if sent:
             stats.native_calls += 1
             stats.native_cuda_calls += 1
+            if deferred is not None:
+                stats.deferred_calls += 1
         return sent
 
     def _ordered_call(self, spec: OpDef, session: Any, layer: str,

@@ -105,6 +105,11 @@ class CallRing {
                                   const StreamOrder& order, uint32_t flags,
                                   absl::FunctionRef<absl::Status()> before_send)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the answer to request `seq` and reads it (the ring is
+  // unusable after a wait that failed).
+  absl::Status Receive(uint32_t seq, absl::Time deadline,
+                       google::protobuf::Message* response, bool* sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the answer to the request just answered.
   absl::Status ReadAnswer(google::protobuf::Message* response, bool* sent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
