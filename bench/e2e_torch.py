@@ -16,7 +16,8 @@ a markdown table; the exit code counts failed checks and errors.
     python3 bench/e2e_torch.py --unix=unix:/run/mhcd.sock \
         --tcp=127.0.0.1:50051 --metrics=http://127.0.0.1:9464/metrics \
         [--configs=all|0,2|4x4096x4096] [--n=4,8] [--transports=ipc,inline] \
-        [--warmup=5] [--steps=20] [--budget-s=10] [--out=FILE.jsonl]
+        [--warmup=5] [--steps=20] [--budget-s=10] [--out=FILE.jsonl] \
+        [--backward-thread=caller]
     python3 bench/e2e_torch.py --check --unix=... [--tcp=...]
     python3 bench/e2e_torch.py --device=cpu --configs=1x64x128 --n=4 \
         --transports=auto,inline ...   # smoke test against a CPU daemon
@@ -25,6 +26,15 @@ Transports: "ipc" goes over the unix socket (CUDA IPC), "inline" over TCP
 (tensors inside the messages; configs whose messages exceed the daemon's
 limit are reported as skipped), "auto" over the unix socket (the layer's
 own choice). Needs mhc_client and its generated stubs on PYTHONPATH.
+
+--backward-thread: "device" (PyTorch's default) runs the backward of CUDA
+tensors on autograd's worker thread for the device, the caller waiting for
+it; "caller" runs it on the calling thread
+(torch.autograd.set_multithreading_enabled(False)), which saves two thread
+hand-offs a step. Both the daemon layer and the eager baseline are timed
+under the setting given. Steps short enough to be bound by the host also
+vary with how the process's threads land on cores: pin it (taskset) to
+compare runs.
 """
 
 import argparse
@@ -46,6 +56,8 @@ PRESET = "deepseek_v4"
 # Outputs and dx carry one bf16 rounding; parameter gradients sum rounded
 # per-token terms, hence the looser bound.
 TOL_ACT, TOL_PARAM = 2e-2, 5e-2
+# --backward-thread of this run, for the result lines.
+BACKWARD_THREAD = ["device"]
 
 
 # ----------------------------------------------------------------- metrics
@@ -316,7 +328,7 @@ def row(cfg, n, transport, **fields):
     measured (skipped rows, no metrics URL)."""
     b, t, c = cfg
     rec = {"config": f"{b},{t},{c}", "M": b * t, "n": n, "C": c,
-           "transport": transport}
+           "transport": transport, "backward_thread": BACKWARD_THREAD[0]}
     rec.update({k: None for k in ("fwd_ms", "step_ms", "kernel_ms", "ratio",
                                   "eager_fwd_ms", "eager_step_ms",
                                   "calls_per_step")})
@@ -501,6 +513,9 @@ def parse_args(argv=None):
                     help="time without checking first")
     ap.add_argument("--no-eager", action="store_true",
                     help="skip the in-process baseline")
+    ap.add_argument("--backward-thread", default="device",
+                    choices=("device", "caller"),
+                    help="where autograd runs the backward (see above)")
     ap.add_argument("--out", default="", help="also append JSON lines here")
     ap.add_argument("--table", default="", help="also write the table here")
     args = ap.parse_args(argv)
@@ -520,6 +535,13 @@ def main(argv=None):
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     dtype = DTYPES[args.dtype]
+    if args.backward_thread == "caller":
+        if not hasattr(torch.autograd, "set_multithreading_enabled"):
+            print(json.dumps({"error": "--backward-thread=caller needs torch >= 2.0"}))
+            return 1
+        # Thread-local: this thread takes every step.
+        torch.autograd.set_multithreading_enabled(False)
+    BACKWARD_THREAD[0] = args.backward_thread
     transports = [t for t in (args.transports or (
         "ipc,inline" if device.type == "cuda" else "auto,inline")).split(",") if t]
     for t in transports:

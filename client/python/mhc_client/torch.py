@@ -89,6 +89,13 @@ def _lead(x: torch.Tensor) -> Tuple[int, ...]:
     return tuple(x.shape[:-2])
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`: `t` itself when it is already (a no-op conversion
+    still costs a dispatch, and the step runs a dozen). The transport makes
+    inputs contiguous."""
+    return t if t.dtype is dtype else t.to(dtype)
+
+
 class _PreFunction(torch.autograd.Function):
     # The parameters are inputs so that the outputs need gradients whenever
     # the parameters do; in place, their gradients are the daemon's
@@ -130,10 +137,9 @@ class _PreFunction(torch.autograd.Function):
         dx_next = None
         if ctx.link is not None:
             dx_next, ctx.link.dx_next = ctx.link.dx_next, None
-        inputs = {"x": x, "dy": dy.to(x.dtype).contiguous(),
-                  "dh_post": dh_post.float().contiguous(),
-                  "dh_res": dh_res.float().contiguous(),
-                  "dx_next": None if dx_next is None else dx_next.contiguous()}
+        inputs = {"x": x, "dy": _as(dy, x.dtype),
+                  "dh_post": _as(dh_post, torch.float32),
+                  "dh_res": _as(dh_res, torch.float32), "dx_next": dx_next}
         if projection:
             inputs["h"], inputs["mean_square"] = projection
         skip = owner.before_accumulating()
@@ -150,10 +156,11 @@ class _PostFunction(torch.autograd.Function):
     def forward(ctx: Any, f: torch.Tensor, x: torch.Tensor,  # type: ignore[override]
                 h_post: torch.Tensor, h_res: torch.Tensor, owner: "_Owner",
                 link: Optional[_Link]) -> torch.Tensor:
-        f = f.to(x.dtype)
+        f = _as(f, x.dtype)
         out = owner.transport.run(
             "post", owner.name,
-            {"f": f, "x": x, "h_post": h_post.float(), "h_res": h_res.float()},
+            {"f": f, "x": x, "h_post": _as(h_post, torch.float32),
+             "h_res": _as(h_res, torch.float32)},
             {"x_next": (tuple(x.shape), x.dtype)},
             order_device=owner.order_device)
         ctx.owner, ctx.link = owner, link
@@ -167,7 +174,7 @@ class _PostFunction(torch.autograd.Function):
         f, x, h_post, h_res = ctx.saved_tensors
         owner: _Owner = ctx.owner
         fused = ctx.link is not None
-        dx_next = dx_next.to(x.dtype).contiguous()
+        dx_next = _as(dx_next, x.dtype).contiguous()
         lead, n = _lead(x), owner.spec.n
         wanted = {"df": (tuple(f.shape), f.dtype),
                   "dh_post": (lead + (n,), torch.float32),
@@ -179,8 +186,9 @@ class _PostFunction(torch.autograd.Function):
             flags["skip_parameter_gradients"] = True
         out = owner.transport.run(
             "post_backward", owner.name,
-            {"dx_next": dx_next, "f": f, "x": x, "h_post": h_post.float(),
-             "h_res": h_res.float()}, wanted,
+            {"dx_next": dx_next, "f": f, "x": x,
+             "h_post": _as(h_post, torch.float32),
+             "h_res": _as(h_res, torch.float32)}, wanted,
             order_device=owner.order_device, **flags)
         if fused:
             ctx.link.dx_next = dx_next
