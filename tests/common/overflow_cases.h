@@ -7,6 +7,7 @@
 #ifndef MHC_TESTS_COMMON_OVERFLOW_CASES_H_
 #define MHC_TESTS_COMMON_OVERFLOW_CASES_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -98,6 +99,45 @@ inline void ShrinkUpstreamGradient(int64_t hidden, ActTensor& dy) {
   }
 }
 
+// The projection backward's dh [tokens, N] and dms [tokens] for the huge
+// tokens of a case whose x is given; normal and bad tokens keep theirs. A
+// huge token's dh is about 1 / rms(x), as the scale op's backward gives it
+// (so dh v, its dphi term, is of order 1); its dms by turns is about 1 / ms
+// (the scale op's, 0 in fp32 where ms is far above the fp32 range), a
+// subnormal (whose product with 2 / K underflows further while dms x is
+// well inside the fp32 range), or of order 1 (dms x as large as dx gets).
+inline void MakeProjectionGradients(const LayerSpec& spec, int64_t tokens,
+                                    bool bad, uint64_t seed, const ActTensor& x,
+                                    std::vector<float>& dh,
+                                    std::vector<float>& dms) {
+  const int64_t k = spec.K(), big_n = spec.NumLogits();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  for (int64_t m = 0; m < tokens; ++m) {
+    if (KindOf(m, bad) != TokenKind::kHuge) continue;
+    double squares = 0.0;
+    for (int64_t e = m * k; e < (m + 1) * k; ++e) {
+      squares += static_cast<double>(x.values[e]) * x.values[e];
+    }
+    const double ms = squares / static_cast<double>(k);
+    const double rms = std::sqrt(ms);
+    for (int64_t g = 0; g < big_n; ++g) {
+      dh[m * big_n + g] = static_cast<float>(unit(rng) / rms);
+    }
+    switch (m / 3 % 3) {
+      case 0:
+        dms[m] = static_cast<float>(unit(rng) / ms);
+        break;
+      case 1:
+        dms[m] = static_cast<float>(std::ldexp(unit(rng), -130));
+        break;
+      default:
+        dms[m] = static_cast<float>(unit(rng));
+        break;
+    }
+  }
+}
+
 // Floats per token of a per-token output, or 0 for parameter gradients.
 inline int64_t PerTokenFloats(const LayerSpec& spec, const std::string& name) {
   const int64_t n = spec.n;
@@ -156,6 +196,52 @@ inline void ExpectOverflowContract(const LayerSpec& spec, bool bad,
   EXPECT_EQ(nonfinite, 0) << "non-finite outputs of finite tokens";
   EXPECT_EQ(mismatched, 0) << "finite where the reference is not, or back";
   EXPECT_LE(max_ref == 0.0 ? max_err : max_err / max_ref, tol);
+}
+
+// The spacing of `dtype`'s subnormals: where a reference output is itself
+// subnormal, one rounding step of an fp32 sum is this much of it.
+inline double SubnormalStep(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return std::ldexp(1.0, -133);
+    case DType::kF16:
+      return std::ldexp(1.0, -24);
+    default:
+      return std::ldexp(1.0, -149);
+  }
+}
+
+// Per-token outputs of a case's finite tokens, token by token: within `tol`
+// of the largest magnitude of the reference's token, or within `floor`
+// (absolute) where that is larger. A huge token's outputs can be far below
+// a normal token's, where a check over the whole tensor would not see them.
+inline void ExpectTokensClose(const LayerSpec& spec, bool bad,
+                              const std::string& name,
+                              const std::vector<float>& got,
+                              const std::vector<float>& ref, double tol,
+                              double floor) {
+  SCOPED_TRACE(name);
+  ASSERT_EQ(got.size(), ref.size());
+  const int64_t per = PerTokenFloats(spec, name);
+  ASSERT_GT(per, 0);
+  for (int64_t m = 0; m * per < static_cast<int64_t>(got.size()); ++m) {
+    if (KindOf(m, bad) >= TokenKind::kInfinite) continue;
+    double max_ref = 0.0, max_err = 0.0;
+    int64_t worst = m * per;
+    for (int64_t e = m * per; e < (m + 1) * per; ++e) {
+      ASSERT_TRUE(std::isfinite(ref[e])) << "token " << m << " element " << e;
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[e])));
+      double err = std::fabs(static_cast<double>(got[e]) - ref[e]);
+      if (std::isnan(err)) err = INFINITY;
+      if (err > max_err) {
+        max_err = err;
+        worst = e;
+      }
+    }
+    EXPECT_LE(max_err, std::max(tol * max_ref, floor))
+        << "token " << m << " (largest " << max_ref << "): " << got[worst]
+        << " vs " << ref[worst];
+  }
 }
 
 }  // namespace mhc::testing

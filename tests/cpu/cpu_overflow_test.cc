@@ -225,6 +225,68 @@ TEST(CpuScaleOpTest, LargeMeanSquareBackward) {
   }
 }
 
+// The projection op's backward alone, with the dh and dms a caller passes
+// for huge x (MakeProjectionGradients): x of the overflow case, with and
+// without inf / NaN tokens, and (window) x near 2^63, whose mean square is
+// near the fp32 maximum and whose dms is near the smallest normal float. dx
+// token by token, the parameter gradients against their terms.
+TEST(CpuProjectionBackwardTest, HugeTokensMatchReference) {
+  auto cpu = MakeCpuBackend(2);
+  auto ref = MakeReferenceBackend();
+  const OpKind op = OpKind::kProjectionBackward;
+  for (const char* preset : {"deepseek_v4", "transformer_engine"}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (auto [n, hidden] :
+           {std::pair{4, 37}, std::pair{3, 37}, std::pair{4, 700}}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          LayerSpec spec = SpecFor(op, PresetSpec(preset, n, hidden).value());
+          spec.has_gamma = variant & 1;
+          spec.kind = variant & 2 ? LayerKind::kHead : LayerKind::kMhc;
+          for (int window = 0; window < 3; ++window) {
+            const bool bad = window == 0;
+            SCOPED_TRACE(absl::StrCat(
+                preset, " ", DTypeName(dtype), " n=", n, " C=", hidden,
+                spec.has_gamma ? " gamma" : "", variant & 2 ? " head" : "",
+                bad ? " with inf/NaN tokens" : "",
+                window == 2 ? " x near 2^63" : ""));
+            const int64_t m = 13, k = spec.K();
+            Inputs in = MakeInputs(spec, m, dtype);
+            if (window == 2) {
+              for (int64_t e = 0; e < m * k; ++e) {
+                if (KindOf(e / k, false) == TokenKind::kNormal) continue;
+                StoreActivation(in.x.data(), dtype, e,
+                                std::ldexp(in.x.values[e], 63));
+                in.x.values[e] = LoadActivation(in.x.data(), dtype, e);
+              }
+            } else {
+              MakeOverflowRows(spec, m, bad, FreshSeed(), in.x);
+            }
+            MakeProjectionGradients(spec, m, bad, FreshSeed(), in.x, in.dh,
+                                    in.dms);
+            const std::vector<Output> got = RunOp(*cpu, op, in);
+            const std::vector<Output> want = RunOp(*ref, op, in);
+            ASSERT_EQ(got.size(), want.size());
+            const std::vector<std::vector<double>> scales =
+                bad ? std::vector<std::vector<double>>(want.size())
+                    : ErrorScales(*ref, op, in, want);
+            for (size_t o = 0; o < got.size(); ++o) {
+              const double tol = ToleranceOf(got[o], dtype);
+              ExpectOverflowContract(spec, bad, got[o].name, got[o].values,
+                                     want[o].values, tol, &scales[o]);
+              if (got[o].name == "dx") {
+                // Each of the N products of a subnormal dx may round.
+                ExpectTokensClose(spec, bad, "dx", got[o].values,
+                                  want[o].values, tol,
+                                  SubnormalStep(dtype) * spec.NumLogits());
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Presets, CpuOverflowTest,
     ::testing::Combine(::testing::ValuesIn(PresetNames()),

@@ -5,9 +5,10 @@
 // without the phi gradient) and from that kept projection, against the
 // float64 reference on the same inputs; n = 4 and the stream counts whose
 // mHC layers split the mixing into the scale and Sinkhorn op kernels; the
-// projection op alone; and the scale op backward alone at mean squares up
-// to the fp32 maximum. Widths 37, 1024 and 5129 take different projection
-// and dx variants. Skips without a GPU.
+// projection op alone; the scale op backward alone at mean squares up
+// to the fp32 maximum; and the projection op backward alone, with the dh
+// and dms a caller passes for huge x. Widths 37, 1024 and 5129 take different
+// projection and dx variants. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -286,6 +287,105 @@ TEST(CudaOverflowTest, ProjectionOpMatchesReference) {
         ExpectOverflowContract(spec, bad, "h", outs[1][0], outs[0][0], 1e-4);
         ExpectOverflowContract(spec, bad, "mean_square", outs[1][1], outs[0][1],
                                1e-4);
+      }
+    }
+  }
+}
+
+// The projection op's backward alone, with the dh and dms a caller passes
+// for huge x (MakeProjectionGradients): fp32 x up to 1e30 and bf16 x up to
+// its largest finite value, with and without inf / NaN tokens, and x near
+// 2^63 (mean square near the fp32 maximum, dms near the smallest normal
+// float). n = 4, 3, 8 and 12 with widths 37 and 1024 take the mma, wgmma_n4,
+// wgmma_n8 and wide dx kernels, each with its own dms term. dx token by
+// token (a huge token's dx is far below a normal token's), the parameter
+// gradients over the whole tensor.
+TEST(CudaOverflowTest, ProjectionOpBackwardMatchesReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (int n : {4, 3, 8, 12}) {
+    Harness h;  // its buffers freed after each n
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int64_t hidden : {37, 1024}) {
+        for (int variant = 0; variant < 8; ++variant) {
+          LayerSpec spec = PresetSpec("deepseek_v4", n, hidden).value();
+          spec.has_gamma = variant & 1;
+          const bool ieee = variant & 2;
+          spec.matmul_precision =
+              ieee ? MatmulPrecision::kIeee : MatmulPrecision::kTf32;
+          spec.kind = variant & 4 ? LayerKind::kHead : LayerKind::kMhc;
+          for (int window = 0; window < 3; ++window) {
+            const bool bad = window == 0;
+            SCOPED_TRACE(absl::StrCat(
+                "n=", n, " ", DTypeName(dt), " C=", hidden,
+                spec.has_gamma ? " gamma" : "", ieee ? " ieee" : " tf32",
+                variant & 4 ? " head" : "", bad ? " with inf/NaN tokens" : "",
+                window == 2 ? " x near 2^63" : ""));
+            const int64_t m = 13, k = spec.K(), big_n = spec.NumLogits();
+            ActTensor x = RandomAct(dt, m * k, FreshSeed());
+            if (window == 2) {
+              for (int64_t e = 0; e < x.size(); ++e) {
+                if (KindOf(e / k, false) == TokenKind::kNormal) continue;
+                StoreActivation(x.data(), dt, e, std::ldexp(x.values[e], 63));
+                x.values[e] = LoadActivation(x.data(), dt, e);
+              }
+            } else {
+              MakeOverflowRows(spec, m, bad, FreshSeed(), x);
+            }
+            std::vector<float> dh = RandomFloats(m * big_n, FreshSeed());
+            std::vector<float> dms = RandomFloats(m, FreshSeed());
+            MakeProjectionGradients(spec, m, bad, FreshSeed(), x, dh, dms);
+            const float scale = 3.0f / std::sqrt(static_cast<float>(k));
+            Pair phi = h.Floats(big_n * k, 11, -scale, scale);
+            Pair gamma = h.Floats(k, 12, 0.5f, 1.5f);
+            Pair xp = h.Input(x.data(), x.bytes.size());
+            Pair dhp = h.Input(dh.data(), dh.size() * 4);
+            Pair dmsp = h.Input(dms.data(), dms.size() * 4);
+            std::vector<std::pair<std::string, std::vector<float>>> outs[2];
+            for (int b : {0, 1}) {
+              Pair dx = h.Output(m * k * DTypeSize(dt));
+              Pair g_phi = h.Floats(big_n * k, 77), g_gamma = h.Floats(k, 80);
+              LayerWeights w;
+              w.phi = phi.f(b);
+              w.gamma = spec.has_gamma ? gamma.f(b) : nullptr;
+              LayerGrads grads;
+              grads.phi = g_phi.f(b);
+              grads.gamma = spec.has_gamma ? g_gamma.f(b) : nullptr;
+              ProjectionBackwardParams p{&spec,     m,         dt,
+                                         xp.ptr(b), w,         dhp.f(b),
+                                         dmsp.f(b), dx.ptr(b), grads};
+              const absl::Status status = h.backend(b).ProjectionBackward(
+                  p, h.Scratch(b, OpKind::kProjectionBackward, spec, m, dt));
+              EXPECT_TRUE(status.ok()) << status;
+              auto fetch = [&](Pair& q, DType type) {
+                return Floats(
+                    b == 0 ? std::vector<uint8_t>(q.host.begin(),
+                                                  q.host.begin() + q.bytes)
+                           : h.Fetch(q),
+                    type);
+              };
+              outs[b] = {{"dx", fetch(dx, dt)},
+                         {"dphi", fetch(g_phi, DType::kF32)}};
+              if (spec.has_gamma) {
+                outs[b].push_back({"dgamma", fetch(g_gamma, DType::kF32)});
+              }
+            }
+            for (size_t o = 0; o < outs[0].size(); ++o) {
+              const std::string& name = outs[0][o].first;
+              const bool is_dx = name == "dx";
+              const double tol = is_dx && dt != DType::kF32 ? 1e-2
+                                 : is_dx ? (ieee ? 1e-4 : 2e-3)
+                                         : (ieee ? 1e-3 : 1e-2);
+              ExpectOverflowContract(spec, bad, name, outs[1][o].second,
+                                     outs[0][o].second, tol);
+              if (is_dx) {
+                // Each of the N products of a subnormal dx may round.
+                ExpectTokensClose(spec, bad, name, outs[1][o].second,
+                                  outs[0][o].second, tol,
+                                  SubnormalStep(dt) * big_n);
+              }
+            }
+          }
+        }
       }
     }
   }

@@ -10,6 +10,7 @@
 // and added once, so parameter gradients do not depend on the thread count.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/fast/cpu_ops.h"
 
@@ -96,6 +97,22 @@ void GatherColumns(const LayerSpec& spec, const float* src, int64_t rows,
   }
 }
 
+// t += dms (2 / K) v. dms 2 / K is rounded first, as it always was, unless
+// that product is subnormal (the dms of a token whose x is huge, about
+// 1 / ms): it would lose bits or vanish where its product with v need not,
+// so it is taken scaled by 2^64 and each product with v scaled back, which
+// is exact unless the term itself is subnormal. Other tokens keep their bits.
+void AddMeanSquareTerm(float dms, float ms_scale, const float* v, int64_t n,
+                       float* t) {
+  const float dm = dms * ms_scale;
+  if (dms == 0.0f || !(std::fabs(dm) < std::numeric_limits<float>::min())) {
+    Axpy(dm, v, n, t);
+    return;
+  }
+  const float dm_scaled = dms * 0x1p64f * ms_scale;
+  for (int64_t i = 0; i < n; ++i) t[i] += dm_scaled * v[i] * 0x1p-64f;
+}
+
 // Global column of local index l of channel block c0 (width cb).
 inline int64_t GlobalColumn(const LayerSpec& spec, int64_t c0, int64_t cb,
                             int64_t l) {
@@ -177,7 +194,7 @@ void ChannelBlockBackward(const OpContext& ctx, DType dtype, int64_t tokens,
           if (exponent != 0) Scale(unscale, v, kb, v);
           Combine(dh, phi_rows, static_cast<int>(big_n), kb, false, t);
           if (gamma) Multiply(t, s.gamma, kb, t);
-          Axpy(dms * ms_scale, v, kb, t);
+          AddMeanSquareTerm(dms, ms_scale, v, kb, t);
           if (exponent != 0) Scale(unscale, t, kb, t);
         } else {
           std::memset(t, 0, kb * sizeof(float));

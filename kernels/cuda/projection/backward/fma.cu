@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "projection/backward/fma.h"
+#include "projection/backward/ms_term.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -117,9 +118,9 @@ __global__ void __launch_bounds__(kDxThreads)
           for (int e = 0; e < VK; ++e) sp[e] = fmaf(d, p[e] * gm[e], sp[e]);
         }
       }
-      const float dm = a.dms[m] * ms_scale;
+      const MsTerm dm = MsTermOf(a.dms[m], ms_scale);
 #pragma unroll
-      for (int e = 0; e < VK; ++e) out[e] += fmaf(dm, v[e], sp[e]);
+      for (int e = 0; e < VK; ++e) out[e] += dm.Add(v[e], sp[e]);
     }
     StoreVec<T, VK>(dx + m * s.K + k0, out);
   }

@@ -48,6 +48,7 @@
 #include "primitives/kernel_fit.h"
 #include "primitives/staged_slots.cuh"
 #include "projection/backward/mma_tiles.cuh"
+#include "projection/backward/ms_term.cuh"
 #include "projection/forward/mma.cuh"
 
 namespace mhc::cuda::dx_mma {
@@ -511,12 +512,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int dt = mt * 16 + 8 * h;  // rows below the lane's first
-        const float dm = dms_rows[dt] * ms_scale;
+        const MsTerm dm = MsTermOf(dms_rows[dt], ms_scale);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
-          float out[2] = {fmaf(dm, v.x, d[mt][nt][2 * h]),
-                          fmaf(dm, v.y, d[mt][nt][2 * h + 1])};
+          float out[2] = {dm.Add(v.x, d[mt][nt][2 * h]),
+                          dm.Add(v.y, d[mt][nt][2 * h + 1])};
           if constexpr (kTermsN > 0) {
             AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
                                      Terms::Residual(residual), terms, dt, nt,

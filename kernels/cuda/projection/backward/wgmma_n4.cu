@@ -37,6 +37,7 @@
 #include "primitives/wgmma.cuh"
 #include "projection/backward/dphi_wgmma.h"
 #include "projection/backward/mma_tiles.cuh"
+#include "projection/backward/ms_term.cuh"
 #include "projection/backward/wgmma_n4.h"
 #include "projection/backward/wgmma_tile.cuh"
 #include "projection/forward/mma.cuh"
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int h = 0; h < 2; ++h) {
       const int t = 16 * (warp & 3) + grp + 8 * h;
       if (t >= rows) continue;
-      const float dm = dms_s[t] * ms_scale;
+      const MsTerm dm = MsTermOf(dms_s[t], ms_scale);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = 64 * wg + 8 * j + 2 * quad;
@@ -257,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         T* pair = xs + t * kXStride + col;
         float v[2];
         LoadVec<T, 2>(pair, v);
-        const float out[2] = {fmaf(dm, v[0], acc[4 * j + 2 * h]),
-                              fmaf(dm, v[1], acc[4 * j + 2 * h + 1])};
+        const float out[2] = {dm.Add(v[0], acc[4 * j + 2 * h]),
+                              dm.Add(v[1], acc[4 * j + 2 * h + 1])};
         StoreVec<T, 2>(pair, out);
       }
     }

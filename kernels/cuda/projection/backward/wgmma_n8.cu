@@ -39,6 +39,7 @@
 #include "primitives/wgmma.cuh"
 #include "projection/backward/dphi_wgmma.h"
 #include "projection/backward/mma_tiles.cuh"
+#include "projection/backward/ms_term.cuh"
 #include "projection/backward/wgmma_n8.h"
 #include "projection/backward/wgmma_tile.cuh"
 #include "projection/forward/mma.cuh"
@@ -265,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int rows = tile.StageRows(st);
     const T* xs = reinterpret_cast<const T*>(stage_at(buf, P::kX));
     if (et < rows && ec < tile.chans) {
-      const float dm =
-          reinterpret_cast<const float*>(stage_at(buf, P::kDms))[et] * ms_scale;
+      const MsTerm dm = MsTermOf(
+          reinterpret_cast<const float*>(stage_at(buf, P::kDms))[et], ms_scale);
       float terms[2][kVec];
       if constexpr (kTerms >= 1) {
         float dyv[kVec];
@@ -323,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float out[kVec];
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          out[e] = fmaf(dm, v[e], d[e]);
+          out[e] = dm.Add(v[e], d[e]);
           if constexpr (kTerms >= 1) out[e] += terms[u][e];
         }
         const uint4 w = Pack8<T>(out);

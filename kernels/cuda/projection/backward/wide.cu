@@ -42,6 +42,7 @@
 #include "projection/backward/dphi_mma.h"
 #include "projection/backward/dphi_wgmma.h"
 #include "projection/backward/mma_tiles.cuh"
+#include "projection/backward/ms_term.cuh"
 #include "projection/backward/wide.h"
 #include "projection/backward/wide_terms.cuh"
 #include "projection/forward/mma.cuh"
@@ -440,7 +441,8 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     // move loads across (dx could alias them as far as it knows): the
     // epilogue waits on memory once per batch, not per vector.
     int64_t k[kBatch];
-    float v[kBatch][V], term[kBatch][V], dm[kBatch];
+    float v[kBatch][V], term[kBatch][V];
+    MsTerm dm[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int idx = first + u * kWideThreads;
@@ -449,7 +451,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
       k[u] = t < rows ? WideColumn(s, a.chunk, tile, idx % kPerRow * V) : -1;
       if (k[u] < 0) continue;
       const int64_t m = m0 + t;
-      dm[u] = a.dms[m] * ms_scale;
+      dm[u] = MsTermOf(a.dms[m], ms_scale);
       LoadVec<T, V>(x + m * s.K + k[u], v[u]);
       if (a.terms != nullptr) {
         LoadTerms<V>(a.terms + m * columns + tile * kDxCols + idx % kPerRow * V,
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
       float out[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        out[e] = fmaf(dm[u], v[u][e], out_tile[t * kOutStride + j + e]);
+        out[e] = dm[u].Add(v[u][e], out_tile[t * kOutStride + j + e]);
         if (a.terms != nullptr || aggregate) out[e] += term[u][e];
       }
       StoreVec<T, V>(dx + (m0 + t) * s.K + k[u], out);
