@@ -141,97 +141,112 @@ Outputs RunLayer(Harness& h, int b, const LayerSpec& spec, int64_t m, DType dt,
   return out;
 }
 
-// Every preset with n streams over the given dtypes, widths and variants
-// (bit 0: gamma, bit 1: IEEE matmuls); head layers at the widths in `heads`.
-// The bad (inf / NaN) tokens come with width 37.
-void ExpectCases(Harness& h, int n, const std::vector<DType>& dtypes,
-                 const std::vector<int64_t>& hiddens,
-                 const std::vector<int>& variants,
-                 const std::vector<int64_t>& heads) {
-  for (const std::string& preset : PresetNames()) {
-    for (DType dt : dtypes) {
-      for (int64_t hidden : hiddens) {
-        for (int variant : variants) {
-          absl::StatusOr<LayerSpec> base = PresetSpec(preset, n, hidden);
-          ASSERT_TRUE(base.ok());
-          LayerSpec spec = *base;
-          spec.has_gamma = variant & 1;
-          spec.matmul_precision =
-              variant & 2 ? MatmulPrecision::kIeee : MatmulPrecision::kTf32;
-          const bool bad = hidden == 37;
-          for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
-            if (kind == LayerKind::kHead &&
-                std::find(heads.begin(), heads.end(), hidden) == heads.end()) {
-              continue;
-            }
-            spec.kind = kind;
-            SCOPED_TRACE(absl::StrCat(
-                preset, " n=", n, " ", DTypeName(dt), " C=", hidden,
-                spec.has_gamma ? " gamma" : "", variant & 2 ? " ieee" : " tf32",
-                kind == LayerKind::kHead ? " head" : "",
-                bad ? " with inf/NaN tokens" : ""));
-            const int64_t m = 13;
-            ActTensor x = RandomAct(dt, m * spec.K(), FreshSeed());
-            MakeOverflowRows(spec, m, bad, FreshSeed(), x);
-            ActTensor dy = RandomAct(dt, m * hidden, FreshSeed());
-            ShrinkUpstreamGradient(hidden, dy);
-            ActTensor dx_next = RandomAct(dt, m * spec.K(), FreshSeed());
-            const Outputs want = RunLayer(h, 0, spec, m, dt, x, dy, dx_next);
-            const Outputs got = RunLayer(h, 1, spec, m, dt, x, dy, dx_next);
-            ASSERT_EQ(got.named.size(), want.named.size());
-            const bool ieee = variant & 2;
-            for (size_t o = 0; o < got.named.size(); ++o) {
-              const std::string& name = got.named[o].first;
-              const bool act16 =
-                  dt != DType::kF32 && (name == "y" || name == "dx");
-              const bool grad = name[0] == 'd' && name != "dx";
-              const double tol = act16  ? 1e-2
-                                 : grad ? (ieee ? 1e-3 : 1e-2)
-                                        : (ieee ? 1e-4 : 2e-3);
-              ExpectOverflowContract(spec, bad, name, got.named[o].second,
-                                     want.named[o].second, tol);
-            }
-          }
-        }
+// One fused-op case: a preset with n streams, an activation dtype and a
+// width, run over the variants (bit 0: gamma, bit 1: IEEE matmuls) as mHC
+// layers, and as head layers when `head`. Width 37 carries the bad (inf /
+// NaN) tokens. One gtest instance per case, so that a sanitizer run can be
+// split into shards (GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX).
+struct FusedCase {
+  std::string preset;
+  int n = 4;
+  DType dtype = DType::kF32;
+  int64_t hidden = 0;
+  std::vector<int> variants;
+  bool head = false;
+};
+
+void ExpectCase(const FusedCase& c) {
+  Harness h;
+  for (int variant : c.variants) {
+    absl::StatusOr<LayerSpec> base = PresetSpec(c.preset, c.n, c.hidden);
+    ASSERT_TRUE(base.ok());
+    LayerSpec spec = *base;
+    spec.has_gamma = variant & 1;
+    spec.matmul_precision =
+        variant & 2 ? MatmulPrecision::kIeee : MatmulPrecision::kTf32;
+    const bool bad = c.hidden == 37;
+    for (LayerKind kind : {LayerKind::kMhc, LayerKind::kHead}) {
+      if (kind == LayerKind::kHead && !c.head) continue;
+      spec.kind = kind;
+      SCOPED_TRACE(absl::StrCat(spec.has_gamma ? "gamma" : "no gamma",
+                                variant & 2 ? " ieee" : " tf32",
+                                kind == LayerKind::kHead ? " head" : "",
+                                bad ? " with inf/NaN tokens" : ""));
+      const DType dt = c.dtype;
+      const int64_t m = 13;
+      ActTensor x = RandomAct(dt, m * spec.K(), FreshSeed());
+      MakeOverflowRows(spec, m, bad, FreshSeed(), x);
+      ActTensor dy = RandomAct(dt, m * c.hidden, FreshSeed());
+      ShrinkUpstreamGradient(c.hidden, dy);
+      ActTensor dx_next = RandomAct(dt, m * spec.K(), FreshSeed());
+      const Outputs want = RunLayer(h, 0, spec, m, dt, x, dy, dx_next);
+      const Outputs got = RunLayer(h, 1, spec, m, dt, x, dy, dx_next);
+      ASSERT_EQ(got.named.size(), want.named.size());
+      const bool ieee = variant & 2;
+      for (size_t o = 0; o < got.named.size(); ++o) {
+        const std::string& name = got.named[o].first;
+        const bool act16 = dt != DType::kF32 && (name == "y" || name == "dx");
+        const bool grad = name[0] == 'd' && name != "dx";
+        const double tol = act16  ? 1e-2
+                           : grad ? (ieee ? 1e-3 : 1e-2)
+                                  : (ieee ? 1e-4 : 2e-3);
+        ExpectOverflowContract(spec, bad, name, got.named[o].second,
+                               want.named[o].second, tol);
       }
     }
   }
 }
 
 // n = 4: the fused mixing kernels (sinkhorn4.cuh's form where it applies),
-// one test per dtype so that a sanitizer can run one in reasonable time.
-TEST(CudaOverflowTest, FusedOpsMatchReferenceF32) {
-  MHC_SKIP_WITHOUT_GPU();
-  Harness h;
-  ExpectCases(h, 4, {DType::kF32}, {37, 1024, 5129}, {0, 1, 2, 3},
-              {37, 1024, 5129});
-}
-
-TEST(CudaOverflowTest, FusedOpsMatchReferenceBf16) {
-  MHC_SKIP_WITHOUT_GPU();
-  Harness h;
-  ExpectCases(h, 4, {DType::kBF16}, {37, 1024, 5129}, {0, 1, 2, 3},
-              {37, 1024, 5129});
-}
-
-TEST(CudaOverflowTest, FusedOpsMatchReferenceF16) {
-  MHC_SKIP_WITHOUT_GPU();
-  Harness h;
-  ExpectCases(h, 4, {DType::kF16}, {37, 1024, 5129}, {0, 1, 2, 3},
-              {37, 1024, 5129});
+// every preset, dtype and width, each variant, mHC and head layers.
+std::vector<FusedCase> StreamCount4Cases() {
+  std::vector<FusedCase> cases;
+  for (const std::string& preset : PresetNames()) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int64_t hidden : {37, 1024, 5129}) {
+        cases.push_back({preset, 4, dt, hidden, {0, 1, 2, 3}, true});
+      }
+    }
+  }
+  return cases;
 }
 
 // n other than 4: mHC layers whose Sinkhorn the lane kernels cover run the
 // scale and Sinkhorn op kernels (SplitMix in fused_pre.cu), the LOG preset
 // and head layers the fused mixing kernels at other register widths. f16
 // x never overflows the mean square; fp32 and bf16 do.
-TEST(CudaOverflowTest, OtherStreamCountsMatchReference) {
-  MHC_SKIP_WITHOUT_GPU();
+std::vector<FusedCase> OtherStreamCountCases() {
+  std::vector<FusedCase> cases;
   for (int n : {2, 3, 6, 8}) {
-    Harness h;  // its buffers freed after each n
-    ExpectCases(h, n, {DType::kF32, DType::kBF16}, {37, 1024}, {1, 2}, {37});
+    for (const std::string& preset : PresetNames()) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (int64_t hidden : {37, 1024}) {
+          cases.push_back({preset, n, dt, hidden, {1, 2}, hidden == 37});
+        }
+      }
+    }
   }
+  return cases;
 }
+
+std::string CaseName(const ::testing::TestParamInfo<FusedCase>& info) {
+  const FusedCase& c = info.param;
+  return absl::StrCat(c.preset, "_n", c.n, "_", DTypeName(c.dtype), "_C",
+                      c.hidden);
+}
+
+class CudaOverflowFusedTest : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(CudaOverflowFusedTest, MatchesReference) {
+  MHC_SKIP_WITHOUT_GPU();
+  ExpectCase(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(StreamCount4, CudaOverflowFusedTest,
+                         ::testing::ValuesIn(StreamCount4Cases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(OtherStreamCounts, CudaOverflowFusedTest,
+                         ::testing::ValuesIn(OtherStreamCountCases()),
+                         CaseName);
 
 // The projection op alone: tokens whose fp32 sum of squares overflows while
 // their mean square fits fp32 (fp32 x near 4e18) get the float64 values,
