@@ -1,21 +1,34 @@
 // The GPU benchmark: every op forward and backward and the whole layer (pre +
 // post) forward and forward+backward, at the layer configs of
-// bench/configs.json (n = 4, bf16 activations, deepseek_v4, deterministic),
-// through the Backend interface of the CUDA backend. Medians of event-timed
-// repetitions with L2 flushed before each; every op's outputs on the first
-// tokens are checked against the float64 reference backend on the same
-// inputs in the same run. One JSON line per measurement, then a table (us
-// and % of copy bandwidth). First, the timing floor under the same flush:
-// two events with nothing between them, and with one empty kernel between
-// them; an op's time minus the latter is what its kernels add.
+// bench/configs.json (n = 4, bf16 activations, STREAM_MAJOR, deepseek_v4,
+// deterministic), through the Backend interface of the CUDA backend.
+// Medians of event-timed repetitions with L2 flushed before each; every op's
+// outputs on the first tokens are checked against the float64 reference
+// backend on the same inputs in the same run. Each measured op is also
+// captured once into a CUDA graph, not run, to count its kernel launches
+// (bench/gpu_launches.h). One JSON line per measurement, then a table (us,
+// % of copy bandwidth, launches). First, the timing floor under the same
+// flush: two events with nothing between them, and with one empty kernel
+// between them; an op's time minus the latter is what its kernels add.
+//
+// --shapes runs the named shape cases instead: the layer forward and
+// forward+backward of n4 (the baseline), n16, c5120, c5129, fp16, fp32 and
+// stream_minor, two configs each, holding each case's % of copy bandwidth
+// against its baseline's at the config of the same (B, T): the baseline's
+// fraction over the case's at most 1.3 for n16 (against n4), 1.15 for
+// c5129 (against c5120), 1.1 for fp16, fp32 and stream_minor (against n4).
+// A missed target is reported, not an error; failed checks are.
 //
 //   mhc_gpu_bench [--configs=all|small|first|I,J,...] [--reps=20]
 //                 [--ops=all|a,b]
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
 //                                         every config: e.g. odd C = 5129)
+//                 [--dtype=bf16|f16|f32] [--layout=stream_major|stream_minor]
 //                 [--flush=write|read]
 //                 [--recompute_projection]  (layer cases: the pre backward
 //                                            recomputes h from x)
+//   mhc_gpu_bench --shapes [--reps=20] [--flush=write|read]
+//                 [--recompute_projection]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +37,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -33,11 +47,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "bench/bench_configs.h"
 #include "bench/bench_flags.h"
 #include "bench/gpu_cases.h"
+#include "bench/gpu_launches.h"
 #include "bench/gpu_timing.h"
 #include "mhc/backend.h"
 #include "mhc/cuda.h"
@@ -56,6 +72,15 @@ ABSL_FLAG(int32_t, n, 4, "residual streams (1..16)");
 ABSL_FLAG(int64_t, hidden, 0,
           "one hidden width C for every config (0: each config's own), "
           "e.g. odd 5129");
+ABSL_FLAG(std::string, dtype, "bf16", "activation dtype: bf16, f16 or f32");
+ABSL_FLAG(std::string, layout, "stream_major",
+          "activation layout: stream_major or stream_minor");
+ABSL_FLAG(bool, shapes, false,
+          "run the named shape cases instead (n4, n16, c5120, c5129, fp16, "
+          "fp32, stream_minor: the layer forward and forward+backward at "
+          "their own configs, each held against its target ratio to its "
+          "baseline's % of copy bandwidth); sets configs, ops, n, C, dtype "
+          "and layout itself");
 ABSL_FLAG(bool, recompute_projection, false,
           "layer cases: the pre backward recomputes the projection from x "
           "instead of taking the one the pre forward kept");
@@ -68,24 +93,27 @@ namespace {
 constexpr int kWarmup = 3;
 constexpr int64_t kCheckTokens = 8;
 
-// Distance in bf16 steps between two values that are exact in bf16.
-int64_t BfUlps(double a, double b) {
-  auto ordered = [](double v) -> int64_t {
-    const int64_t bits =
-        static_cast<int16_t>(FloatToBf16(static_cast<float>(v)));
+// Distance in steps of the 16-bit dtype `act` (bf16 or f16) between two
+// values that are exact in it.
+int64_t Ulps16(DType act, double a, double b) {
+  auto ordered = [act](double v) -> int64_t {
+    const float f = static_cast<float>(v);
+    const int64_t bits = static_cast<int16_t>(
+        act == DType::kF16 ? FloatToHalf(f) : FloatToBf16(f));
     return bits < 0 ? INT16_MIN - bits : bits;
   };
   return std::llabs(ordered(a) - ordered(b));
 }
 
 // Error of `got` against `want` (both elements of tensor t): the norm-wise
-// relative error, or for tol == 0 the number of elements more than one bf16
-// ulp off (ignoring differences below 2^-18 of the largest magnitude, where
-// fp32 accumulation cannot resolve a cancellation).
+// relative error, or with `ulp` (16-bit activations only) the number of
+// elements more than one ulp off (ignoring differences below 2^-18 of the
+// largest magnitude, where fp32 accumulation cannot resolve a
+// cancellation).
 double Mismatch(int t, const std::vector<uint8_t>& got, const uint8_t* want,
-                int64_t count, bool ulp) {
+                int64_t count, DType act, bool ulp) {
   auto at = [&](const uint8_t* d, int64_t i) -> double {
-    return IsAct(t) ? LoadActivation(d, kAct, i)
+    return IsAct(t) ? LoadActivation(d, act, i)
                     : reinterpret_cast<const float*>(d)[i];
   };
   double max_diff = 0.0, scale = 0.0;
@@ -102,35 +130,120 @@ double Mismatch(int t, const std::vector<uint8_t>& got, const uint8_t* want,
     }
     const double d = std::fabs(a - b);
     max_diff = std::max(max_diff, d);
-    if (ulp && d > std::ldexp(scale, -18) && BfUlps(a, b) > 1) ++bad;
+    if (ulp && d > std::ldexp(scale, -18) && Ulps16(act, a, b) > 1) ++bad;
   }
   return ulp ? static_cast<double>(bad) : max_diff / std::max(scale, 1e-30);
 }
 
+// What a run varies besides (B, T, C): the layer and its activations.
+struct Shape {
+  int streams = 4;
+  int64_t hidden = 0;  // 0: each config's own width
+  DType act = DType::kBF16;
+  Layout layout = Layout::kStreamMajor;
+};
+
+// A named case of --shapes: its layer, the configs it runs at, and the case
+// whose % of copy bandwidth it is held against at the config of the same
+// index (the same B and T).
+struct NamedCase {
+  const char* name;
+  const char* baseline;  // itself for a baseline
+  double target;         // most baseline fraction / case fraction; 0: none
+  Shape shape;
+  std::vector<Config> configs;
+};
+
+// Two token counts per case; n16 runs at n4's configs (it moves four times
+// the bytes, so the largest, (4, 4096, 4096), is the one the set's time and
+// memory are sized by), c5129 beside c5120 at the same B and T.
+const std::vector<NamedCase>& NamedCases() {
+  static const std::vector<NamedCase>* cases = [] {
+    const std::vector<Config> c4096 = {{1, 8192, 4096}, {4, 4096, 4096}};
+    auto with = [](int streams, DType act, Layout layout) {
+      Shape s;
+      s.streams = streams, s.act = act, s.layout = layout;
+      return s;
+    };
+    const Shape base;
+    return new std::vector<NamedCase>{
+        {"n4", "n4", 0, base, c4096},
+        {"n16", "n4", 1.3, with(16, DType::kBF16, Layout::kStreamMajor), c4096},
+        {"c5120", "c5120", 0, base, {{2, 4096, 5120}, {4, 4096, 5120}}},
+        {"c5129", "c5120", 1.15, base, {{2, 4096, 5129}, {4, 4096, 5129}}},
+        {"fp16", "n4", 1.1, with(4, DType::kF16, Layout::kStreamMajor), c4096},
+        {"fp32", "n4", 1.1, with(4, DType::kF32, Layout::kStreamMajor), c4096},
+        {"stream_minor", "n4", 1.1, with(4, DType::kBF16, Layout::kStreamMinor),
+         c4096},
+    };
+  }();
+  return *cases;
+}
+
 // What the flags ask for, checked.
 struct Options {
-  std::vector<int> configs;
+  std::vector<Config> configs;
   int reps = 0;
   std::vector<bool> cases = std::vector<bool>(kNumCases, true);
   Flush flush = Flush::kWrite;
-  int streams = 0;
-  int64_t hidden = 0;
+  Shape shape;
   bool keep_projection = true;
+  bool shapes = false;  // the named cases instead of configs and shape
 };
 
 const char* FlushName(Flush f) { return f == Flush::kWrite ? "write" : "read"; }
+
+std::optional<DType> ParseDType(absl::string_view name) {
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+    if (name == DTypeName(d)) return d;
+  }
+  return std::nullopt;
+}
 
 // The flags as Options, or an error naming the flag.
 absl::Status ParseOptions(Options& flags) {
   flags.reps = absl::GetFlag(FLAGS_reps);
   if (flags.reps < 1) return absl::InvalidArgumentError("--reps: at least 1");
-  flags.streams = absl::GetFlag(FLAGS_n);
-  if (flags.streams < 1 || flags.streams > kMaxStreams) {
+  flags.shape.streams = absl::GetFlag(FLAGS_n);
+  if (flags.shape.streams < 1 || flags.shape.streams > kMaxStreams) {
     return absl::InvalidArgumentError(
         absl::StrCat("--n: 1 to ", kMaxStreams, " streams"));
   }
-  flags.hidden = absl::GetFlag(FLAGS_hidden);
-  if (flags.hidden < 0) return absl::InvalidArgumentError("--hidden: >= 0");
+  flags.shape.hidden = absl::GetFlag(FLAGS_hidden);
+  if (flags.shape.hidden < 0) {
+    return absl::InvalidArgumentError("--hidden: >= 0");
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  std::optional<DType> act = ParseDType(dtype);
+  if (!act.has_value()) {
+    return absl::InvalidArgumentError("--dtype: bf16, f16 or f32");
+  }
+  flags.shape.act = *act;
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout == LayoutName(Layout::kStreamMajor)) {
+    flags.shape.layout = Layout::kStreamMajor;
+  } else if (layout == LayoutName(Layout::kStreamMinor)) {
+    flags.shape.layout = Layout::kStreamMinor;
+  } else {
+    return absl::InvalidArgumentError("--layout: stream_major or stream_minor");
+  }
+  flags.shapes = absl::GetFlag(FLAGS_shapes);
+  const std::string configs = absl::GetFlag(FLAGS_configs);
+  const std::string ops = absl::GetFlag(FLAGS_ops);
+  if (flags.shapes) {
+    // Each named case fixes these; silently overriding them would mislabel
+    // the table.
+    if (configs != "all" || ops != "all" || flags.shape.streams != 4 ||
+        flags.shape.hidden != 0 || flags.shape.act != DType::kBF16 ||
+        flags.shape.layout != Layout::kStreamMajor) {
+      return absl::InvalidArgumentError(
+          "--shapes: the named cases set the configs, ops, n, C, dtype and "
+          "layout; drop --configs, --ops, --n, --hidden, --dtype and "
+          "--layout");
+    }
+    flags.cases.assign(kNumCases, false);
+    flags.cases[kLayerFwd] = flags.cases[kLayerFwdBwd] = true;
+  }
   flags.keep_projection = !absl::GetFlag(FLAGS_recompute_projection);
   const std::string flush = absl::GetFlag(FLAGS_flush);
   if (flush == "write") {
@@ -140,14 +253,14 @@ absl::Status ParseOptions(Options& flags) {
   } else {
     return absl::InvalidArgumentError("--flush: write or read");
   }
-  const std::string configs = absl::GetFlag(FLAGS_configs);
+  if (flags.shapes) return absl::OkStatus();
   if (configs == "all" || configs == "first") {
     for (int c = 0; c < (configs == "all" ? kNumLayerConfigs : 1); ++c) {
-      flags.configs.push_back(c);
+      flags.configs.push_back(kConfigs[c]);
     }
   } else if (configs == "small") {
     for (int c = kNumLayerConfigs; c < kNumConfigs; ++c) {
-      flags.configs.push_back(c);
+      flags.configs.push_back(kConfigs[c]);
     }
   } else {
     for (absl::string_view part : absl::StrSplit(configs, ',')) {
@@ -157,10 +270,9 @@ absl::Status ParseOptions(Options& flags) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--configs: all, small, first or indices 0 to ", kNumConfigs - 1));
       }
-      flags.configs.push_back(index);
+      flags.configs.push_back(kConfigs[index]);
     }
   }
-  const std::string ops = absl::GetFlag(FLAGS_ops);
   if (ops != "all") {
     flags.cases.assign(kNumCases, false);
     for (absl::string_view op : absl::StrSplit(ops, ',')) {
@@ -181,19 +293,52 @@ absl::Status ParseOptions(Options& flags) {
 
 struct Result {
   double us = 0, pct = 0;
+  std::optional<LaunchCount> launches;  // none where the capture failed
 };
+
+// "12+1": kernel launches, plus memset and memcpy nodes where there are
+// any; "?" where they could not be counted.
+std::string LaunchesCell(const std::optional<LaunchCount>& l) {
+  if (!l.has_value()) return "?";
+  const int copies = l->memsets + l->memcpys;
+  return copies == 0 ? absl::StrCat(l->kernels)
+                     : absl::StrCat(l->kernels, "+", copies);
+}
+
+// `text` as the inside of a JSON string.
+std::string JsonEscape(absl::string_view text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+std::string ConfigLabel(const Config& c) {
+  return absl::StrCat(c.B, ",", c.T, ",", c.C);
+}
 
 class Bench {
  public:
+  // `case_name`: the named case of --shapes, or null.
   Bench(Backend& gpu, FlushedTimer& timer, double copy_gbps, int reps,
-        int streams, int64_t hidden, bool keep_projection)
+        const Shape& shape, bool keep_projection, const char* case_name)
       : gpu_(gpu),
         timer_(timer),
         copy_gbps_(copy_gbps),
         reps_(reps),
-        streams_(streams),
-        hidden_(hidden),
-        keep_projection_(keep_projection) {}
+        shape_(shape),
+        keep_projection_(keep_projection),
+        case_name_(case_name) {
+    dev_.act = shape.act;
+  }
   ~Bench() {
     for (void* p : dev_.p) {
       if (p != nullptr) gpu_.Free(p);
@@ -203,16 +348,15 @@ class Bench {
 
   // Allocates every tensor for the largest of `configs` once and fills the
   // inputs with random data; smaller configs use a prefix of each buffer.
-  absl::Status Allocate(const std::vector<int>& configs) {
+  absl::Status Allocate(const std::vector<Config>& configs) {
     std::mt19937_64 rng(20261121);
     for (int t = 0; t < kNumTensors; ++t) {
       int64_t count = 0;
-      for (int c : configs) {
+      for (const Config& c : configs) {
         const LayerSpec s = Spec(c);
-        const int64_t m = kConfigs[c].B * kConfigs[c].T;
-        count = std::max(count, Elements(t, s) * (PerToken(t) ? m : 1));
+        count = std::max(count, Elements(t, s) * (PerToken(t) ? c.B * c.T : 1));
       }
-      absl::StatusOr<void*> p = gpu_.Allocate(count * ElemSize(t));
+      absl::StatusOr<void*> p = gpu_.Allocate(count * ElemSize(t, dev_.act));
       if (!p.ok()) return p.status();
       dev_.p[t] = *p;
       absl::Status st = Fill(t, count, rng);
@@ -221,25 +365,29 @@ class Bench {
     return absl::OkStatus();
   }
 
-  int64_t Hidden(int config) const {
-    return hidden_ > 0 ? hidden_ : kConfigs[config].C;
+  int64_t Hidden(const Config& cfg) const {
+    return shape_.hidden > 0 ? shape_.hidden : cfg.C;
   }
-  LayerSpec Spec(int config) const {
-    return PresetSpec("deepseek_v4", streams_, Hidden(config)).value();
+  LayerSpec Spec(const Config& cfg) const {
+    LayerSpec spec =
+        PresetSpec("deepseek_v4", shape_.streams, Hidden(cfg)).value();
+    spec.layout = shape_.layout;
+    return spec;
   }
 
-  // Times and checks every selected case at one config; false on a failed
-  // correctness check (timings are still printed).
-  absl::StatusOr<bool> RunConfig(int config, const std::vector<bool>& cases,
+  // Times, counts the launches of and checks every selected case at one
+  // config; false on a failed correctness check (timings are still
+  // printed).
+  absl::StatusOr<bool> RunConfig(const Config& cfg,
+                                 const std::vector<bool>& cases,
                                  std::map<int, Result>& row) {
-    const LayerSpec spec = Spec(config);
+    const LayerSpec spec = Spec(cfg);
     LayerSpec head = spec;
     head.kind = LayerKind::kHead;
-    const Config& cfg = kConfigs[config];
     const int64_t M = cfg.B * cfg.T;
     absl::Status st = UploadParameters(spec, head);
     if (!st.ok()) return st;
-    const size_t ws = WorkspaceFor(gpu_, spec, head, M);
+    const size_t ws = WorkspaceFor(gpu_, spec, head, M, dev_.act);
     if (ws > dev_.ws.bytes) {
       if (dev_.ws.data != nullptr) gpu_.Free(dev_.ws.data);
       absl::StatusOr<void*> p = gpu_.Allocate(ws);
@@ -252,30 +400,52 @@ class Bench {
       for (const Check& check : Info(c).checks) {  // poison what is checked
         st = gpu_.Memset(dev_.p[check.tensor], 0xff,
                          kCheckTokens * Elements(check.tensor, spec) *
-                             ElemSize(check.tensor));
+                             ElemSize(check.tensor, dev_.act));
         if (!st.ok()) return st;
       }
-      absl::StatusOr<double> us = timer_.MedianUs(kWarmup, reps_, [&] {
+      auto run = [&] {
         return RunCase(c, gpu_, spec, head, dev_, M, keep_projection_);
-      });
+      };
+      absl::StatusOr<double> us = timer_.MedianUs(kWarmup, reps_, run);
       if (!us.ok()) return us.status();
-      const double bytes =
-          BytesPerToken(c, spec, keep_projection_) * static_cast<double>(M);
+      // After the timed runs, so that anything an op sets up on its first
+      // run is done; the capture runs nothing, so the outputs checked
+      // below are still those of the timed runs.
+      absl::StatusOr<LaunchCount> launches = CountLaunches(gpu_, run);
+      const double bytes = BytesPerToken(c, spec, dev_.act, keep_projection_) *
+                           static_cast<double>(M);
       const double gbps = bytes / (*us * 1e3);
       const double pct = 100.0 * gbps / copy_gbps_;
-      row[c] = Result{*us, pct};
+      Result& result = row[c];
+      result = Result{*us, pct, std::nullopt};
+      std::string counted;
+      if (launches.ok()) {
+        result.launches = *launches;
+        counted = absl::StrCat("\"launches\": ", launches->kernels,
+                               ", \"memsets\": ", launches->memsets,
+                               ", \"memcpys\": ", launches->memcpys,
+                               ", \"other_nodes\": ", launches->other);
+      } else {
+        counted = absl::StrCat(
+            "\"launches\": null, \"memsets\": null, \"memcpys\": null, "
+            "\"other_nodes\": null, \"launches_error\": \"",
+            JsonEscape(launches.status().ToString()), "\"");
+      }
+      const std::string named =
+          case_name_ == nullptr ? "null" : absl::StrCat("\"", case_name_, "\"");
       std::printf(
-          "{\"impl\": \"mhcd\", \"op\": \"%s\", \"direction\": \"%s\", "
-          "\"config\": \"%lld,%lld,%lld\", \"M\": %lld, \"n\": %d, \"C\": "
-          "%lld, \"dtype\": \"bf16\", \"mode\": \"deterministic\", "
-          "\"variant\": \"%s\", \"us\": %.2f, \"bytes\": %.0f, \"gbps\": "
-          "%.1f, \"pct_copy\": %.1f}\n",
-          Info(c).op, Info(c).direction, static_cast<long long>(cfg.B),
-          static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
-          static_cast<long long>(M), streams_,
-          static_cast<long long>(Hidden(config)),
+          "{\"impl\": \"mhcd\", \"case\": %s, \"op\": \"%s\", "
+          "\"direction\": \"%s\", \"config\": \"%s\", \"M\": %lld, \"n\": "
+          "%d, \"C\": %lld, \"dtype\": \"%s\", \"layout\": \"%s\", "
+          "\"mode\": \"deterministic\", \"variant\": \"%s\", \"us\": %.2f, "
+          "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, %s}\n",
+          named.c_str(), Info(c).op, Info(c).direction,
+          ConfigLabel(cfg).c_str(), static_cast<long long>(M), shape_.streams,
+          static_cast<long long>(Hidden(cfg)),
+          std::string(DTypeName(dev_.act)).c_str(),
+          std::string(LayoutName(shape_.layout)).c_str(),
           std::string(CaseVariant(c, gpu_, spec, head, dev_, M)).c_str(), *us,
-          bytes, gbps, pct);
+          bytes, gbps, pct, counted.c_str());
       absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
       if (!good.ok()) return good.status();
       ok = ok && *good;
@@ -288,20 +458,20 @@ class Bench {
   // Inputs get random non-zero values; outputs NaN (all bits set) so an
   // element never written fails the check; gradients zero.
   absl::Status Fill(int t, int64_t count, std::mt19937_64& rng) {
-    const size_t bytes = count * ElemSize(t);
+    const size_t bytes = count * ElemSize(t, dev_.act);
     if (IsGrad(t)) return gpu_.Memset(dev_.p[t], 0, bytes);
     if (t >= kY && t <= kDe) return gpu_.Memset(dev_.p[t], 0xff, bytes);
     // Large activations repeat a random block of odd length, so rows of
     // different tokens still differ, without generating gigabytes on the
     // host.
     const int64_t block = std::min<int64_t>(count, (int64_t{1} << 22) + 9);
-    std::vector<uint8_t> host(block * ElemSize(t));
+    std::vector<uint8_t> host(block * ElemSize(t, dev_.act));
     auto [lo, hi] = Range(t);
     std::uniform_real_distribution<float> dist(lo, hi);
     for (int64_t i = 0; i < block; ++i) {
       const float v = dist(rng);
       if (IsAct(t)) {
-        StoreActivation(host.data(), kAct, i, v);
+        StoreActivation(host.data(), dev_.act, i, v);
       } else {
         reinterpret_cast<float*>(host.data())[i] = v;
       }
@@ -344,10 +514,11 @@ class Bench {
     if (!st.ok()) return st;
     std::vector<std::vector<uint8_t>> host(kNumTensors);
     Tensors ref;
+    ref.act = dev_.act;
     for (int t = 0; t < kNumTensors; ++t) {
       const int64_t count =
           Elements(t, spec) * (PerToken(t) ? kCheckTokens : 1);
-      host[t].assign(count * ElemSize(t), 0);
+      host[t].assign(count * ElemSize(t, dev_.act), 0);
       ref.p[t] = host[t].data();
       if (!IsGrad(t)) {
         st = gpu_.CopyToHost(host[t].data(), dev_.p[t], host[t].size());
@@ -357,24 +528,31 @@ class Bench {
     std::vector<std::vector<uint8_t>> got(kNumTensors);
     for (const Check& check : Info(c).checks)
       got[check.tensor] = host[check.tensor];
-    std::vector<uint8_t> ws(WorkspaceFor(*ref_, spec, head, kCheckTokens));
+    std::vector<uint8_t> ws(
+        WorkspaceFor(*ref_, spec, head, kCheckTokens, dev_.act));
     ref.ws = Workspace{ws.data(), ws.size()};
     st = RunCase(c, *ref_, spec, head, ref, kCheckTokens, keep_projection_);
     if (!st.ok()) return st;
     bool ok = true;
     for (const Check& check : Info(c).checks) {
       const int t = check.tensor;
+      // f32 activations have no one-ulp rounding to hold element-wise
+      // results to; they get the fp32 norm-wise bound instead.
+      const bool ulp = check.tol == 0 && dev_.act != DType::kF32;
+      const double tol =
+          check.tol == 0 && !ulp ? kF32ElementwiseTol : check.tol;
       const double err =
           Mismatch(t, got[t], host[t].data(), kCheckTokens * Elements(t, spec),
-                   check.tol == 0);
-      if (check.tol == 0 ? err > 0 : !(err <= check.tol)) {
+                   dev_.act, ulp);
+      if (ulp ? err > 0 : !(err <= tol)) {
         std::printf(
-            "FAIL %s %s config %lld,%lld,%lld: %s %s %g (limit %s)\n",
-            Info(c).op, Info(c).direction, static_cast<long long>(cfg.B),
-            static_cast<long long>(cfg.T), static_cast<long long>(cfg.C),
-            kTensorNames[t],
-            check.tol == 0 ? "elements over 1 ulp:" : "relative error", err,
-            check.tol == 0 ? "0" : std::to_string(check.tol).c_str());
+            "FAIL %s%s%s %s config %s (%s, %s): %s %s %g (limit %s)\n",
+            case_name_ == nullptr ? "" : case_name_,
+            case_name_ == nullptr ? "" : " ", Info(c).op, Info(c).direction,
+            ConfigLabel(cfg).c_str(), std::string(DTypeName(dev_.act)).c_str(),
+            std::string(LayoutName(shape_.layout)).c_str(), kTensorNames[t],
+            ulp ? "elements over 1 ulp:" : "relative error", err,
+            ulp ? "0" : std::to_string(tol).c_str());
         ok = false;
       }
     }
@@ -386,36 +564,116 @@ class Bench {
   std::unique_ptr<Backend> ref_ = MakeReferenceBackend();
   const double copy_gbps_;
   const int reps_;
-  const int streams_;
-  const int64_t hidden_;  // 0: each config's own width
+  const Shape shape_;
   const bool keep_projection_;
+  const char* const case_name_;  // null outside --shapes
   Tensors dev_;
 };
 
-void PrintTable(const std::vector<int>& configs,
+void PrintTable(const std::vector<Config>& configs,
                 const std::vector<std::map<int, Result>>& rows) {
-  std::printf("\n%-27s", "op / direction  (us, %copy)");
-  for (int c : configs) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "%lld,%lld,%lld",
-                  static_cast<long long>(kConfigs[c].B),
-                  static_cast<long long>(kConfigs[c].T),
-                  static_cast<long long>(kConfigs[c].C));
-    std::printf(" %14s", name);
+  std::printf("\n%-36s", "op / direction  (us/%copy/launches)");
+  for (const Config& c : configs) {
+    std::printf(" %18s", ConfigLabel(c).c_str());
   }
   std::printf("\n");
   for (int k = 0; k < kNumCases; ++k) {
     if (rows.empty() || rows[0].count(k) == 0) continue;
     std::string label = std::string(Info(k).op) + " " + Info(k).direction;
-    std::printf("%-27s", label.c_str());
+    std::printf("%-36s", label.c_str());
     for (const auto& row : rows) {
       const Result& r = row.at(k);
-      char cell[32];
-      std::snprintf(cell, sizeof(cell), "%.1f/%.0f%%", r.us, r.pct);
-      std::printf(" %14s", cell);
+      const std::string cell =
+          absl::StrCat(absl::StrFormat("%.1f/%.0f%%/", r.us, r.pct),
+                       LaunchesCell(r.launches));
+      std::printf(" %18s", cell.c_str());
     }
     std::printf("\n");
   }
+}
+
+// Runs every named case of --shapes (rows[i][j]: case i at its config j);
+// false on a failed correctness check.
+absl::StatusOr<bool> RunShapes(
+    const Options& flags, Backend& gpu, FlushedTimer& timer, double copy_gbps,
+    std::vector<std::vector<std::map<int, Result>>>& rows) {
+  bool ok = true;
+  for (const NamedCase& named : NamedCases()) {
+    // One case's buffers at a time: n16 and fp32 need the most.
+    Bench bench(gpu, timer, copy_gbps, flags.reps, named.shape,
+                flags.keep_projection, named.name);
+    absl::Status st = bench.Allocate(named.configs);
+    if (!st.ok()) return st;
+    rows.emplace_back();
+    for (const Config& cfg : named.configs) {
+      rows.back().emplace_back();
+      absl::StatusOr<bool> good =
+          bench.RunConfig(cfg, flags.cases, rows.back().back());
+      if (!good.ok()) return good.status();
+      ok = ok && *good;
+    }
+  }
+  return ok;
+}
+
+// The named cases' table: each measurement, and for a case held against a
+// baseline, the baseline's % of copy bandwidth over the case's at the same
+// config index and whether that is within the target. One JSON line per
+// comparison too.
+void PrintShapesTable(
+    const std::vector<std::vector<std::map<int, Result>>>& rows) {
+  const std::vector<NamedCase>& cases = NamedCases();
+  auto index_of = [&](const char* name) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (std::strcmp(cases[i].name, name) == 0) return i;
+    }
+    return cases.size();
+  };
+  std::vector<std::string> lines;
+  int held = 0, met = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const NamedCase& named = cases[i];
+    const size_t b = index_of(named.baseline);
+    for (size_t j = 0; j < named.configs.size(); ++j) {
+      for (int k : {kLayerFwd, kLayerFwdBwd}) {
+        const Result& r = rows[i][j].at(k);
+        std::string ratio = "-", target = "baseline", verdict = "-";
+        if (b != i && b < cases.size()) {
+          const Result& base = rows[b][j].at(k);
+          const double q = base.pct / r.pct;
+          const bool good = q <= named.target;
+          ratio = absl::StrFormat("%.2fx", q);
+          target = absl::StrFormat("%.2fx", named.target);
+          verdict = good ? "met" : "missed";
+          ++held;
+          met += good ? 1 : 0;
+          std::printf(
+              "{\"impl\": \"mhcd\", \"op\": \"shape_target\", \"case\": "
+              "\"%s\", \"baseline\": \"%s\", \"direction\": \"%s\", "
+              "\"config\": \"%s\", \"baseline_config\": \"%s\", "
+              "\"pct_copy\": %.1f, \"baseline_pct_copy\": %.1f, \"ratio\": "
+              "%.3f, \"target\": %.2f, \"met\": %s}\n",
+              named.name, named.baseline, Info(k).direction,
+              ConfigLabel(named.configs[j]).c_str(),
+              ConfigLabel(cases[b].configs[j]).c_str(), r.pct, base.pct, q,
+              named.target, good ? "true" : "false");
+        }
+        lines.push_back(absl::StrFormat(
+            "%-13s %-15s %-17s %9.1f %6.1f%% %8s %7s %8s %s", named.name,
+            ConfigLabel(named.configs[j]), Info(k).direction, r.us, r.pct,
+            LaunchesCell(r.launches), ratio, target, verdict));
+      }
+    }
+  }
+  std::printf("\n%-13s %-15s %-17s %9s %7s %8s %7s %8s %s\n", "case", "config",
+              "direction", "us", "%copy", "launches", "ratio", "target",
+              "result");
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::printf(
+      "ratio: the baseline's %% of copy over the case's at the same B, T "
+      "(n16, fp16, fp32, stream_minor against n4; c5129 against c5120); "
+      "shape targets met: %d of %d\n",
+      met, held);
 }
 
 int Run() {
@@ -467,10 +725,17 @@ int Run() {
       FlushName(flags.flush), *floor_events, *floor_kernel);
   bool ok = true;
   std::vector<std::map<int, Result>> rows;
-  {
-    Bench bench(**gpu, **timer, copy_gbps, flags.reps, flags.streams,
-                flags.hidden, flags.keep_projection);
-    absl::Status st = bench.Allocate(flags.configs);
+  std::vector<std::vector<std::map<int, Result>>> shape_rows;
+  absl::Status st;
+  if (flags.shapes) {
+    absl::StatusOr<bool> good =
+        RunShapes(flags, **gpu, **timer, copy_gbps, shape_rows);
+    st = good.status();
+    ok = good.ok() && *good;
+  } else {
+    Bench bench(**gpu, **timer, copy_gbps, flags.reps, flags.shape,
+                flags.keep_projection, nullptr);
+    st = bench.Allocate(flags.configs);
     for (size_t i = 0; st.ok() && i < flags.configs.size(); ++i) {
       rows.emplace_back();
       absl::StatusOr<bool> good =
@@ -481,27 +746,39 @@ int Run() {
         ok = ok && *good;
       }
     }
-    if (!st.ok()) {
-      std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
-      return 1;
-    }
   }
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  const std::string layer =
+      flags.shapes ? std::string("the named shape cases")
+                   : absl::StrFormat("n = %d, %s, %s", flags.shape.streams,
+                                     DTypeName(flags.shape.act),
+                                     LayoutName(flags.shape.layout));
   std::printf(
-      "\ndevice %s, copy bandwidth %.0f GB/s (nominal %.0f), n = %d, "
-      "bf16, deepseek_v4, deterministic, median of %d, L2 flushed by a "
-      "%s; timing floor %.2f us (events alone %.2f us)\n",
-      device.c_str(), copy_gbps, peak, flags.streams, flags.reps,
-      flags.flush == Flush::kWrite ? "write" : "read", *floor_kernel,
-      *floor_events);
+      "\ndevice %s, copy bandwidth %.0f GB/s (nominal %.0f), %s, "
+      "deepseek_v4, deterministic, median of %d, L2 flushed by a %s; "
+      "timing floor %.2f us (events alone %.2f us)\n",
+      device.c_str(), copy_gbps, peak, layer.c_str(), flags.reps,
+      FlushName(flags.flush), *floor_kernel, *floor_events);
   std::printf("layer cases: the pre backward %s\n",
               flags.keep_projection
                   ? "takes the projection the pre forward kept"
                   : "recomputes the projection from x");
-  if (flags.hidden > 0) {
-    std::printf("every config run at C = %lld (labels keep B, T, C)\n",
-                static_cast<long long>(flags.hidden));
+  std::printf(
+      "launches: kernel launches of one run of the op, + memset and memcpy "
+      "nodes where there are any, from a CUDA graph capture of it; ? where "
+      "the capture failed (its JSON line says why)\n");
+  if (flags.shapes) {
+    PrintShapesTable(shape_rows);
+  } else {
+    if (flags.shape.hidden > 0) {
+      std::printf("every config run at C = %lld (labels keep B, T, C)\n",
+                  static_cast<long long>(flags.shape.hidden));
+    }
+    PrintTable(flags.configs, rows);
   }
-  PrintTable(flags.configs, rows);
   std::printf("%s\n", ok ? "all checks vs the float64 reference passed"
                          : "FAIL: some outputs differ from the reference");
   return ok ? 0 : 1;
