@@ -175,7 +175,7 @@ TEST(ProjectionPlan, ForwardWideTilesAndVectors) {
 
 TEST(ProjectionPlan, ForwardWorkspace) {
   // n = 4, C = 4096: 8 chunks of 2048 k, 25 partials per token and chunk;
-  // bf16 splits phi' once (256 stages of 6 KB) at M = 4096, not at M = 64.
+  // bf16 splits phi' once (256 stages of 6 KB) at every M > 0.
   const ProjectionForwardPlan big =
       PlanProjectionForward(Layer(4, 4096), DType::kBF16, 4096, {});
   EXPECT_EQ(big.workspace.partials, size_t{4} * 4096 * 8 * 25);
@@ -185,9 +185,14 @@ TEST(ProjectionPlan, ForwardWorkspace) {
             big.workspace.partials + big.workspace.phi_split);
   EXPECT_EQ(big.workspace.total, big.workspace.counter_offset + 256);
   const ProjectionForwardPlan small =
-      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 64, {});
-  EXPECT_EQ(small.workspace.phi_split, 0u);
-  EXPECT_FALSE(small.split_phi);
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 1, {});
+  EXPECT_EQ(small.workspace.partials, size_t{1024});  // 800 B, aligned
+  EXPECT_EQ(small.workspace.phi_split, size_t{256} * 6144);
+  EXPECT_TRUE(small.split_phi);
+  EXPECT_EQ(small.workspace.total, small.workspace.counter_offset + 256);
+  // No tokens, no split.
+  EXPECT_FALSE(
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 0, {}).split_phi);
   // IEEE splits into three terms (9 KB per stage); fp16 never splits.
   EXPECT_EQ(PlanProjectionForward(Layer(4, 4096, kIeee), DType::kBF16, 4096, {})
                 .workspace.phi_split,

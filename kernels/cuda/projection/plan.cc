@@ -98,8 +98,7 @@ const std::vector<ForwardRule>& ForwardRules() {
         "kernels/cuda/projection/forward/wgmma_bf16.cu",
         "64-token units on `wgmma.m64n24k16`; `x` by tensor copies where rows "
         "sit on 16 bytes, else 8- / 4-byte `cp.async` pieces; `phi'` split "
-        "into bf16 terms once per launch when that costs <= 2.5 % of the `x` "
-        "bytes, else per stage",
+        "into bf16 terms once per launch, copied in beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
@@ -151,15 +150,13 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   if (!l.spec.dynamic) return w;
   w.partials = AlignBytes(sizeof(float) * l.tokens *
                           proj::PlanChunks(l.K, l.N).chunks * (l.N + 1));
-  // bf16 layers of one group split phi' once per launch when the split (96
-  // B per k, 144 under IEEE) costs at most 2.5 % of the x bytes; smaller
-  // batches split it per tile.
-  if (l.bf16 && proj::LogitGroups(l.N) == 1) {
+  // bf16 layers of one group split phi' (96 B per k, 144 under IEEE) once
+  // per launch at every batch: split per tile, each stage waited on its own
+  // phi fetch, a fixed cost per unit that small batches could not hide.
+  if (l.bf16 && proj::LogitGroups(l.N) == 1 && l.tokens > 0) {
     const int words = l.ieee ? proj::kBf16StageWords : proj::kBf16HiMidWords;
-    const size_t bytes = AlignBytes(sizeof(uint32_t) * words *
-                                    ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
-    const size_t x_bytes = static_cast<size_t>(l.tokens) * l.K * 2;
-    if (bytes * 40 <= x_bytes) w.phi_split = bytes;
+    w.phi_split = AlignBytes(sizeof(uint32_t) * words *
+                             ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
   }
   w.phi_split_offset = w.partials;
   w.counter_offset = w.partials + w.phi_split;

@@ -8,8 +8,7 @@
 //
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
-// sizes the workspace and, in the bf16 forward, decides whether phi' is
-// split once per launch or per tile (the same bits either way).
+// sizes the workspace.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
@@ -93,7 +92,7 @@ struct DxTerms {
 // ---- Forward.
 
 // Workspace: the chunk partials, the phi' split (bf16, one logit group,
-// large enough M), the unit counter; byte offsets from the start.
+// M > 0), the unit counter; byte offsets from the start.
 struct ProjectionForwardWorkspaceLayout {
   size_t partials = 0;  // at 0
   size_t phi_split = 0;
