@@ -321,6 +321,28 @@ TEST(ProjectionPlan, BackwardKeepsTheChoices) {
   }
 }
 
+// mma: dphi and dx apart while the CTAs (128 columns x 1024 tokens) number
+// fewer than an H200's SMs and dx would take finer chunks (M > 128).
+TEST(ProjectionPlan, BackwardDxApart) {
+  const DxTerms both = Terms(true, true);
+  auto apart = [&](int n, int64_t C, int64_t M) {
+    const ProjectionBackwardPlan plan =
+        PlanProjectionBackward(Layer(n, C), DType::kBF16, M, {}, both);
+    EXPECT_EQ(plan.variant, BV::kMma);
+    return plan.dx_apart;
+  };
+  EXPECT_TRUE(apart(4, 1024, 512));    // 32 CTAs
+  EXPECT_TRUE(apart(4, 2560, 1024));   // 80
+  EXPECT_FALSE(apart(4, 4096, 2048));  // 128 x 2 = 256
+  EXPECT_FALSE(apart(4, 1024, 128));   // one dx chunk already
+  EXPECT_FALSE(apart(4, 8192, 1024));  // 256
+  EXPECT_TRUE(apart(4, 1024, 4096));   // 32 x 4
+  EXPECT_FALSE(apart(4, 1024, 5000));  // 32 x 5 = 160
+  // The warpgroup-mma rows never do.
+  EXPECT_FALSE(
+      PlanProjectionBackward(Layer(4, 1024), DType::kBF16, 512, {}).dx_apart);
+}
+
 TEST(ProjectionPlan, BackwardRowCopiesAndVectors) {
   auto copy = [](const LayerSpec& spec, DType dtype,
                  const ProjectionBackwardAlignment& a) {

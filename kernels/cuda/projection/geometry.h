@@ -89,6 +89,10 @@ inline constexpr int kDxStageTokens = 32;
 inline constexpr int kDxStages = 4;
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
+// A launch of fewer CTAs (128 columns x a token chunk) than an H100 / H200
+// has SMs runs dphi and dx apart, dx in CTAs of this many tokens.
+inline constexpr int64_t kDxApartCtas = 132;
+inline constexpr int kDxApartTokens = 4 * kDxStageTokens;
 constexpr int DxTilesFor(int N) { return N <= 8 ? 1 : N <= 24 ? 3 : 10; }
 constexpr int DhAFloats(int tiles) {
   return kDxStageTokens / 16 * tiles * 32 * 4;

@@ -241,7 +241,8 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`n`), the tile fits shared memory",
         "kernels/cuda/projection/backward/mma.cu",
         "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
-        "registers; rows off 16 bytes through realigned `cp.async` slots",
+        "registers; rows off 16 bytes through realigned `cp.async` slots; "
+        "fewer CTAs than SMs: `dphi` alone, then `dx` over 128-token chunks",
         Example(4, 256, DType::kF32)},
        [](const BackwardCase& c) {
          return MmaDxSuitsLayer(c.l.spec) &&
@@ -453,6 +454,15 @@ ProjectionBackwardPlan PlanProjectionBackward(
                                          : ProjectionDphiVariant::kMmaWide;
   } else {
     plan.dphi = ProjectionDphiVariant::kWithDx;
+  }
+  // mma: each CTA walks its token chunk in order (that order is each
+  // column's dphi sum), so with few chunks most SMs idle; dx alone then
+  // takes finer chunks.
+  if (plan.variant == BV::kMma && tokens > proj::kDxApartTokens) {
+    const int64_t columns =
+        (spec.hidden + proj::kDxCols / spec.n - 1) / (proj::kDxCols / spec.n);
+    const int64_t chunks = (tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
+    plan.dx_apart = columns * chunks < proj::kDxApartCtas;
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   return plan;

@@ -160,6 +160,9 @@ struct ProjectionBackwardPlan {
   bool vector_x = false;
   bool vector_dx = false;
   int fma_vector = 1;  // fma: k per thread (1 or 2)
+  // mma: dphi alone over each token chunk, then dx alone over chunks of
+  // kDxApartTokens (small batches; the same bits).
+  bool dx_apart = false;
   ProjectionBackwardWorkspaceLayout workspace;
 };
 
