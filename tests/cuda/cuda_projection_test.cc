@@ -178,7 +178,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 // (one thread, the copy engine swizzling and zero-filling) and rows 8 bytes
 // off by every thread's cp.async pieces: the same bits either way. Cases:
 // IEEE (three phi' terms), a K past the last 64-k block (C = 1000: zeros
-// past K), a small batch with a wide K, and more units than CTAs.
+// past K), a small batch with a wide K (these three with fewer units than
+// SMs: the tensor copies on the deep ring), and more units than CTAs.
 TEST(CudaProjectionTilesTest, TensorCopiesMatchThreadCopies) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {

@@ -173,6 +173,25 @@ TEST(ProjectionPlan, ForwardWideTilesAndVectors) {
   EXPECT_FALSE(plan.phi_vector);
 }
 
+// wgmma_bf16 with tensor copies: a deep ring while the units (64 tokens x
+// a K chunk) number fewer than an H200's SMs.
+TEST(ProjectionPlan, ForwardDeepRing) {
+  auto deep = [](int64_t C, int64_t M, int x_alignment = 16) {
+    ProjectionForwardAlignment a;
+    a.x = x_alignment;
+    const ProjectionForwardPlan plan =
+        PlanProjectionForward(Layer(4, C), DType::kBF16, M, a);
+    EXPECT_EQ(plan.variant, FV::kWgmmaBf16);
+    return plan.deep_ring;
+  };
+  EXPECT_TRUE(deep(1024, 512));    // 8 tiles x 2 chunks
+  EXPECT_TRUE(deep(2560, 1024));   // 16 x 5
+  EXPECT_FALSE(deep(4096, 2048));  // 32 x 8
+  EXPECT_TRUE(deep(1024, 1));
+  EXPECT_FALSE(deep(1024, 4200));    // 66 x 2
+  EXPECT_FALSE(deep(1024, 512, 8));  // cp.async pieces
+}
+
 TEST(ProjectionPlan, ForwardWorkspace) {
   // n = 4, C = 4096: 8 chunks of 2048 k, 25 partials per token and chunk;
   // bf16 splits phi' once (256 stages of 6 KB) at every M > 0.

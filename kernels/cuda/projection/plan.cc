@@ -97,7 +97,8 @@ const std::vector<ForwardRule>& ForwardRules() {
         "or 4-byte copies",
         "kernels/cuda/projection/forward/wgmma_bf16.cu",
         "64-token units on `wgmma.m64n24k16`; `x` by tensor copies where rows "
-        "sit on 16 bytes, else 8- / 4-byte `cp.async` pieces; `phi'` split "
+        "sit on 16 bytes (eight stages in flight when units are fewer than "
+        "SMs, else three), else 8- / 4-byte `cp.async` pieces; `phi'` split "
         "into bf16 terms once per launch, copied in beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
@@ -391,6 +392,14 @@ ProjectionForwardPlan PlanProjectionForward(
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;
+  // Fewer units than SMs hold one per SM: a deeper ring keeps the one CTA's
+  // copies in flight (a stage's arithmetic never depends on the ring).
+  if (plan.variant == FV::kWgmmaBf16 && plan.x_copy_bytes == 16) {
+    const int64_t units = (tokens + proj::kBf16UnitTokens - 1) /
+                          proj::kBf16UnitTokens *
+                          proj::PlanChunks(l.K, l.N).chunks;
+    plan.deep_ring = units < proj::kTunedSms;
+  }
   return plan;
 }
 
@@ -462,7 +471,7 @@ ProjectionBackwardPlan PlanProjectionBackward(
     const int64_t columns =
         (spec.hidden + proj::kDxCols / spec.n - 1) / (proj::kDxCols / spec.n);
     const int64_t chunks = (tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
-    plan.dx_apart = columns * chunks < proj::kDxApartCtas;
+    plan.dx_apart = columns * chunks < proj::kTunedSms;
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   return plan;

@@ -109,6 +109,9 @@ struct ProjectionForwardPlan {
   int x_copy_bytes = 0;
   bool phi_vector = false;  // phi and gamma by 16-byte loads (mma)
   bool split_phi = false;   // phi' split once per launch (bf16 one group)
+  // wgmma_bf16 with x by tensor copies, fewer units than SMs: a ring of
+  // kBf16DeepStages stages (the same bits).
+  bool deep_ring = false;
   // mma_wide: 16-byte x, phi and gamma rows (IEEE only: TF32 ones go to
   // wgmma_tf32_wide).
   bool vector_rows = false;

@@ -53,7 +53,12 @@ using bf16_unit::kRowChunks;
 using bf16_unit::kStageK;
 using bf16_unit::Terms;
 
-constexpr int kStages = 3;
+// Stages in the ring: three at up to four CTAs per SM, or with the plan's
+// deep_ring (fewer units than SMs, so one CTA per SM) the deep ring, so that
+// the one CTA keeps more bytes in flight.
+constexpr int kRing = 3;
+constexpr int kDeepRing = proj::kBf16DeepStages;
+static_assert(kDeepRing <= 32, "a parity bit per stage");
 constexpr int kUnitTokens = 64;           // wgmma rows
 constexpr int kUnitThreads = 128;         // one warpgroup
 constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
@@ -61,11 +66,12 @@ constexpr int kXTileBytes = kUnitTokens * kRowBytes;
 constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
+static_assert(kUnitTokens == proj::kBf16UnitTokens, "the plan's units");
 // A stage: the x tile, then one B tile per term; all on swizzle atoms.
 __host__ __device__ constexpr int StageBytes(int terms) {
   return kXTileBytes + terms * kTermTileBytes;
 }
-template <int kTerms>
+template <int kTerms, int kStages>
 constexpr int SmemBytes() {
   return kStages * StageBytes(kTerms) + kSwizzleAtomBytes;
 }
@@ -101,7 +107,7 @@ __global__ void __launch_bounds__(kSplitChunks)
 // issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
 // thread. phi' always comes split (phi_planes_kernel; projection/plan.cc
 // says why).
-template <int kTerms, int kCopyBytes, bool kTma>
+template <int kTerms, int kCopyBytes, bool kTma, int kStages>
 __global__ void __launch_bounds__(kUnitThreads, 4)
     bf16_wgmma_projection_kernel(const __grid_constant__ CUtensorMap x_map,
                                  DevSpec s, int64_t tokens,
@@ -218,7 +224,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
 
 // The split runs first; the units' CTAs take their slots beside it and wait
 // for it before their first copy.
-template <int kTerms, int kCopyBytes, bool kTma>
+template <int kTerms, int kCopyBytes, bool kTma, int kStages = kRing>
 cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
                         int64_t tokens, const void* x, const float* phi,
                         const float* gamma, bool vec_phi, char* planes,
@@ -232,9 +238,10 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
                stream>>>(s, phi, gamma, vec_phi, planes);
         return cudaGetLastError();
       },
-      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma>, kUnitThreads,
-      /*equal_shares=*/true, units, SmemBytes<kTerms>(), next_unit, stream,
-      x_map, s, tokens, static_cast<const __nv_bfloat16*>(x),
+      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages>,
+      kUnitThreads,
+      /*equal_shares=*/true, units, SmemBytes<kTerms, kStages>(), next_unit,
+      stream, x_map, s, tokens, static_cast<const __nv_bfloat16*>(x),
       static_cast<const char*>(planes), partial);
 }
 
@@ -295,6 +302,11 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
           // (no encoder in the driver, coordinates past 32 bits), the 8-byte
           // pieces take them, with the same bits.
           if (EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+            if (plan.deep_ring) {
+              return LaunchTerms<kT, 16, true, kDeepRing>(
+                  x_map, s, tokens, x, phi, gamma, vec_phi, split, partial,
+                  next_unit, stream);
+            }
             return LaunchTerms<kT, 16, true>(x_map, s, tokens, x, phi, gamma,
                                              vec_phi, split, partial, next_unit,
                                              stream);
