@@ -8,7 +8,8 @@
 //
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
-// sizes the workspace.
+// sizes the workspace and, where the tiles would leave SMs idle, the launch
+// shape (deep_ring, dx_apart: the same bits either way).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
