@@ -179,6 +179,15 @@ __device__ __noinline__ void RepairedForwardMix(const DevSpec& s, int64_t m,
   StoreUnscaled(s, e, h_s, ms_s, kept.h + m * s.N, kept.mean_square + m);
 }
 
+// Elements of the chunk sum each thread loads before it stores any: a store
+// may alias the next loads as far as the compiler knows, so one element per
+// pass waited out a load's latency per element. n = 16 keeps one: its
+// registers doubled with four.
+template <int NT>
+constexpr int PreMixSumBatch() {
+  return NT <= 8 ? 4 : 1;
+}
+
 template <int NT>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
@@ -187,8 +196,15 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   WaitForPrerequisiteGrid();  // the units' partials
   AllowDependentLaunch();     // the aggregate waits for this kernel's end
   constexpr int kTokens = PreMixThreads<NT>();
+  constexpr int kBlock = PreMixBlock<NT>();
+  constexpr int kBatch = PreMixSumBatch<NT>();
   static_assert(kMmaTokens % kTokens == 0, "a block's tokens share a tile");
   __shared__ float h_s[kTokens][NT * NT + 2 * NT + 1];
+  // alpha, then beta: loaded beside the partials rather than after them.
+  __shared__ float params_s[3 + NT * NT + 2 * NT];
+  for (int i = threadIdx.x; i < s.num_alpha + s.N; i += kBlock) {
+    params_s[i] = i < s.num_alpha ? a.alpha[i] : a.beta[i - s.num_alpha];
+  }
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kTokens;
   const int live = static_cast<int>(min(int64_t{kTokens}, tokens - m0));
   const int chunks = PlanChunks(s.K, s.N).chunks;
@@ -196,20 +212,32 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   // The block's rows are consecutive in each chunk's partials of their tile:
   // the whole block adds them element by element, coalesced.
   const TokenChunks rows = ChunksOf(partial, tokens, chunks, width, m0);
-  for (int e = threadIdx.x; e < live * width; e += PreMixBlock<NT>()) {
-    const int t = e / width, col = e % width;
-    const float sum = SumChunks(rows, chunks, e);
-    h_s[t][col] = sum;
-    // As projection_finish_kernel writes them: the backward's recompute and
-    // this copy are the same bits.
-    if (kept.h == nullptr) continue;
-    if (col < s.N) {
-      kept.h[(m0 + t) * s.N + col] = sum;
-    } else {
-      kept.mean_square[m0 + t] = sum / static_cast<float>(s.K);
+  for (int e0 = threadIdx.x; e0 < live * width; e0 += kBatch * kBlock) {
+    float sum[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = e0 + b * kBlock;
+      sum[b] = e < live * width ? SumChunks(rows, chunks, e) : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = e0 + b * kBlock;
+      if (e >= live * width) break;
+      const int t = e / width, col = e % width;
+      h_s[t][col] = sum[b];
+      // As projection_finish_kernel writes them: the backward's recompute
+      // and this copy are the same bits.
+      if (kept.h == nullptr) continue;
+      if (col < s.N) {
+        kept.h[(m0 + t) * s.N + col] = sum[b];
+      } else {
+        kept.mean_square[m0 + t] = sum[b] / static_cast<float>(s.K);
+      }
     }
   }
   __syncthreads();
+  a.alpha = params_s;
+  a.beta = params_s + s.num_alpha;
   if (static_cast<int>(threadIdx.x) >= live) return;
   const float* h = h_s[threadIdx.x];
   const float ms = h[s.N] / static_cast<float>(s.K);
@@ -252,6 +280,20 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
                                                  const MixKeep* keep) {
   const int n = StreamCount<NT>(s);
   float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
+  // With `keep`, dH_res and dH_post are read before the first store: a store
+  // may alias them as far as the compiler knows, and a load after it would
+  // wait out its latency on the token's chain.
+  [[maybe_unused]] float dp4[16], dq4[4];
+  [[maybe_unused]] bool preloaded = false;
+  if constexpr (NT == 4) {
+    if (!s.head && keep != nullptr) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) dp4[e] = a.dh_res[m * 16 + e];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dq4[i] = i < n ? a.dh_post[m * n + i] : 0.0f;
+      preloaded = true;
+    }
+  }
   ScaleForwardToken<NT>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
@@ -275,10 +317,7 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
           }
         }
       }
-      float dp[16];
-#pragma unroll
-      for (int e = 0; e < 16; ++e) dp[e] = a.dh_res[m * 16 + e];
-      sk4::Backward(s.iterations, p0, p, dp, *keep, da);
+      sk4::Backward(s.iterations, p0, p, dp4, *keep, da);
     }
   } else if (!s.head) {
     if (a.r != nullptr) {
@@ -301,10 +340,14 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
     }
     SinkhornBackwardToken<NT>(s, logits, dp, da);
   }
-  ScaleBackwardToken<NT>(
-      s, h_row, ms, a.alpha, a.beta, dhp, s.head ? nullptr : a.dh_post + m * n,
-      da, s.dynamic ? a.dh + m * s.N : nullptr, s.dynamic ? a.dms + m : nullptr,
-      a.contrib + m * (s.N + s.num_alpha));
+  const float* dh_post = s.head ? nullptr : a.dh_post + m * n;
+  if constexpr (NT == 4) {
+    if (preloaded) dh_post = dq4;
+  }
+  ScaleBackwardToken<NT>(s, h_row, ms, a.alpha, a.beta, dhp, dh_post, da,
+                         s.dynamic ? a.dh + m * s.N : nullptr,
+                         s.dynamic ? a.dms + m : nullptr,
+                         a.contrib + m * (s.N + s.num_alpha));
 }
 
 // dh_pre[m][i] = sum_c dy[m][c] x[m][i][c] with one warp per token: lanes

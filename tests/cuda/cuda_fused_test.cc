@@ -449,6 +449,44 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 6));
 
+// The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
+// columns x 1024 tokens) number fewer than an H200's SMs (the plan's
+// dx_apart: n = 4, C = 1024, M = 4096 on 32 x 4) and together above (M =
+// 4100: 32 x 5). The four tokens past 4096 have no upstream gradient, so
+// they add a zero dphi partial: phi's gradient and the first rows of dx keep
+// their bits across the two forms.
+TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
+  MHC_SKIP_WITHOUT_GPU();
+  LayerSpec spec = PresetSpec("deepseek_v4", 4, 1024).value();
+  spec.has_gamma = true;
+  spec.has_post_bias = true;
+  const DType dt = DType::kBF16;
+  const int64_t M = 4096, total = M + 4;
+  const int64_t K = spec.K(), C = spec.hidden, N = spec.NumLogits();
+  const size_t es = DTypeSize(dt);
+  ActTensor x = RandomAct(dt, total * K, FreshSeed());
+  ActTensor f = RandomAct(dt, total * C, FreshSeed());
+  ActTensor dxn = RandomAct(dt, total * K, FreshSeed());
+  ActTensor dy = RandomAct(dt, total * C, FreshSeed());
+  std::fill(dxn.bytes.begin() + M * K * es, dxn.bytes.end(), 0);
+  std::fill(dy.bytes.begin() + M * C * es, dy.bytes.end(), 0);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  std::vector<float> params = RandomFloats(N * K, FreshSeed(), -scale, scale);
+  for (float v : RandomFloats(3, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(N, FreshSeed())) params.push_back(v);
+  for (float v : RandomFloats(K, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(C, FreshSeed())) params.push_back(v);
+
+  Harness h;
+  const LayerRun apart = RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, M);
+  const LayerRun together =
+      RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, total);
+  EXPECT_EQ(apart.dphi, together.dphi) << "dphi differs between the forms";
+  const std::vector<uint8_t> rows(together.dx.begin(),
+                                  together.dx.begin() + M * K * es);
+  EXPECT_EQ(apart.dx, rows) << "dx differs between the forms";
+}
+
 TEST(CudaBackendTest, NameAndZeroTokens) {
   MHC_SKIP_WITHOUT_GPU();
   Harness h;

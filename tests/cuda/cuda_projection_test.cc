@@ -56,10 +56,9 @@ void SetInputs(Params& p, const LayerSpec& spec, int64_t M, DType dt,
 // The tensor-core projection tiles at tiling edge cases: the widest K split
 // (C = 12288) over many tiles, odd C (unaligned rows), partial tiles, n = 1 /
 // 2 / 4, n = 5 to 16 (several logit groups, GEMM tiles) and heads, tf32 and
-// ieee, bf16 batches large enough to split phi' once per launch; then batch
-// invariance: the rows of a slice of the batch (a different M and row
-// alignment) and a single token (phi' split in the tile) are bitwise
-// unchanged.
+// ieee, bf16 batches large and small; then batch invariance: the rows of a
+// slice of the batch (a different M and row alignment) and a single token
+// are bitwise unchanged.
 TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {
@@ -177,10 +176,10 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 
 // The bf16 warpgroup-mma units take x rows on 16 bytes by tensor copies
 // (one thread, the copy engine swizzling and zero-filling) and rows 8 bytes
-// off by every thread's cp.async pieces: the same bits either way. Cases: a
-// batch large enough to split phi' once per launch (IEEE, three terms), a
-// K past the last 64-k block (C = 1000: zeros past K), a small batch whose
-// units split phi' per stage, and more units than CTAs.
+// off by every thread's cp.async pieces: the same bits either way. Cases:
+// IEEE (three phi' terms), a K past the last 64-k block (C = 1000: zeros
+// past K), a small batch with a wide K (these three with fewer units than
+// SMs: the tensor copies on the deep ring), and more units than CTAs.
 TEST(CudaProjectionTilesTest, TensorCopiesMatchThreadCopies) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {

@@ -173,9 +173,28 @@ TEST(ProjectionPlan, ForwardWideTilesAndVectors) {
   EXPECT_FALSE(plan.phi_vector);
 }
 
+// wgmma_bf16 with tensor copies: a deep ring while the units (64 tokens x
+// a K chunk) number fewer than an H200's SMs.
+TEST(ProjectionPlan, ForwardDeepRing) {
+  auto deep = [](int64_t C, int64_t M, int x_alignment = 16) {
+    ProjectionForwardAlignment a;
+    a.x = x_alignment;
+    const ProjectionForwardPlan plan =
+        PlanProjectionForward(Layer(4, C), DType::kBF16, M, a);
+    EXPECT_EQ(plan.variant, FV::kWgmmaBf16);
+    return plan.deep_ring;
+  };
+  EXPECT_TRUE(deep(1024, 512));    // 8 tiles x 2 chunks
+  EXPECT_TRUE(deep(2560, 1024));   // 16 x 5
+  EXPECT_FALSE(deep(4096, 2048));  // 32 x 8
+  EXPECT_TRUE(deep(1024, 1));
+  EXPECT_FALSE(deep(1024, 4200));    // 66 x 2
+  EXPECT_FALSE(deep(1024, 512, 8));  // cp.async pieces
+}
+
 TEST(ProjectionPlan, ForwardWorkspace) {
   // n = 4, C = 4096: 8 chunks of 2048 k, 25 partials per token and chunk;
-  // bf16 splits phi' once (256 stages of 6 KB) at M = 4096, not at M = 64.
+  // bf16 splits phi' once (256 stages of 6 KB) at every M > 0.
   const ProjectionForwardPlan big =
       PlanProjectionForward(Layer(4, 4096), DType::kBF16, 4096, {});
   EXPECT_EQ(big.workspace.partials, size_t{4} * 4096 * 8 * 25);
@@ -185,9 +204,14 @@ TEST(ProjectionPlan, ForwardWorkspace) {
             big.workspace.partials + big.workspace.phi_split);
   EXPECT_EQ(big.workspace.total, big.workspace.counter_offset + 256);
   const ProjectionForwardPlan small =
-      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 64, {});
-  EXPECT_EQ(small.workspace.phi_split, 0u);
-  EXPECT_FALSE(small.split_phi);
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 1, {});
+  EXPECT_EQ(small.workspace.partials, size_t{1024});  // 800 B, aligned
+  EXPECT_EQ(small.workspace.phi_split, size_t{256} * 6144);
+  EXPECT_TRUE(small.split_phi);
+  EXPECT_EQ(small.workspace.total, small.workspace.counter_offset + 256);
+  // No tokens, no split.
+  EXPECT_FALSE(
+      PlanProjectionForward(Layer(4, 4096), DType::kBF16, 0, {}).split_phi);
   // IEEE splits into three terms (9 KB per stage); fp16 never splits.
   EXPECT_EQ(PlanProjectionForward(Layer(4, 4096, kIeee), DType::kBF16, 4096, {})
                 .workspace.phi_split,
@@ -314,6 +338,28 @@ TEST(ProjectionPlan, BackwardKeepsTheChoices) {
     EXPECT_EQ(ToString(plan.variant), ToString(c.variant)) << what;
     EXPECT_EQ(ToString(plan.dphi), ToString(c.dphi)) << what;
   }
+}
+
+// mma: dphi and dx apart while the CTAs (128 columns x 1024 tokens) number
+// fewer than an H200's SMs and dx would take finer chunks (M > 128).
+TEST(ProjectionPlan, BackwardDxApart) {
+  const DxTerms both = Terms(true, true);
+  auto apart = [&](int n, int64_t C, int64_t M) {
+    const ProjectionBackwardPlan plan =
+        PlanProjectionBackward(Layer(n, C), DType::kBF16, M, {}, both);
+    EXPECT_EQ(plan.variant, BV::kMma);
+    return plan.dx_apart;
+  };
+  EXPECT_TRUE(apart(4, 1024, 512));    // 32 CTAs
+  EXPECT_TRUE(apart(4, 2560, 1024));   // 80
+  EXPECT_FALSE(apart(4, 4096, 2048));  // 128 x 2 = 256
+  EXPECT_FALSE(apart(4, 1024, 128));   // one dx chunk already
+  EXPECT_FALSE(apart(4, 8192, 1024));  // 256
+  EXPECT_TRUE(apart(4, 1024, 4096));   // 32 x 4
+  EXPECT_FALSE(apart(4, 1024, 5000));  // 32 x 5 = 160
+  // The warpgroup-mma rows never do.
+  EXPECT_FALSE(
+      PlanProjectionBackward(Layer(4, 1024), DType::kBF16, 512, {}).dx_apart);
 }
 
 TEST(ProjectionPlan, BackwardRowCopiesAndVectors) {

@@ -18,6 +18,10 @@ constexpr size_t AlignBytes(size_t bytes) {
 // Tokens per parameter-gradient partial (common.cuh's kTokenChunk).
 inline constexpr int64_t kTokenChunk = 1024;
 
+// The SMs of the GPUs the small-batch rules are set for (H100, H200): a
+// launch of fewer CTAs leaves SMs idle.
+inline constexpr int64_t kTunedSms = 132;
+
 // ---- Forward (forward/mma.cuh and the kernels that share its partials).
 
 inline constexpr int kMmaBk = 64;           // k per pipeline stage
@@ -28,6 +32,10 @@ inline constexpr int kBf16WideLogits = 80;  // logits of the bf16 wide unit
 inline constexpr int kBf16HiMidWords = 1536;
 inline constexpr int kBf16StageWords = 2304;
 inline constexpr size_t kUnitCounterBytes = 256;
+// The bf16 warpgroup-mma units (forward/wgmma_bf16.cu): tokens per unit, and
+// the stages a unit keeps in flight when there are fewer units than SMs.
+inline constexpr int kBf16UnitTokens = 64;
+inline constexpr int kBf16DeepStages = 8;
 
 // At most 16 chunks of about 2048 k (more for wide layers): enough units to
 // fill the GPU at M = 2048, and the partials ((N + 1) floats per token and
@@ -89,6 +97,9 @@ inline constexpr int kDxStageTokens = 32;
 inline constexpr int kDxStages = 4;
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
+// A launch of fewer CTAs (128 columns x a token chunk) than kTunedSms runs
+// dphi and dx apart, dx in CTAs of this many tokens.
+inline constexpr int kDxApartTokens = 4 * kDxStageTokens;
 constexpr int DxTilesFor(int N) { return N <= 8 ? 1 : N <= 24 ? 3 : 10; }
 constexpr int DhAFloats(int tiles) {
   return kDxStageTokens / 16 * tiles * 32 * 4;

@@ -97,9 +97,9 @@ const std::vector<ForwardRule>& ForwardRules() {
         "or 4-byte copies",
         "kernels/cuda/projection/forward/wgmma_bf16.cu",
         "64-token units on `wgmma.m64n24k16`; `x` by tensor copies where rows "
-        "sit on 16 bytes, else 8- / 4-byte `cp.async` pieces; `phi'` split "
-        "into bf16 terms once per launch when that costs <= 2.5 % of the `x` "
-        "bytes, else per stage",
+        "sit on 16 bytes (eight stages in flight when units are fewer than "
+        "SMs, else three), else 8- / 4-byte `cp.async` pieces; `phi'` split "
+        "into bf16 terms once per launch, copied in beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
@@ -151,15 +151,13 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   if (!l.spec.dynamic) return w;
   w.partials = AlignBytes(sizeof(float) * l.tokens *
                           proj::PlanChunks(l.K, l.N).chunks * (l.N + 1));
-  // bf16 layers of one group split phi' once per launch when the split (96
-  // B per k, 144 under IEEE) costs at most 2.5 % of the x bytes; smaller
-  // batches split it per tile.
-  if (l.bf16 && proj::LogitGroups(l.N) == 1) {
+  // bf16 layers of one group split phi' (96 B per k, 144 under IEEE) once
+  // per launch at every batch: split per tile, each stage waited on its own
+  // phi fetch, a fixed cost per unit that small batches could not hide.
+  if (l.bf16 && proj::LogitGroups(l.N) == 1 && l.tokens > 0) {
     const int words = l.ieee ? proj::kBf16StageWords : proj::kBf16HiMidWords;
-    const size_t bytes = AlignBytes(sizeof(uint32_t) * words *
-                                    ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
-    const size_t x_bytes = static_cast<size_t>(l.tokens) * l.K * 2;
-    if (bytes * 40 <= x_bytes) w.phi_split = bytes;
+    w.phi_split = AlignBytes(sizeof(uint32_t) * words *
+                             ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
   }
   w.phi_split_offset = w.partials;
   w.counter_offset = w.partials + w.phi_split;
@@ -244,7 +242,8 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`n`), the tile fits shared memory",
         "kernels/cuda/projection/backward/mma.cu",
         "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
-        "registers; rows off 16 bytes through realigned `cp.async` slots",
+        "registers; rows off 16 bytes through realigned `cp.async` slots; "
+        "fewer CTAs than SMs: `dphi` alone, then `dx` over 128-token chunks",
         Example(4, 256, DType::kF32)},
        [](const BackwardCase& c) {
          return MmaDxSuitsLayer(c.l.spec) &&
@@ -393,6 +392,14 @@ ProjectionForwardPlan PlanProjectionForward(
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;
+  // Fewer units than SMs hold one per SM: a deeper ring keeps the one CTA's
+  // copies in flight (a stage's arithmetic never depends on the ring).
+  if (plan.variant == FV::kWgmmaBf16 && plan.x_copy_bytes == 16) {
+    const int64_t units = (tokens + proj::kBf16UnitTokens - 1) /
+                          proj::kBf16UnitTokens *
+                          proj::PlanChunks(l.K, l.N).chunks;
+    plan.deep_ring = units < proj::kTunedSms;
+  }
   return plan;
 }
 
@@ -456,6 +463,15 @@ ProjectionBackwardPlan PlanProjectionBackward(
                                          : ProjectionDphiVariant::kMmaWide;
   } else {
     plan.dphi = ProjectionDphiVariant::kWithDx;
+  }
+  // mma: each CTA walks its token chunk in order (that order is each
+  // column's dphi sum), so with few chunks most SMs idle; dx alone then
+  // takes finer chunks.
+  if (plan.variant == BV::kMma && tokens > proj::kDxApartTokens) {
+    const int64_t columns =
+        (spec.hidden + proj::kDxCols / spec.n - 1) / (proj::kDxCols / spec.n);
+    const int64_t chunks = (tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
+    plan.dx_apart = columns * chunks < proj::kTunedSms;
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   return plan;

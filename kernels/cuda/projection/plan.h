@@ -8,8 +8,8 @@
 //
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
-// sizes the workspace and, in the bf16 forward, decides whether phi' is
-// split once per launch or per tile (the same bits either way).
+// sizes the workspace and, where the tiles would leave SMs idle, the launch
+// shape (deep_ring, dx_apart: the same bits either way).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
@@ -93,7 +93,7 @@ struct DxTerms {
 // ---- Forward.
 
 // Workspace: the chunk partials, the phi' split (bf16, one logit group,
-// large enough M), the unit counter; byte offsets from the start.
+// M > 0), the unit counter; byte offsets from the start.
 struct ProjectionForwardWorkspaceLayout {
   size_t partials = 0;  // at 0
   size_t phi_split = 0;
@@ -110,6 +110,9 @@ struct ProjectionForwardPlan {
   int x_copy_bytes = 0;
   bool phi_vector = false;  // phi and gamma by 16-byte loads (mma)
   bool split_phi = false;   // phi' split once per launch (bf16 one group)
+  // wgmma_bf16 with x by tensor copies, fewer units than SMs: a ring of
+  // kBf16DeepStages stages (the same bits).
+  bool deep_ring = false;
   // mma_wide: 16-byte x, phi and gamma rows (IEEE only: TF32 ones go to
   // wgmma_tf32_wide).
   bool vector_rows = false;
@@ -161,6 +164,9 @@ struct ProjectionBackwardPlan {
   bool vector_x = false;
   bool vector_dx = false;
   int fma_vector = 1;  // fma: k per thread (1 or 2)
+  // mma: dphi alone over each token chunk, then dx alone over chunks of
+  // kDxApartTokens (small batches; the same bits).
+  bool dx_apart = false;
   ProjectionBackwardWorkspaceLayout workspace;
 };
 

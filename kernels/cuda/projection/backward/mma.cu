@@ -50,7 +50,8 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
                    a.h_pre,       a.dy,
                    a.r,           a.dx_next,
                    a.dx,          a.dphi_partial,
-                   plan.row_copy, plan.runs16};
+                   plan.row_copy, plan.runs16,
+                   plan.dx_apart};
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {

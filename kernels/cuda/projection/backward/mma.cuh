@@ -4,9 +4,10 @@
 //
 // A CTA owns the channels [c0, c0 + 128 / n) of every stream (128 columns
 // of K) and one fixed chunk of kTokenChunk tokens, which it walks in stages
-// of kStageTokens tokens through a cp.async pipeline. Owning whole channels
-// keeps the residual term's reads of dx_next (all streams of a channel)
-// inside the CTA's own tile. Each warp owns 16 of the columns and runs two
+// of kStageTokens tokens through a cp.async pipeline (small batches run dx
+// and dphi apart: LaunchTyped). Owning whole channels keeps the residual
+// term's reads of dx_next (all streams of a channel) inside the CTA's own
+// tile. Each warp owns 16 of the columns and runs two
 // mma.m16n8k8 tf32 products per stage on the staged tile:
 //   dx tile [tokens x 16 cols] = dh [tokens x N] . phi' [N x 16 cols]
 //   dphi^T [16 cols x N]      += x^T [16 cols x tokens] . dh [tokens x N]
@@ -50,6 +51,7 @@
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/backward/ms_term.cuh"
 #include "projection/forward/mma.cuh"
+#include "projection/geometry.h"
 
 namespace mhc::cuda::dx_mma {
 
@@ -81,10 +83,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const int log_n = __ffs(n) - 1;
   const int wc = kCols >> log_n;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * wc;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * a.token_chunk;
   // int, so that the per-stage counts never go through 64-bit math.
-  const int chunk_tokens =
-      static_cast<int>(min(tokens - begin, static_cast<int64_t>(kTokenChunk)));
+  const int chunk_tokens = static_cast<int>(
+      min(tokens - begin, static_cast<int64_t>(a.token_chunk)));
   const int stages = (chunk_tokens + kStageTokens - 1) / kStageTokens;
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
@@ -374,10 +376,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       if constexpr (kIeee) StoreVec<float, V>(dst + floats + f * V, lo);
     };
     constexpr int kAFrags = kDhAFloats / 4, kBFrags = kDhBFloats / 2;
+    // The A fragments feed dx alone.
 #pragma unroll
     for (int f0 = 0; f0 < kAFrags; f0 += kThreads) {
       const int f = f0 + tid;
-      if (f >= kAFrags) break;
+      if (f >= kAFrags || a.skip_dx) break;
       const int fl = f & 31, tile = f >> 5;  // tile = NT mt + kt
       const int t = tile / NT * 16 + (fl >> 2);
       const int g = tile % NT * 8 + (fl & 3);
@@ -385,11 +388,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                           at(t + 8, g + 4)};
       put(dh_a, kDhAFloats, f, v);
     }
+    // The B fragments feed dphi alone.
     const int b_tid = (tid - FirstThread::kDhB) & (kThreads - 1);
 #pragma unroll
     for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
       const int f = f0 + b_tid;
-      if (f >= kBFrags) break;
+      if (f >= kBFrags || !want_dphi) break;
       const int fl = f & 31, tile = f >> 5;  // tile = NT (2 half + step) + nt
       const int t = tile / NT * 8 + 2 * (fl & 3);
       const int g = tile % NT * 8 + (fl >> 2);
@@ -594,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       convert_dh(buf);
       __syncthreads();
       if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
-      stage_dx(buf, first_token(st), rows_of(st), terms_tag);
+      if (!a.skip_dx) stage_dx(buf, first_token(st), rows_of(st), terms_tag);
     }
   };
   // The residual term comes only with the aggregate one (the fused pre
@@ -655,17 +659,42 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
 }
 
+static_assert(kTokenChunk % proj::kDxApartTokens == 0 &&
+                  proj::kDxApartTokens % kStageTokens == 0,
+              "stages tile a dx chunk");
+
+// A CTA walks its token chunk in order, which fixes each column's dphi sum,
+// so a small batch leaves most SMs idle. With the plan's dx_apart the launch
+// runs dphi alone (the same walk and bits, without the dx epilogue), then dx
+// alone over chunks of kDxApartTokens (a token's dx never depends on its
+// chunk). dphi goes first: it reads x, which dx may overwrite.
 template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
 cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
                         const MmaDxDev& d, cudaStream_t stream) {
-  const SmemPlan plan =
-      PlanSmem<T>(s.n, s.N, kIeee, d.h_pre != nullptr, d.r != nullptr);
   // Two CTAs per SM (up to 24 logits) need nearly all of its shared memory.
   const int wc = kCols / s.n;
-  const dim3 grid(GridSize((s.C + wc - 1) / wc), GridSize(NumChunks(tokens)));
-  return LaunchLargeSmem(dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>,
-                         grid, kThreads, plan.total, stream, s, tokens,
-                         static_cast<const T*>(x), d);
+  const unsigned columns = GridSize((s.C + wc - 1) / wc);
+  auto launch = [&](MmaDxDev dev, int chunk) {
+    dev.token_chunk = chunk;
+    const SmemPlan plan =
+        PlanSmem<T>(s.n, s.N, kIeee, dev.h_pre != nullptr, dev.r != nullptr);
+    const dim3 grid(columns, GridSize((tokens + chunk - 1) / chunk));
+    return LaunchLargeSmem(
+        dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>, grid, kThreads,
+        plan.total, stream, s, tokens, static_cast<const T*>(x), dev);
+  };
+  if (!d.apart || d.dphi_partial == nullptr) return launch(d, kTokenChunk);
+  MmaDxDev dphi = d;
+  dphi.h_pre = nullptr;
+  dphi.dy = nullptr;
+  dphi.r = nullptr;
+  dphi.dx_next = nullptr;
+  dphi.skip_dx = true;
+  const cudaError_t e = launch(dphi, kTokenChunk);
+  if (e != cudaSuccess) return e;
+  MmaDxDev dx = d;
+  dx.dphi_partial = nullptr;
+  return launch(dx, proj::kDxApartTokens);
 }
 
 // The kernel built for T, its logit tiles, precision, copy mode and terms.

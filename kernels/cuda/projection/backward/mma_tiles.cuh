@@ -86,6 +86,11 @@ struct MmaDxDev {
   // 16-byte copies of the per-token float runs (dh, dms, H_pre, R): their
   // bases are 16-byte aligned, and so is every stage's run (32 tokens on).
   bool runs16;
+  bool apart = false;  // the plan's dx_apart
+  // Set per launch: tokens per CTA (kTokenChunk wherever dphi partials are
+  // written, a multiple of kStageTokens), and the dphi-only pass.
+  int token_chunk = kTokenChunk;
+  bool skip_dx = false;
 };
 
 // Launches the kernel for T activations (projection/backward/mma.cuh, built

@@ -18,9 +18,7 @@
 // = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) split into
 // bf16 terms hi + mid (TF32 precision: 16 significant bits) or hi + mid + lo
 // (IEEE) lands in B tiles of 24 rows, copied (one bulk copy beside x's) from
-// a split made once per launch or split per stage by the unit (small
-// batches): the same function makes both, so both give the same bits, as do
-// both ways x arrives.
+// a split made once per launch; both ways x arrives give the same bits.
 // The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for its 64
 // tokens; the products of bf16 x and a bf16 term are exact in fp32. The sum
 // of squares comes from the same staged tile on mma.sync (ldmatrix, then
@@ -55,7 +53,12 @@ using bf16_unit::kRowChunks;
 using bf16_unit::kStageK;
 using bf16_unit::Terms;
 
-constexpr int kStages = 3;
+// Stages in the ring: three at up to four CTAs per SM, or with the plan's
+// deep_ring (fewer units than SMs, so one CTA per SM) the deep ring, so that
+// the one CTA keeps more bytes in flight.
+constexpr int kRing = 3;
+constexpr int kDeepRing = proj::kBf16DeepStages;
+static_assert(kDeepRing <= 32, "a parity bit per stage");
 constexpr int kUnitTokens = 64;           // wgmma rows
 constexpr int kUnitThreads = 128;         // one warpgroup
 constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
@@ -63,11 +66,12 @@ constexpr int kXTileBytes = kUnitTokens * kRowBytes;
 constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
+static_assert(kUnitTokens == proj::kBf16UnitTokens, "the plan's units");
 // A stage: the x tile, then one B tile per term; all on swizzle atoms.
 __host__ __device__ constexpr int StageBytes(int terms) {
   return kXTileBytes + terms * kTermTileBytes;
 }
-template <int kTerms>
+template <int kTerms, int kStages>
 constexpr int SmemBytes() {
   return kStages * StageBytes(kTerms) + kSwizzleAtomBytes;
 }
@@ -101,13 +105,16 @@ __global__ void __launch_bounds__(kSplitChunks)
 
 // kTma: x (rows on 16 bytes) by tensor copies and the split by bulk copies,
 // issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
-// thread.
-template <int kTerms, int kCopyBytes, bool kTma>
-__global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
-    const __grid_constant__ CUtensorMap x_map, DevSpec s, int64_t tokens,
-    const __nv_bfloat16* __restrict__ x, const float* __restrict__ phi,
-    const float* __restrict__ gamma, const char* __restrict__ planes,
-    bool vec_phi, float* partial, unsigned long long* next_unit) {
+// thread. phi' always comes split (phi_planes_kernel; projection/plan.cc
+// says why).
+template <int kTerms, int kCopyBytes, bool kTma, int kStages>
+__global__ void __launch_bounds__(kUnitThreads, 4)
+    bf16_wgmma_projection_kernel(const __grid_constant__ CUtensorMap x_map,
+                                 DevSpec s, int64_t tokens,
+                                 const __nv_bfloat16* __restrict__ x,
+                                 const char* __restrict__ planes,
+                                 float* partial,
+                                 unsigned long long* next_unit) {
   static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
   constexpr int kStageBytes = StageBytes(kTerms);
   constexpr int kSplitBytes = kTerms * kTermTileBytes;
@@ -143,10 +150,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
     const bf16_unit::UnitSpan u =
         bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
     if (!kTma) x_copies.Begin(x, s.K, u);
-    const char* split_src =
-        planes != nullptr ? planes + u.kbeg / kStageK * int64_t{kSplitBytes}
-                          : nullptr;
-    const bool split_here = split_src == nullptr;
+    const char* split_src = planes + u.kbeg / kStageK * int64_t{kSplitBytes};
 
     auto load = [&](int st) {
       if (st >= u.stages) return;
@@ -156,49 +160,19 @@ __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
         // land as zeros) and the stage's split.
         if (tid != 0) return;
         uint64_t* bar = &landed[st % kStages];
-        MbarrierArriveExpectBytes(
-            bar, kXTileBytes + (split_src != nullptr ? kSplitBytes : 0));
+        MbarrierArriveExpectBytes(bar, kXTileBytes + kSplitBytes);
         TmaLoadTile2d(stage, &x_map, static_cast<int>(u.kbeg + st * kStageK),
                       static_cast<int>(u.m0), bar);
-        if (split_src != nullptr) {
-          BulkLoad(stage + kXTileBytes, split_src + st * kSplitBytes,
-                   kSplitBytes, bar);
-        }
+        BulkLoad(stage + kXTileBytes, split_src + st * kSplitBytes, kSplitBytes,
+                 bar);
         return;
       }
       x_copies.Load(stage, s.K, st * kStageK, x);
-      if (split_src != nullptr) {
-        const char* src = split_src + st * kSplitBytes;
+      const char* src = split_src + st * kSplitBytes;
 #pragma unroll
-        for (int q = tid * 16; q < kSplitBytes; q += kUnitThreads * 16) {
-          CpAsync<16>(stage + kXTileBytes + q, src + q, true);
-        }
+      for (int q = tid * 16; q < kSplitBytes; q += kUnitThreads * 16) {
+        CpAsync<16>(stage + kXTileBytes + q, src + q, true);
       }
-    };
-    // The per-stage split travels through registers a stage ahead: pass i
-    // holds chunk q % kRowChunks of logit row q / kRowChunks, q = tid + 128 i.
-    constexpr int kSplitPasses =
-        (kSplitChunks + kUnitThreads - 1) / kUnitThreads;
-    float pv[kSplitPasses][8];
-    auto for_split_chunks = [&](int st, auto&& f) {
-      if (!split_here || st >= u.stages) return;
-#pragma unroll
-      for (int i = 0; i < kSplitPasses; ++i) {
-        const int q = tid + i * kUnitThreads;
-        if (q < kSplitChunks) f(pv[i], q / kRowChunks, q % kRowChunks);
-      }
-    };
-    auto fetch_phi = [&](int st) {
-      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
-        FetchPhiChunk(s, phi, gamma, g, u.kbeg + st * kStageK + c * 8, u.kend,
-                      vec_phi, v);
-      });
-    };
-    auto store_phi = [&](int st) {
-      for_split_chunks(st, [&](float(&v)[8], int g, int c) {
-        bf16_unit::StorePhiChunk<kTermTileBytes, kTerms>(
-            v, smem + st % kStages * kStageBytes + kXTileBytes, g, c);
-      });
     };
 
     bf16_unit::WarpSums<kTileLogits> sums;
@@ -212,15 +186,12 @@ __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
       if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
     };
 
-    fetch_phi(0);
-    store_phi(0);
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       load(st);
       CpAsyncCommit();
     }
     for (int st = 0; st < u.stages; ++st) {
-      fetch_phi(st + 1);
       if (kTma) {
         const int slot = st % kStages;
         MbarrierWait(&landed[slot], (parity >> slot) & 1u);
@@ -228,13 +199,12 @@ __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
       } else {
         CpAsyncWait<kStages - 2>();
       }
-      // The copies and split stores of stage st, for the wgmmas' proxy.
+      // The copies of stage st, for the wgmmas' proxy.
       FenceProxyAsyncShared();
       __syncthreads();
       load(st + kStages - 1);
       CpAsyncCommit();
       compute(st);
-      store_phi(st + 1);
       // Stage st's buffers are refilled after the next barrier.
       WgmmaWait<0>();
       if ((st & 3) == 3 || st == u.stages - 1) sums.Flush(grp);
@@ -252,30 +222,27 @@ __global__ void __launch_bounds__(kUnitThreads, 4) bf16_wgmma_projection_kernel(
   AllowDependentLaunch();  // the chunk sum may take this CTA's slot
 }
 
-template <int kTerms, int kCopyBytes, bool kTma>
+// The split runs first; the units' CTAs take their slots beside it and wait
+// for it before their first copy.
+template <int kTerms, int kCopyBytes, bool kTma, int kStages = kRing>
 cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
                         int64_t tokens, const void* x, const float* phi,
                         const float* gamma, bool vec_phi, char* planes,
                         float* partial, unsigned long long* next_unit,
                         cudaStream_t stream) {
   const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
-  auto kernel = bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma>;
-  auto launch = [&](auto first) {
-    return LaunchPersistentBlocksAfter(
-        first, kernel, kUnitThreads, /*equal_shares=*/true, units,
-        SmemBytes<kTerms>(), next_unit, stream, x_map, s, tokens,
-        static_cast<const __nv_bfloat16*>(x), phi, gamma,
-        static_cast<const char*>(planes), vec_phi, partial);
-  };
-  if (planes == nullptr) return launch(NoFirstKernel{});
-  // The split runs first; the units' CTAs take their slots beside it and
-  // wait for it before their first copy.
-  return launch([&] {
-    phi_planes_kernel<kTerms>
-        <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
-            s, phi, gamma, vec_phi, planes);
-    return cudaGetLastError();
-  });
+  return LaunchPersistentBlocksAfter(
+      [&] {
+        phi_planes_kernel<kTerms>
+            <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0,
+               stream>>>(s, phi, gamma, vec_phi, planes);
+        return cudaGetLastError();
+      },
+      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages>,
+      kUnitThreads,
+      /*equal_shares=*/true, units, SmemBytes<kTerms, kStages>(), next_unit,
+      stream, x_map, s, tokens, static_cast<const __nv_bfloat16*>(x),
+      static_cast<const char*>(planes), partial);
 }
 
 // x [tokens, K] bf16 as a tensor map of kUnitTokens x kStageK boxes in
@@ -318,8 +285,10 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
   const DevSpec s = MakeDevSpec(spec);
   char* base = static_cast<char*>(workspace);
   float* partial = reinterpret_cast<float*>(base);
-  char* split =
-      plan.split_phi ? base + plan.workspace.phi_split_offset : nullptr;
+  if (!plan.split_phi) {
+    return absl::InternalError("projection forward wgmma_bf16: no phi' split");
+  }
+  char* split = base + plan.workspace.phi_split_offset;
   auto* next_unit = reinterpret_cast<unsigned long long*>(
       base + plan.workspace.counter_offset);
   const bool vec_phi = plan.phi_vector;
@@ -333,6 +302,11 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
           // (no encoder in the driver, coordinates past 32 bits), the 8-byte
           // pieces take them, with the same bits.
           if (EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+            if (plan.deep_ring) {
+              return LaunchTerms<kT, 16, true, kDeepRing>(
+                  x_map, s, tokens, x, phi, gamma, vec_phi, split, partial,
+                  next_unit, stream);
+            }
             return LaunchTerms<kT, 16, true>(x_map, s, tokens, x, phi, gamma,
                                              vec_phi, split, partial, next_unit,
                                              stream);
