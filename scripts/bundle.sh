@@ -30,6 +30,7 @@ binaries=(
   tests/cuda/cuda_fused_test
   tests/cuda/cuda_projection_test
   tests/cuda/cuda_dispatch_test
+  tests/cuda/cuda_overflow_test
   tests/cuda/cuda_optimizer_test
   tests/server/server_shm_registry_test
   tests/server/server_cuda_shm_test

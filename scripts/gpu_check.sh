@@ -28,6 +28,7 @@ step cuda_ops_test "${bin}/cuda_ops_test" --gtest_brief=1
 step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
 step cuda_projection_test "${bin}/cuda_projection_test" --gtest_brief=1
 step cuda_dispatch_test "${bin}/cuda_dispatch_test" --gtest_brief=1
+step cuda_overflow_test "${bin}/cuda_overflow_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
 step cuda_pinned_shm "${bin}/server_shm_registry_test" \
@@ -41,6 +42,12 @@ step cuda_fault_injection env MHCD_PATH="${bin}/mhcd" \
 step memcheck compute-sanitizer --tool memcheck --leak-check full \
   --error-exitcode 1 "${bin}/cuda_fused_test" \
   --gtest_filter='*PreAndHead/deepseek_v4_bf16:*PreAndHead/megatron_f32:*Determinism*/1'
+# The whole overflow suite is too slow under memcheck: the n = 4 fused cases
+# of one preset at the widths that take different variants, and the single
+# ops' cases.
+step memcheck_overflow compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "${bin}/cuda_overflow_test" \
+  --gtest_filter='StreamCount4/*/deepseek_v4_n4_*_C37:StreamCount4/*/deepseek_v4_n4_*_C1024:CudaOverflowTest.*'
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
   "${bin}/cuda_ops_test" --gtest_filter='*/deepseek_v4_bf16'
 step memcheck_rows compute-sanitizer --tool memcheck --error-exitcode 1 \
