@@ -251,6 +251,18 @@ INSTANTIATE_TEST_SUITE_P(PresetsAndDtypes, CudaFusedTest,
 
 // ------------------------------------------------ determinism contract --
 
+// phi, alpha, beta, gamma and the post bias of a layer, one after another
+// (RunLayer's order), fresh random values.
+std::vector<float> RandomParams(int64_t K, int64_t N, int64_t C) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  std::vector<float> params = RandomFloats(N * K, FreshSeed(), -scale, scale);
+  for (float v : RandomFloats(3, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(N, FreshSeed())) params.push_back(v);
+  for (float v : RandomFloats(K, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
+  for (float v : RandomFloats(C, FreshSeed())) params.push_back(v);
+  return params;
+}
+
 class CudaDeterminismTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
@@ -407,12 +419,7 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   ActTensor f = RandomAct(c.dt, c.M * C, FreshSeed());
   ActTensor dxn = RandomAct(c.dt, c.M * K, FreshSeed());
   ActTensor dy = RandomAct(c.dt, c.M * C, FreshSeed());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
-  std::vector<float> params = RandomFloats(N * K, FreshSeed(), -scale, scale);
-  for (float v : RandomFloats(3, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
-  for (float v : RandomFloats(N, FreshSeed())) params.push_back(v);
-  for (float v : RandomFloats(K, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
-  for (float v : RandomFloats(C, FreshSeed())) params.push_back(v);
+  const std::vector<float> params = RandomParams(K, N, C);
 
   Harness h;
   const LayerRun a = RunLayer(h, spec, c.dt, x, f, dxn, dy, params, 0, c.M);
@@ -470,12 +477,7 @@ TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
   ActTensor dy = RandomAct(dt, total * C, FreshSeed());
   std::fill(dxn.bytes.begin() + M * K * es, dxn.bytes.end(), 0);
   std::fill(dy.bytes.begin() + M * C * es, dy.bytes.end(), 0);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
-  std::vector<float> params = RandomFloats(N * K, FreshSeed(), -scale, scale);
-  for (float v : RandomFloats(3, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
-  for (float v : RandomFloats(N, FreshSeed())) params.push_back(v);
-  for (float v : RandomFloats(K, FreshSeed(), 0.5f, 1.5f)) params.push_back(v);
-  for (float v : RandomFloats(C, FreshSeed())) params.push_back(v);
+  const std::vector<float> params = RandomParams(K, N, C);
 
   Harness h;
   const LayerRun apart = RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, M);
