@@ -118,9 +118,10 @@ __global__ void __launch_bounds__(kDxThreads)
           for (int e = 0; e < VK; ++e) sp[e] = fmaf(d, p[e] * gm[e], sp[e]);
         }
       }
-      const MsTerm dm = MsTermOf(a.dms[m], ms_scale);
+      MsTermOf(a.dms[m], ms_scale).With([&](auto add) {
 #pragma unroll
-      for (int e = 0; e < VK; ++e) out[e] += dm.Add(v[e], sp[e]);
+        for (int e = 0; e < VK; ++e) out[e] += add(v[e], sp[e]);
+      });
     }
     StoreVec<T, VK>(dx + m * s.K + k0, out);
   }

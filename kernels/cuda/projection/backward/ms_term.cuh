@@ -18,10 +18,18 @@ struct MsTerm {
   float dm;     // dms 2 / K, or dms 2^64 2 / K when scaled
   bool scaled;  // the product with v is scaled back by 2^-64
 
-  // acc + dms 2 v / K. Unscaled: fmaf(dm, v, acc), the same operands as
-  // before; scaled, |dm v| < 2^66, so the product cannot overflow.
-  __device__ __forceinline__ float Add(float v, float acc) const {
-    return fmaf(scaled ? dm * v : dm, scaled ? 0x1p-64f : v, acc);
+  // Runs body(add) once, where add(v, acc) = acc + dms 2 v / K. The choice
+  // is made once per token, outside the body's loop over its elements, so
+  // the common path stays the one fmaf(dm, v, acc) per element. Scaled,
+  // |dm v| < 2^66: the product cannot overflow.
+  template <typename Body>
+  __device__ __forceinline__ void With(Body&& body) const {
+    const float m = dm;
+    if (__builtin_expect(scaled, false)) {
+      body([m](float v, float acc) { return fmaf(m * v, 0x1p-64f, acc); });
+    } else {
+      body([m](float v, float acc) { return fmaf(m, v, acc); });
+    }
   }
 };
 

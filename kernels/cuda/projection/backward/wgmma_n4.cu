@@ -250,18 +250,19 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int h = 0; h < 2; ++h) {
       const int t = 16 * (warp & 3) + grp + 8 * h;
       if (t >= rows) continue;
-      const MsTerm dm = MsTermOf(dms_s[t], ms_scale);
+      MsTermOf(dms_s[t], ms_scale).With([&](auto add) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = 64 * wg + 8 * j + 2 * quad;
-        if (col % kChans >= tile.chans) continue;
-        T* pair = xs + t * kXStride + col;
-        float v[2];
-        LoadVec<T, 2>(pair, v);
-        const float out[2] = {dm.Add(v[0], acc[4 * j + 2 * h]),
-                              dm.Add(v[1], acc[4 * j + 2 * h + 1])};
-        StoreVec<T, 2>(pair, out);
-      }
+        for (int j = 0; j < 8; ++j) {
+          const int col = 64 * wg + 8 * j + 2 * quad;
+          if (col % kChans >= tile.chans) continue;
+          T* pair = xs + t * kXStride + col;
+          float v[2];
+          LoadVec<T, 2>(pair, v);
+          const float out[2] = {add(v[0], acc[4 * j + 2 * h]),
+                                add(v[1], acc[4 * j + 2 * h + 1])};
+          StoreVec<T, 2>(pair, out);
+        }
+      });
     }
     // The rows out in the slots x came in by, 16 bytes a thread.
     __syncthreads();

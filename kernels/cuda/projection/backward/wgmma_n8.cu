@@ -322,10 +322,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float4 lo = d4[0], hi = d4[1];
         const float d[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         float out[kVec];
+        dm.With([&](auto add) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          out[e] = dm.Add(v[e], d[e]);
-          if constexpr (kTerms >= 1) out[e] += terms[u][e];
+          for (int e = 0; e < kVec; ++e) out[e] = add(v[e], d[e]);
+        });
+        if constexpr (kTerms >= 1) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) out[e] += terms[u][e];
         }
         const uint4 w = Pack8<T>(out);
         // One 16-byte store: the compiler splits a uint4 assignment here.

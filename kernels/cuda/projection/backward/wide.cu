@@ -467,10 +467,15 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
       const int t = idx / kPerRow;
       const int j = idx % kPerRow * V;
       float out[V];
+      dm[u].With([&](auto add) {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        out[e] = dm[u].Add(v[u][e], out_tile[t * kOutStride + j + e]);
-        if (a.terms != nullptr || aggregate) out[e] += term[u][e];
+        for (int e = 0; e < V; ++e) {
+          out[e] = add(v[u][e], out_tile[t * kOutStride + j + e]);
+        }
+      });
+      if (a.terms != nullptr || aggregate) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) out[e] += term[u][e];
       }
       StoreVec<T, V>(dx + (m0 + t) * s.K + k[u], out);
     }
