@@ -58,6 +58,8 @@ __global__ void __launch_bounds__(kRowThreads,
                                   kAggregateBackwardBlocks<NT, kStrided>)
     aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
                               const T* dy, T* dx, float* dh_pre) {
+  WaitForPrerequisiteGrid();  // dy and h_pre
+  AllowDependentLaunch();
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   __shared__ float hp[NT];
@@ -136,16 +138,19 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kAggregateBackward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
-        aggregate_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                  decltype(rt)::value>
-            <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
-                s, static_cast<const T*>(p.x), p.h_pre,
-                static_cast<const T*>(p.dy), static_cast<T*>(p.dx), p.dh_pre);
+        err = LaunchAfterPrevious(
+            aggregate_backward_kernel<T, decltype(nt)::value,
+                                      decltype(vt)::value, decltype(rt)::value>,
+            dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
+            static_cast<const T*>(p.x), p.h_pre, static_cast<const T*>(p.dy),
+            static_cast<T*>(p.dx), p.dh_pre);
       });
   if (!built) return NoRowKernel("aggregate backward", shape, plan);
+  MHC_CUDA_RETURN_IF_ERROR(err, "aggregate backward", shape);
   MHC_CUDA_CHECK_LAUNCH("aggregate backward", shape);
   return absl::OkStatus();
 }

@@ -362,6 +362,8 @@ template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
                   float* dh_pre, int* repair_count) {
+  WaitForPrerequisiteGrid();  // dy, and the workspace's earlier readers
+  AllowDependentLaunch();     // the mixing kernel waits for this one's end
   // The mixing kernel, next in the stream, counts its repaired tokens.
   if (repair_count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     *repair_count = 0;
@@ -438,6 +440,8 @@ __global__ void __launch_bounds__(kMixThreads)
     fused_backward_mix_kernel(DevSpec s, int64_t tokens, const float* dh_pre,
                               BackwardMixDev a, bool sinkhorn4,
                               RepairSource src, RepairRows rows) {
+  WaitForPrerequisiteGrid();  // dh_pre and the zeroed repair count
+  AllowDependentLaunch();
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
   if (m >= tokens) return;
@@ -673,16 +677,18 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   const RowAccessPlan access =
       RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.dy);
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
+  cudaError_t err = cudaSuccess;
   DispatchRows<RowKernel::kPre>(
       a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
-        dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                      decltype(rt)::value>
-            <<<grid, kDhPreWarps * 32, 0, stream>>>(
-                s, a.tokens, static_cast<const T*>(a.x),
-                static_cast<const T*>(a.dy), at(b.dh_pre),
-                repair ? rows.count : nullptr);
+        err = LaunchAfterPrevious(
+            dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                          decltype(rt)::value>,
+            dim3(grid), dim3(kDhPreWarps * 32), 0, stream, s, a.tokens,
+            static_cast<const T*>(a.x), static_cast<const T*>(a.dy),
+            at(b.dh_pre), repair ? rows.count : nullptr);
       });
+  MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   if (split) {
     ScaleRepair fix;
@@ -693,11 +699,12 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     const unsigned mix_grid =
         GridSize((a.tokens + kMixThreads - 1) / kMixThreads);
     DispatchMix(s.n, [&](auto nt) {
-      fused_backward_mix_kernel<decltype(nt)::value>
-          <<<mix_grid, kMixThreads, 0, stream>>>(
-              s, a.tokens, at(b.dh_pre), d, sk4::Applies(s, /*backward=*/true),
-              src, rows);
+      err = LaunchAfterPrevious(fused_backward_mix_kernel<decltype(nt)::value>,
+                                dim3(mix_grid), dim3(kMixThreads), 0, stream, s,
+                                a.tokens, at(b.dh_pre), d,
+                                sk4::Applies(s, /*backward=*/true), src, rows);
     });
+    MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
     MHC_CUDA_CHECK_LAUNCH(op, shape);
   }
 

@@ -21,6 +21,8 @@ constexpr int kRepairThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kRepairThreads)
     repair_backward_kernel(DevSpec s, int64_t tokens, RepairBackwardArgs a) {
+  WaitForPrerequisiteGrid();  // the repair count and rows
+  AllowDependentLaunch();
   if (*a.count == 0) return;
   const int64_t k =
       static_cast<int64_t>(blockIdx.x) * kRepairThreads + threadIdx.x;
@@ -71,20 +73,16 @@ absl::Status LaunchRepairBackward(const LayerSpec& spec, int64_t tokens,
   if (tokens == 0 || !spec.dynamic) return absl::OkStatus();
   const DevSpec s = MakeDevSpec(spec);
   const unsigned grid = GridSize((s.K + kRepairThreads - 1) / kRepairThreads);
-  switch (a.dtype) {
-    case DType::kBF16:
-      repair_backward_kernel<__nv_bfloat16>
-          <<<grid, kRepairThreads, 0, stream>>>(s, tokens, a);
-      break;
-    case DType::kF16:
-      repair_backward_kernel<__half>
-          <<<grid, kRepairThreads, 0, stream>>>(s, tokens, a);
-      break;
-    default:
-      repair_backward_kernel<float>
-          <<<grid, kRepairThreads, 0, stream>>>(s, tokens, a);
-      break;
-  }
+  auto launch = [&](auto kernel) {
+    return LaunchAfterPrevious(kernel, dim3(grid), dim3(kRepairThreads), 0,
+                               stream, s, tokens, a);
+  };
+  const cudaError_t err =
+      a.dtype == DType::kBF16  ? launch(repair_backward_kernel<__nv_bfloat16>)
+      : a.dtype == DType::kF16 ? launch(repair_backward_kernel<__half>)
+                               : launch(repair_backward_kernel<float>);
+  MHC_CUDA_RETURN_IF_ERROR(err, "overflow repair backward",
+                           ShapeString(spec, tokens, a.dtype));
   MHC_CUDA_CHECK_LAUNCH("overflow repair backward",
                         ShapeString(spec, tokens, a.dtype));
   return absl::OkStatus();

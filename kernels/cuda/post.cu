@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
                                   kPostForwardBlocks<NT, kStrided>)
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
                         const float* h_res, const float* bias, T* x_next) {
+  WaitForPrerequisiteGrid();  // f, x and the mixing
+  AllowDependentLaunch();
   constexpr int kSlices = kPostForwardSlices<NT>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
@@ -118,6 +120,8 @@ __global__ void __launch_bounds__(
                          const float* h_post, const float* h_res,
                          const float* bias, T* df, T* dx, float* dh_post,
                          float* dh_res) {
+  WaitForPrerequisiteGrid();  // dx_next, f, x and the mixing
+  AllowDependentLaunch();
   constexpr int kSlices = kPostBackwardSlices<NT>;
   constexpr int kGroup = kPostBackwardGroup<NT, kStrided>;
   constexpr int kS = NT / kSlices;
@@ -230,6 +234,8 @@ template <typename T>
 __global__ void post_bias_partial_kernel(DevSpec s, int64_t tokens,
                                          const T* dx_next, const float* h_post,
                                          float* partial) {
+  WaitForPrerequisiteGrid();  // dx_next and h_post
+  AllowDependentLaunch();
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= s.C) return;
   const int64_t chunk = blockIdx.x;
@@ -282,18 +288,20 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
     return LaunchPostForwardMma(p, stream);
   }
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kPost>(
       p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
         using T = typename decltype(tt)::type;
-        post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                            decltype(rt)::value>
-            <<<GridSize(p.tokens),
-               kRowThreads * kPostForwardSlices<decltype(nt)::value>, 0,
-               stream>>>(s, static_cast<const T*>(p.f),
-                         static_cast<const T*>(p.x), p.h_post, p.h_res, bias,
-                         static_cast<T*>(p.x_next));
+        err = LaunchAfterPrevious(
+            post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                                decltype(rt)::value>,
+            dim3(GridSize(p.tokens)),
+            dim3(kRowThreads * kPostForwardSlices<decltype(nt)::value>), 0,
+            stream, s, static_cast<const T*>(p.f), static_cast<const T*>(p.x),
+            p.h_post, p.h_res, bias, static_cast<T*>(p.x_next));
       });
   if (!built) return NoRowKernel("post forward", shape, plan.rows);
+  MHC_CUDA_RETURN_IF_ERROR(err, "post forward", shape);
   MHC_CUDA_CHECK_LAUNCH("post forward", shape);
   return absl::OkStatus();
 }
@@ -304,24 +312,27 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   const float* bias = BiasOf(*p.spec, p.weights);
   const PostPlan plan = PlanOf(p);
+  cudaError_t err = cudaSuccess;
   if (plan.variant == PostVariant::kMma) {
     MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
   } else {
     const bool built = DispatchRows<RowKernel::kPost>(
         p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
           using T = typename decltype(tt)::type;
-          post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                               decltype(rt)::value>
-              <<<GridSize(p.tokens),
-                 kPostBackwardGroup<decltype(nt)::value, decltype(rt)::value> *
-                     kPostBackwardSlices<decltype(nt)::value>,
-                 0, stream>>>(s, static_cast<const T*>(p.dx_next),
-                              static_cast<const T*>(p.f),
-                              static_cast<const T*>(p.x), p.h_post, p.h_res,
-                              bias, static_cast<T*>(p.df),
-                              static_cast<T*>(p.dx), p.dh_post, p.dh_res);
+          err = LaunchAfterPrevious(
+              post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
+                                   decltype(rt)::value>,
+              dim3(GridSize(p.tokens)),
+              dim3(
+                  kPostBackwardGroup<decltype(nt)::value, decltype(rt)::value> *
+                  kPostBackwardSlices<decltype(nt)::value>),
+              0, stream, s, static_cast<const T*>(p.dx_next),
+              static_cast<const T*>(p.f), static_cast<const T*>(p.x), p.h_post,
+              p.h_res, bias, static_cast<T*>(p.df), static_cast<T*>(p.dx),
+              p.dh_post, p.dh_res);
         });
     if (!built) return NoRowKernel("post backward", shape, plan.rows);
+    MHC_CUDA_RETURN_IF_ERROR(err, "post backward", shape);
     MHC_CUDA_CHECK_LAUNCH("post backward", shape);
   }
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();
@@ -334,9 +345,11 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
   const dim3 grid(GridSize(chunks), GridSize((s.C + 127) / 128));
   DispatchDType(p.act_dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
-    post_bias_partial_kernel<T><<<grid, 128, 0, stream>>>(
-        s, p.tokens, static_cast<const T*>(p.dx_next), p.h_post, partial);
+    err = LaunchAfterPrevious(
+        post_bias_partial_kernel<T>, dim3(grid), dim3(128), 0, stream, s,
+        p.tokens, static_cast<const T*>(p.dx_next), p.h_post, partial);
   });
+  MHC_CUDA_RETURN_IF_ERROR(err, "post backward (bias partials)", shape);
   MHC_CUDA_CHECK_LAUNCH("post backward (bias partials)", shape);
   return LaunchChunkSum(partial, chunks, s.C, p.grads.bias, stream);
 }

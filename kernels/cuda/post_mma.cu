@@ -214,6 +214,8 @@ __global__ void __launch_bounds__(kPostMmaThreads)
     post_forward_mma_kernel(DevSpec s, const Bf16* f, const Bf16* x,
                             const float* h_post, const float* h_res,
                             const float* bias, Bf16* x_next) {
+  WaitForPrerequisiteGrid();  // f, x and the mixing
+  AllowDependentLaunch();
   const int n = s.n;
   const int64_t m = blockIdx.x;
   const int warp = threadIdx.x >> 5;
@@ -271,6 +273,8 @@ __global__ void __launch_bounds__(kPostMmaThreads)
                              const Bf16* x, const float* h_post,
                              const float* h_res, const float* bias, Bf16* df,
                              Bf16* dx, float* dh_post, float* dh_res) {
+  WaitForPrerequisiteGrid();  // dx_next, f, x and the mixing
+  AllowDependentLaunch();
   constexpr int H = NT / 8;
   const int n = s.n;
   const int64_t m = blockIdx.x;
@@ -405,12 +409,16 @@ absl::Status LaunchPostForwardMma(const PostForwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const float* bias = s.has_bias ? p.weights.bias : nullptr;
+  cudaError_t err = cudaSuccess;
   DispatchPostMma(s.n, [&](auto nt) {
-    post_forward_mma_kernel<decltype(nt)::value>
-        <<<GridSize(p.tokens), kPostMmaThreads, 0, stream>>>(
-            s, static_cast<const Bf16*>(p.f), static_cast<const Bf16*>(p.x),
-            p.h_post, p.h_res, bias, static_cast<Bf16*>(p.x_next));
+    err = LaunchAfterPrevious(post_forward_mma_kernel<decltype(nt)::value>,
+                              dim3(GridSize(p.tokens)), dim3(kPostMmaThreads),
+                              0, stream, s, static_cast<const Bf16*>(p.f),
+                              static_cast<const Bf16*>(p.x), p.h_post, p.h_res,
+                              bias, static_cast<Bf16*>(p.x_next));
   });
+  MHC_CUDA_RETURN_IF_ERROR(err, "post forward",
+                           ShapeString(*p.spec, p.tokens, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("post forward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
@@ -420,14 +428,18 @@ absl::Status LaunchPostBackwardMma(const PostBackwardParams& p,
                                    cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const float* bias = s.has_bias ? p.weights.bias : nullptr;
+  cudaError_t err = cudaSuccess;
   DispatchPostMma(s.n, [&](auto nt) {
-    post_backward_mma_kernel<decltype(nt)::value>
-        <<<GridSize(p.tokens), kPostMmaThreads, 0, stream>>>(
-            s, static_cast<const Bf16*>(p.dx_next),
-            static_cast<const Bf16*>(p.f), static_cast<const Bf16*>(p.x),
-            p.h_post, p.h_res, bias, static_cast<Bf16*>(p.df),
-            static_cast<Bf16*>(p.dx), p.dh_post, p.dh_res);
+    err = LaunchAfterPrevious(post_backward_mma_kernel<decltype(nt)::value>,
+                              dim3(GridSize(p.tokens)), dim3(kPostMmaThreads),
+                              0, stream, s, static_cast<const Bf16*>(p.dx_next),
+                              static_cast<const Bf16*>(p.f),
+                              static_cast<const Bf16*>(p.x), p.h_post, p.h_res,
+                              bias, static_cast<Bf16*>(p.df),
+                              static_cast<Bf16*>(p.dx), p.dh_post, p.dh_res);
   });
+  MHC_CUDA_RETURN_IF_ERROR(err, "post backward",
+                           ShapeString(*p.spec, p.tokens, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("post backward",
                         ShapeString(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();

@@ -98,6 +98,8 @@ __global__ void __launch_bounds__(kTokenThreads)
                          const float* mean_square, const float* alpha,
                          const float* beta, float* h_pre, float* h_post,
                          float* logits, ScaleRepair repair) {
+  WaitForPrerequisiteGrid();  // h and the mean square
+  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   float hp[NT], hq[NT], a[NT * NT];
@@ -221,6 +223,8 @@ __global__ void __launch_bounds__(kTokenThreads)
                           const float* dh_post, const float* dlogits, float* dh,
                           float* dmean_square, float* warp_rows,
                           ScaleRepair repair) {
+  WaitForPrerequisiteGrid();  // the upstream gradients
+  AllowDependentLaunch();
   static_assert(kTokenThreads % 32 == 0, "whole warps");
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if ((m & ~int64_t{31}) >= tokens) return;  // the whole warp is past M
@@ -323,6 +327,8 @@ __global__ void __launch_bounds__(kScale4Threads)
                           const float* mean_square, const float* alpha,
                           const float* beta, float* h_pre, float* h_post,
                           float* logits) {
+  WaitForPrerequisiteGrid();  // h and the mean square
+  AllowDependentLaunch();
   constexpr int kN = 4 * kQuarters;
   const int64_t e =
       static_cast<int64_t>(blockIdx.x) * kScale4Threads + threadIdx.x;
@@ -366,6 +372,8 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
                            float* dh, float* dmean_square, float* partial,
                            unsigned* arrivals, float* grad_beta,
                            float* grad_alpha) {
+  WaitForPrerequisiteGrid();  // the upstream gradients
+  AllowDependentLaunch();
   constexpr int kThreads = kScaleTile * kQuarters;
   constexpr int kN = 4 * kQuarters;
   constexpr int kAlpha = kQuarters == 1 ? 1 : 3;
@@ -533,6 +541,8 @@ constexpr int kColumnWarps = 4;
 __global__ void __launch_bounds__(kColumnWarps * 32)
     column_partial_kernel(const float* rows, int64_t tokens, int width,
                           float* partial) {
+  WaitForPrerequisiteGrid();  // the rows
+  AllowDependentLaunch();
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.y * kColumnWarps + (threadIdx.x >> 5);
   if (w >= width) return;
@@ -549,6 +559,8 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
 __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
                                  int64_t width, int64_t split, float* out_a,
                                  float* out_b) {
+  WaitForPrerequisiteGrid();  // the partials
+  AllowDependentLaunch();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w >= width) return;
   float sum = 0.0f;
@@ -578,12 +590,18 @@ absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
   const int64_t chunks = NumChunks(tokens);
   const dim3 grid(GridSize(chunks),
                   GridSize((width + kColumnWarps - 1) / kColumnWarps));
-  column_partial_kernel<<<grid, kColumnWarps * 32, 0, stream>>>(rows, tokens,
-                                                                width, partial);
+  cudaError_t err = LaunchAfterPrevious(column_partial_kernel, dim3(grid),
+                                        dim3(kColumnWarps * 32), 0, stream,
+                                        rows, tokens, width, partial);
+  MHC_CUDA_RETURN_IF_ERROR(err, "column sum",
+                           absl::StrCat("[M=", tokens, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("column sum",
                         absl::StrCat("[M=", tokens, " W=", width, "]"));
-  chunk_sum_kernel<<<GridSize((width + 127) / 128), 128, 0, stream>>>(
-      partial, chunks, width, split, out_a, out_b);
+  err = LaunchAfterPrevious(
+      chunk_sum_kernel, dim3(GridSize((width + 127) / 128)), dim3(128), 0,
+      stream, partial, chunks, width, split, out_a, out_b);
+  MHC_CUDA_RETURN_IF_ERROR(err, "column sum (chunks)",
+                           absl::StrCat("[M=", tokens, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("column sum (chunks)",
                         absl::StrCat("[M=", tokens, " W=", width, "]"));
   return absl::OkStatus();
@@ -591,8 +609,11 @@ absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
 
 absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
                             float* out, cudaStream_t stream) {
-  chunk_sum_kernel<<<GridSize((width + 127) / 128), 128, 0, stream>>>(
-      partial, chunks, width, width, out, nullptr);
+  const cudaError_t err = LaunchAfterPrevious(
+      chunk_sum_kernel, dim3(GridSize((width + 127) / 128)), dim3(128), 0,
+      stream, partial, chunks, width, width, out, nullptr);
+  MHC_CUDA_RETURN_IF_ERROR(err, "chunk sum",
+                           absl::StrCat("[chunks=", chunks, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("chunk sum",
                         absl::StrCat("[chunks=", chunks, " W=", width, "]"));
   return absl::OkStatus();
@@ -618,14 +639,16 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
   // The n = 4 kernels never get a repair: SplitMix layers have n != 4.
   const ScaleRepair fix = repair != nullptr ? *repair : ScaleRepair{};
   const ScalePlan plan = PlanOf(p);
+  cudaError_t err = cudaSuccess;
   if (plan.variant != ScaleVariant::kThread) {
     const bool vec = plan.variant == ScaleVariant::kN4Vector;
     const unsigned grid = GridSize(
         (p.tokens * plan.quarters + kScale4Threads - 1) / kScale4Threads);
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kScale4Threads, 0, stream>>>(
-          s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-          p.h_pre, p.h_post, p.logits);
+      err = LaunchAfterPrevious(kernel, dim3(grid), dim3(kScale4Threads), 0,
+                                stream, s, p.tokens, p.h, p.mean_square,
+                                p.weights.alpha, p.weights.beta, p.h_pre,
+                                p.h_post, p.logits);
     };
     if (plan.quarters == 1) {
       vec ? launch(scale4_forward_kernel<1, true>)
@@ -638,12 +661,14 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
     const unsigned grid =
         GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
     DispatchMix(s.n, [&](auto nt) {
-      scale_forward_kernel<decltype(nt)::value>
-          <<<grid, kTokenThreads, 0, stream>>>(
-              s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-              p.h_pre, p.h_post, p.logits, fix);
+      err = LaunchAfterPrevious(
+          scale_forward_kernel<decltype(nt)::value>, dim3(grid),
+          dim3(kTokenThreads), 0, stream, s, p.tokens, p.h, p.mean_square,
+          p.weights.alpha, p.weights.beta, p.h_pre, p.h_post, p.logits, fix);
     });
   }
+  MHC_CUDA_RETURN_IF_ERROR(err, "scale forward",
+                           ShapeString(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("scale forward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
@@ -663,14 +688,16 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   if (p.tokens == 0) return absl::OkStatus();
   float* grad_alpha = s.dynamic ? p.grads.alpha : nullptr;
   const ScalePlan plan = PlanOf(p);
+  cudaError_t err = cudaSuccess;
   if (plan.variant != ScaleVariant::kThread) {
     const bool grads = p.grads.beta != nullptr || grad_alpha != nullptr;
     float* partial = grads ? static_cast<float*>(ws.data) : nullptr;
     const bool vec = plan.variant == ScaleVariant::kN4Vector;
     const unsigned grid = GridSize((p.tokens + kScaleTile - 1) / kScaleTile);
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kScaleTile * plan.quarters, 0, stream>>>(
-          s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
+      err = LaunchAfterPrevious(
+          kernel, dim3(grid), dim3(kScaleTile * plan.quarters), 0, stream, s,
+          p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
           p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, partial,
           arrivals, p.grads.beta, grad_alpha);
     };
@@ -681,6 +708,8 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
       vec ? launch(scale4_backward_kernel<6, true>)
           : launch(scale4_backward_kernel<6, false>);
     }
+    MHC_CUDA_RETURN_IF_ERROR(err, "scale backward",
+                             ShapeString(*p.spec, p.tokens, DType::kF32));
     MHC_CUDA_CHECK_LAUNCH("scale backward",
                           ShapeString(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
@@ -690,12 +719,14 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   const unsigned grid =
       GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
   DispatchMix(s.n, [&](auto nt) {
-    scale_backward_kernel<decltype(nt)::value>
-        <<<grid, kTokenThreads, 0, stream>>>(
-            s, p.tokens, p.h, p.mean_square, p.weights.alpha, p.weights.beta,
-            p.dh_pre, p.dh_post, p.dlogits, p.dh, p.dmean_square, warp_rows,
-            fix);
+    err = LaunchAfterPrevious(scale_backward_kernel<decltype(nt)::value>,
+                              dim3(grid), dim3(kTokenThreads), 0, stream, s,
+                              p.tokens, p.h, p.mean_square, p.weights.alpha,
+                              p.weights.beta, p.dh_pre, p.dh_post, p.dlogits,
+                              p.dh, p.dmean_square, warp_rows, fix);
   });
+  MHC_CUDA_RETURN_IF_ERROR(err, "scale backward",
+                           ShapeString(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("scale backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   if (!grads) return absl::OkStatus();

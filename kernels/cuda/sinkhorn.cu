@@ -139,6 +139,8 @@ template <bool kVec>
 __global__ void __launch_bounds__(kSk4Threads)
     sinkhorn4_forward_kernel(int iterations, float eps, int64_t tokens,
                              const float* logits, float* h_res) {
+  WaitForPrerequisiteGrid();  // the logits
+  AllowDependentLaunch();
   __shared__ float4 tiles[kSk4Threads / 32][128];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t m0 =
@@ -159,6 +161,8 @@ __global__ void __launch_bounds__(kSk4BwdThreads)
     sinkhorn4_backward_kernel(int iterations, float eps, int64_t tokens,
                               const float* logits, const float* dh_res,
                               float* dlogits) {
+  WaitForPrerequisiteGrid();  // the logits and dh_res
+  AllowDependentLaunch();
   __shared__ float4 kept[2 * kLaneMaxIterations * kSk4BwdThreads];
   __shared__ float4 tiles[kSk4BwdThreads / 32][128];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -226,6 +230,8 @@ __global__ void __launch_bounds__(kLaneThreads)
     sinkhorn_lanes_forward_kernel(int n, int iterations, float eps,
                                   int64_t tokens, const float* logits,
                                   float* h_res) {
+  WaitForPrerequisiteGrid();  // the logits
+  AllowDependentLaunch();
   using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
@@ -268,6 +274,8 @@ __global__ void __launch_bounds__(kLaneThreads)
                                    int64_t tokens, const float* logits,
                                    const float* dh_res, float* dlogits,
                                    float* r, bool dest_rows) {
+  WaitForPrerequisiteGrid();  // the logits and dh_res
+  AllowDependentLaunch();
   using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
@@ -322,23 +330,28 @@ unsigned LaneGrid(int64_t tokens, int lanes) {
 }
 
 // The lane kernels' reverse mode (with R when r is given).
-void LaunchLanesBackward(const DevSpec& s, const SinkhornPlan& plan,
-                         int64_t tokens, const float* logits,
-                         const float* dh_res, float* dlogits, float* r,
-                         cudaStream_t stream) {
+cudaError_t LaunchLanesBackward(const DevSpec& s, const SinkhornPlan& plan,
+                                int64_t tokens, const float* logits,
+                                const float* dh_res, float* dlogits, float* r,
+                                cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
   DispatchLanes(plan, [&](auto nt, auto lt, auto pt) {
     constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-    sinkhorn_lanes_backward_kernel<kN, kL, decltype(pt)::value>
-        <<<LaneGrid(tokens, kL), kLaneThreads, 0, stream>>>(
-            s.n, s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
-            s.dest_rows);
+    err = LaunchAfterPrevious(
+        sinkhorn_lanes_backward_kernel<kN, kL, decltype(pt)::value>,
+        dim3(LaneGrid(tokens, kL)), dim3(kLaneThreads), 0, stream, s.n,
+        s.iterations, s.eps_sk, tokens, logits, dh_res, dlogits, r,
+        s.dest_rows);
   });
+  return err;
 }
 
 template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     sinkhorn_forward_kernel(DevSpec s, int64_t tokens, const float* logits,
                             float* h_res) {
+  WaitForPrerequisiteGrid();  // the logits
+  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   const int nn = StreamCount<NT>(s) * StreamCount<NT>(s);
@@ -357,6 +370,8 @@ template <int NT>
 __global__ void __launch_bounds__(kTokenThreads)
     sinkhorn_backward_kernel(DevSpec s, int64_t tokens, const float* logits,
                              const float* dh_res, float* dlogits) {
+  WaitForPrerequisiteGrid();  // the logits and dh_res
+  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   const int nn = StreamCount<NT>(s) * StreamCount<NT>(s);
@@ -390,37 +405,43 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
   const SinkhornPlan plan = PlanOf(p);
+  cudaError_t err = cudaSuccess;
   switch (plan.variant) {
     case SinkhornVariant::kN4: {
       const unsigned grid = Sk4Grid(p.tokens, kSk4Threads);
       if (plan.vector_rows) {
-        sinkhorn4_forward_kernel<true><<<grid, kSk4Threads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+        err = LaunchAfterPrevious(sinkhorn4_forward_kernel<true>, dim3(grid),
+                                  dim3(kSk4Threads), 0, stream, s.iterations,
+                                  s.eps_sk, p.tokens, p.logits, p.h_res);
       } else {
-        sinkhorn4_forward_kernel<false><<<grid, kSk4Threads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+        err = LaunchAfterPrevious(sinkhorn4_forward_kernel<false>, dim3(grid),
+                                  dim3(kSk4Threads), 0, stream, s.iterations,
+                                  s.eps_sk, p.tokens, p.logits, p.h_res);
       }
       break;
     }
     case SinkhornVariant::kLanes:
       DispatchLanes(plan, [&](auto nt, auto lt, auto pt) {
         constexpr int kN = decltype(nt)::value, kL = decltype(lt)::value;
-        sinkhorn_lanes_forward_kernel<kN, kL, decltype(pt)::value>
-            <<<LaneGrid(p.tokens, kL), kLaneThreads, 0, stream>>>(
-                s.n, s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
+        err = LaunchAfterPrevious(
+            sinkhorn_lanes_forward_kernel<kN, kL, decltype(pt)::value>,
+            dim3(LaneGrid(p.tokens, kL)), dim3(kLaneThreads), 0, stream, s.n,
+            s.iterations, s.eps_sk, p.tokens, p.logits, p.h_res);
       });
       break;
     case SinkhornVariant::kThread: {
       const unsigned grid =
           GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
       DispatchMix(plan.streams, [&](auto nt) {
-        sinkhorn_forward_kernel<decltype(nt)::value>
-            <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits,
-                                                 p.h_res);
+        err = LaunchAfterPrevious(sinkhorn_forward_kernel<decltype(nt)::value>,
+                                  dim3(grid), dim3(kTokenThreads), 0, stream, s,
+                                  p.tokens, p.logits, p.h_res);
       });
       break;
     }
   }
+  MHC_CUDA_RETURN_IF_ERROR(err, "sinkhorn forward",
+                           ShapeString(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn forward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
@@ -431,33 +452,40 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
   const DevSpec s = MakeDevSpec(*p.spec);
   if (p.tokens == 0) return absl::OkStatus();
   const SinkhornPlan plan = PlanOf(p);
+  cudaError_t err = cudaSuccess;
   switch (plan.variant) {
     case SinkhornVariant::kN4: {
       const unsigned grid = Sk4Grid(p.tokens, kSk4BwdThreads);
       if (plan.vector_rows) {
-        sinkhorn4_backward_kernel<true><<<grid, kSk4BwdThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+        err = LaunchAfterPrevious(sinkhorn4_backward_kernel<true>, dim3(grid),
+                                  dim3(kSk4BwdThreads), 0, stream, s.iterations,
+                                  s.eps_sk, p.tokens, p.logits, p.dh_res,
+                                  p.dlogits);
       } else {
-        sinkhorn4_backward_kernel<false><<<grid, kSk4BwdThreads, 0, stream>>>(
-            s.iterations, s.eps_sk, p.tokens, p.logits, p.dh_res, p.dlogits);
+        err = LaunchAfterPrevious(sinkhorn4_backward_kernel<false>, dim3(grid),
+                                  dim3(kSk4BwdThreads), 0, stream, s.iterations,
+                                  s.eps_sk, p.tokens, p.logits, p.dh_res,
+                                  p.dlogits);
       }
       break;
     }
     case SinkhornVariant::kLanes:
-      LaunchLanesBackward(s, plan, p.tokens, p.logits, p.dh_res, p.dlogits,
-                          /*r=*/nullptr, stream);
+      err = LaunchLanesBackward(s, plan, p.tokens, p.logits, p.dh_res,
+                                p.dlogits, /*r=*/nullptr, stream);
       break;
     case SinkhornVariant::kThread: {
       const unsigned grid =
           GridSize((p.tokens + kTokenThreads - 1) / kTokenThreads);
       DispatchMix(plan.streams, [&](auto nt) {
-        sinkhorn_backward_kernel<decltype(nt)::value>
-            <<<grid, kTokenThreads, 0, stream>>>(s, p.tokens, p.logits,
-                                                 p.dh_res, p.dlogits);
+        err = LaunchAfterPrevious(sinkhorn_backward_kernel<decltype(nt)::value>,
+                                  dim3(grid), dim3(kTokenThreads), 0, stream, s,
+                                  p.tokens, p.logits, p.dh_res, p.dlogits);
       });
       break;
     }
   }
+  MHC_CUDA_RETURN_IF_ERROR(err, "sinkhorn backward",
+                           ShapeString(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
                         ShapeString(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
@@ -477,7 +505,9 @@ absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
         ShapeString(spec, tokens, DType::kF32), ": the Sinkhorn plan picks ",
         ToString(plan.variant), " for this layer, not the lane kernels"));
   }
-  LaunchLanesBackward(s, plan, tokens, logits, dh_res, dlogits, r, stream);
+  MHC_CUDA_RETURN_IF_ERROR(
+      LaunchLanesBackward(s, plan, tokens, logits, dh_res, dlogits, r, stream),
+      "sinkhorn backward (lanes)", ShapeString(spec, tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward (lanes)",
                         ShapeString(spec, tokens, DType::kF32));
   return absl::OkStatus();

@@ -23,7 +23,9 @@ cudaError_t FitLargeSmemKernel(const void* kernel, int threads, size_t smem,
                                int64_t* resident);
 
 // Launches `kernel` on `grid` CTAs of `threads` threads and `smem` bytes of
-// dynamic shared memory, prepared by FitLargeSmemKernel first.
+// dynamic shared memory, prepared by FitLargeSmemKernel first. The launch is
+// programmatic (LaunchAfterPrevious, common.cuh): every kernel launched here
+// calls WaitForPrerequisiteGrid before it touches memory.
 template <typename... Exp, typename... Act>
 cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
                             size_t smem, cudaStream_t stream, Act&&... args) {
@@ -35,6 +37,11 @@ cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
+  cudaLaunchAttribute programmatic;
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &programmatic;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
 

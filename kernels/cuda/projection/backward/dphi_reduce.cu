@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows, kReduceBlocks<T>)
                            const float* phi, const float* gamma,
                            float* grads_phi, float* grads_gamma, int64_t tokens,
                            RepairBackwardArgs repair) {
+  WaitForPrerequisiteGrid();  // the dphi partials
+  AllowDependentLaunch();
   constexpr bool kRepair = !std::is_void_v<T>;
   __shared__ float dgamma_rows[kReduceRows][kReduceCols];
   const int col = threadIdx.x % kReduceCols;
@@ -91,9 +93,11 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
   const unsigned grid = GridSize((s.K + kReduceCols - 1) / kReduceCols);
   const int64_t chunks = NumPhiChunks(spec, tokens);
   gamma = s.has_gamma ? gamma : nullptr;
+  cudaError_t err = cudaSuccess;
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kReduceCols * kReduceRows, 0, stream>>>(
-        s, chunks, partial, phi, gamma, grads_phi, grads_gamma, tokens,
+    err = LaunchAfterPrevious(
+        kernel, dim3(grid), dim3(kReduceCols * kReduceRows), 0, stream, s,
+        chunks, partial, phi, gamma, grads_phi, grads_gamma, tokens,
         repair != nullptr ? *repair : RepairBackwardArgs{});
   };
   if (repair == nullptr || tokens == 0 || !s.dynamic) {
@@ -111,6 +115,8 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
         break;
     }
   }
+  MHC_CUDA_RETURN_IF_ERROR(err, "phi gradient reduce",
+                           ShapeString(spec, tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("phi gradient reduce",
                         ShapeString(spec, tokens, DType::kF32));
   return absl::OkStatus();

@@ -28,6 +28,8 @@ struct DxDev {
 template <typename T, int VK>
 __global__ void __launch_bounds__(kDxThreads)
     dx_kernel(DevSpec s, int64_t tokens, const T* x, DxDev a) {
+  WaitForPrerequisiteGrid();  // dh, dms and the terms' inputs
+  AllowDependentLaunch();
   constexpr int kGb = kRowsPerPass;
   const int64_t k0 =
       (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * VK;
@@ -181,15 +183,17 @@ absl::Status LaunchFmaDxAndPhiPartials(const DxArgs& a,
           a.h_pre, a.dy,
           a.r,     a.dx_next,
           a.dx,    a.dphi_partial};
+  cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     const T* x = static_cast<const T*>(a.x);
-    if (vk2) {
-      dx_kernel<T, 2><<<grid, kDxThreads, 0, stream>>>(s, a.tokens, x, d);
-    } else {
-      dx_kernel<T, 1><<<grid, kDxThreads, 0, stream>>>(s, a.tokens, x, d);
-    }
+    err = vk2 ? LaunchAfterPrevious(dx_kernel<T, 2>, grid, dim3(kDxThreads), 0,
+                                    stream, s, a.tokens, x, d)
+              : LaunchAfterPrevious(dx_kernel<T, 1>, grid, dim3(kDxThreads), 0,
+                                    stream, s, a.tokens, x, d);
   });
+  MHC_CUDA_RETURN_IF_ERROR(err, "projection backward fma",
+                           ShapeString(*a.spec, a.tokens, a.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("projection backward fma",
                         ShapeString(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();

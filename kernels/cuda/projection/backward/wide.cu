@@ -117,6 +117,8 @@ template <bool kIeee, bool kWgmmaTokens>
 __global__ void __launch_bounds__(kWideThreads)
     round_dh_kernel(int64_t tokens, int N, int Np, int64_t Mp, const float* dh,
                     Rounded out) {
+  WaitForPrerequisiteGrid();  // dh; the scratch's previous readers
+  AllowDependentLaunch();
   constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -148,6 +150,8 @@ template <bool kIeee>
 __global__ void __launch_bounds__(kWideThreads)
     round_phi_kernel(DevSpec s, int Np, const float* phi, const float* gamma,
                      Rounded out) {
+  WaitForPrerequisiteGrid();  // the scratch's previous readers
+  AllowDependentLaunch();
   constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -264,6 +268,8 @@ template <typename T, bool kIeee, bool kVector, bool kWgmma>
 __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     wide_dx_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                    WideDev a) {
+  WaitForPrerequisiteGrid();  // the rounded operands and the terms
+  AllowDependentLaunch();
   static_assert(!(kIeee && kWgmma), "the wgmma form is TF32's");
   extern __shared__ __align__(16) float wide_dx_smem[];
   constexpr int kParts = kIeee ? 2 : 1;
@@ -487,17 +493,20 @@ cudaError_t LaunchRounding(const DevSpec& s, int64_t tokens, const float* phi,
                            const float* gamma, const float* dh,
                            bool wgmma_tokens, const WideDev& d,
                            cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
   DispatchBool(wgmma_tokens, [&](auto tag) {
-    round_dh_kernel<kIeee, decltype(tag)::value>
-        <<<dim3(GridSize(d.Np / kRoundTile),
-                GridSize((tokens + kRoundTile - 1) / kRoundTile)),
-           kWideThreads, 0, stream>>>(tokens, s.N, d.Np, d.Mp, dh, d.op);
+    err = LaunchAfterPrevious(
+        round_dh_kernel<kIeee, decltype(tag)::value>,
+        dim3(GridSize(d.Np / kRoundTile),
+             GridSize((tokens + kRoundTile - 1) / kRoundTile)),
+        dim3(kWideThreads), 0, stream, tokens, s.N, d.Np, d.Mp, dh, d.op);
   });
-  round_phi_kernel<kIeee>
-      <<<dim3(GridSize((s.K + kRoundTile - 1) / kRoundTile),
-              GridSize(d.Np / kRoundTile)),
-         kWideThreads, 0, stream>>>(s, d.Np, phi, gamma, d.op);
-  return cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return LaunchAfterPrevious(round_phi_kernel<kIeee>,
+                             dim3(GridSize((s.K + kRoundTile - 1) / kRoundTile),
+                                  GridSize(d.Np / kRoundTile)),
+                             dim3(kWideThreads), 0, stream, s, d.Np, phi, gamma,
+                             d.op);
 }
 
 template <typename T, bool kIeee, bool kVector, bool kWgmma>

@@ -19,6 +19,8 @@ __global__ void __launch_bounds__(kTermsThreads)
     dx_terms_kernel(DevSpec s, ChannelChunk chunk, const float* h_pre,
                     const T* dy, const float* r, const T* dx_next,
                     float* terms) {
+  WaitForPrerequisiteGrid();  // r and h_pre; the previous dx reads terms
+  AllowDependentLaunch();
   __shared__ float r_s[kMaxStreams * kMaxStreams];
   __shared__ float h_s[kMaxStreams];
   const int64_t m = blockIdx.x;
@@ -88,11 +90,10 @@ cudaError_t LaunchDxTerms(const DevSpec& s, int64_t tokens, DType dtype,
       constexpr int V = decltype(pair_tag)::value ? 2 : 1;
       const int64_t blocks =
           (chunk.width + kTermsThreads * V - 1) / (kTermsThreads * V);
-      dx_terms_kernel<T, V>
-          <<<dim3(GridSize(tokens), GridSize(blocks)), kTermsThreads, 0,
-             stream>>>(s, chunk, h_pre, static_cast<const T*>(dy), r,
-                       static_cast<const T*>(dx_next), terms);
-      err = cudaGetLastError();
+      err = LaunchAfterPrevious(
+          dx_terms_kernel<T, V>, dim3(GridSize(tokens), GridSize(blocks)),
+          dim3(kTermsThreads), 0, stream, s, chunk, h_pre,
+          static_cast<const T*>(dy), r, static_cast<const T*>(dx_next), terms);
     });
   });
   return err;
