@@ -522,11 +522,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
-          float out[2];
-          dm.With([&](auto add) {
-            out[0] = add(v.x, d[mt][nt][2 * h]);
-            out[1] = add(v.y, d[mt][nt][2 * h + 1]);
-          });
+          float out[2] = {dm.Add(v.x, d[mt][nt][2 * h]),
+                          dm.Add(v.y, d[mt][nt][2 * h + 1])};
           if constexpr (kTermsN > 0) {
             AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
                                      Terms::Residual(residual), terms, dt, nt,
