@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(kRowThreads,
     aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
                               const T* dy, T* dx, float* dh_pre) {
   WaitForPrerequisiteGrid();  // dy and h_pre
-  AllowDependentLaunch();
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   __shared__ float hp[NT];

@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
                   float* dh_pre, int* repair_count) {
   WaitForPrerequisiteGrid();  // dy, and the workspace's earlier readers
-  AllowDependentLaunch();     // the mixing kernel waits for this one's end
   // The mixing kernel, next in the stream, counts its repaired tokens.
   if (repair_count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     *repair_count = 0;
@@ -441,7 +440,6 @@ __global__ void __launch_bounds__(kMixThreads)
                               BackwardMixDev a, bool sinkhorn4,
                               RepairSource src, RepairRows rows) {
   WaitForPrerequisiteGrid();  // dh_pre and the zeroed repair count
-  AllowDependentLaunch();
   const int64_t m =
       static_cast<int64_t>(blockIdx.x) * kMixThreads + threadIdx.x;
   if (m >= tokens) return;

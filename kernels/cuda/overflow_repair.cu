@@ -22,7 +22,6 @@ template <typename T>
 __global__ void __launch_bounds__(kRepairThreads)
     repair_backward_kernel(DevSpec s, int64_t tokens, RepairBackwardArgs a) {
   WaitForPrerequisiteGrid();  // the repair count and rows
-  AllowDependentLaunch();
   if (*a.count == 0) return;
   const int64_t k =
       static_cast<int64_t>(blockIdx.x) * kRepairThreads + threadIdx.x;

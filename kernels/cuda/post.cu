@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
                         const float* h_res, const float* bias, T* x_next) {
   WaitForPrerequisiteGrid();  // f, x and the mixing
-  AllowDependentLaunch();
   constexpr int kSlices = kPostForwardSlices<NT>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
@@ -121,7 +120,6 @@ __global__ void __launch_bounds__(
                          const float* bias, T* df, T* dx, float* dh_post,
                          float* dh_res) {
   WaitForPrerequisiteGrid();  // dx_next, f, x and the mixing
-  AllowDependentLaunch();
   constexpr int kSlices = kPostBackwardSlices<NT>;
   constexpr int kGroup = kPostBackwardGroup<NT, kStrided>;
   constexpr int kS = NT / kSlices;
@@ -235,7 +233,6 @@ __global__ void post_bias_partial_kernel(DevSpec s, int64_t tokens,
                                          const T* dx_next, const float* h_post,
                                          float* partial) {
   WaitForPrerequisiteGrid();  // dx_next and h_post
-  AllowDependentLaunch();
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= s.C) return;
   const int64_t chunk = blockIdx.x;

@@ -215,7 +215,6 @@ __global__ void __launch_bounds__(kPostMmaThreads)
                             const float* h_post, const float* h_res,
                             const float* bias, Bf16* x_next) {
   WaitForPrerequisiteGrid();  // f, x and the mixing
-  AllowDependentLaunch();
   const int n = s.n;
   const int64_t m = blockIdx.x;
   const int warp = threadIdx.x >> 5;
@@ -274,7 +273,6 @@ __global__ void __launch_bounds__(kPostMmaThreads)
                              const float* h_res, const float* bias, Bf16* df,
                              Bf16* dx, float* dh_post, float* dh_res) {
   WaitForPrerequisiteGrid();  // dx_next, f, x and the mixing
-  AllowDependentLaunch();
   constexpr int H = NT / 8;
   const int n = s.n;
   const int64_t m = blockIdx.x;

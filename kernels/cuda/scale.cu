@@ -99,7 +99,6 @@ __global__ void __launch_bounds__(kTokenThreads)
                          const float* beta, float* h_pre, float* h_post,
                          float* logits, ScaleRepair repair) {
   WaitForPrerequisiteGrid();  // h and the mean square
-  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   float hp[NT], hq[NT], a[NT * NT];
@@ -224,7 +223,6 @@ __global__ void __launch_bounds__(kTokenThreads)
                           float* dmean_square, float* warp_rows,
                           ScaleRepair repair) {
   WaitForPrerequisiteGrid();  // the upstream gradients
-  AllowDependentLaunch();
   static_assert(kTokenThreads % 32 == 0, "whole warps");
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if ((m & ~int64_t{31}) >= tokens) return;  // the whole warp is past M
@@ -328,7 +326,6 @@ __global__ void __launch_bounds__(kScale4Threads)
                           const float* beta, float* h_pre, float* h_post,
                           float* logits) {
   WaitForPrerequisiteGrid();  // h and the mean square
-  AllowDependentLaunch();
   constexpr int kN = 4 * kQuarters;
   const int64_t e =
       static_cast<int64_t>(blockIdx.x) * kScale4Threads + threadIdx.x;
@@ -373,7 +370,6 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
                            unsigned* arrivals, float* grad_beta,
                            float* grad_alpha) {
   WaitForPrerequisiteGrid();  // the upstream gradients
-  AllowDependentLaunch();
   constexpr int kThreads = kScaleTile * kQuarters;
   constexpr int kN = 4 * kQuarters;
   constexpr int kAlpha = kQuarters == 1 ? 1 : 3;
@@ -542,7 +538,6 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     column_partial_kernel(const float* rows, int64_t tokens, int width,
                           float* partial) {
   WaitForPrerequisiteGrid();  // the rows
-  AllowDependentLaunch();
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.y * kColumnWarps + (threadIdx.x >> 5);
   if (w >= width) return;
@@ -560,7 +555,6 @@ __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
                                  int64_t width, int64_t split, float* out_a,
                                  float* out_b) {
   WaitForPrerequisiteGrid();  // the partials
-  AllowDependentLaunch();
   const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w >= width) return;
   float sum = 0.0f;

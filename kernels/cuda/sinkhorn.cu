@@ -140,7 +140,6 @@ __global__ void __launch_bounds__(kSk4Threads)
     sinkhorn4_forward_kernel(int iterations, float eps, int64_t tokens,
                              const float* logits, float* h_res) {
   WaitForPrerequisiteGrid();  // the logits
-  AllowDependentLaunch();
   __shared__ float4 tiles[kSk4Threads / 32][128];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t m0 =
@@ -162,7 +161,6 @@ __global__ void __launch_bounds__(kSk4BwdThreads)
                               const float* logits, const float* dh_res,
                               float* dlogits) {
   WaitForPrerequisiteGrid();  // the logits and dh_res
-  AllowDependentLaunch();
   __shared__ float4 kept[2 * kLaneMaxIterations * kSk4BwdThreads];
   __shared__ float4 tiles[kSk4BwdThreads / 32][128];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -231,7 +229,6 @@ __global__ void __launch_bounds__(kLaneThreads)
                                   int64_t tokens, const float* logits,
                                   float* h_res) {
   WaitForPrerequisiteGrid();  // the logits
-  AllowDependentLaunch();
   using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
@@ -275,7 +272,6 @@ __global__ void __launch_bounds__(kLaneThreads)
                                    const float* dh_res, float* dlogits,
                                    float* r, bool dest_rows) {
   WaitForPrerequisiteGrid();  // the logits and dh_res
-  AllowDependentLaunch();
   using S = SinkhornLanes<N, L, kPadded>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = g / L;
@@ -351,7 +347,6 @@ __global__ void __launch_bounds__(kTokenThreads)
     sinkhorn_forward_kernel(DevSpec s, int64_t tokens, const float* logits,
                             float* h_res) {
   WaitForPrerequisiteGrid();  // the logits
-  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   const int nn = StreamCount<NT>(s) * StreamCount<NT>(s);
@@ -371,7 +366,6 @@ __global__ void __launch_bounds__(kTokenThreads)
     sinkhorn_backward_kernel(DevSpec s, int64_t tokens, const float* logits,
                              const float* dh_res, float* dlogits) {
   WaitForPrerequisiteGrid();  // the logits and dh_res
-  AllowDependentLaunch();
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= tokens) return;
   const int nn = StreamCount<NT>(s) * StreamCount<NT>(s);

@@ -67,7 +67,6 @@ __global__ void __launch_bounds__(kThreads, kIeee ? 1 : 2)
     wide_dphi_kernel(DevSpec s, int64_t tokens, int chunk_tokens,
                      const T* __restrict__ x, PhiOperands a) {
   WaitForPrerequisiteGrid();  // the rounded dh^T
-  AllowDependentLaunch();
   extern __shared__ __align__(16) char wide_phi_smem[];
   constexpr int XS = PhiXStride<T>();
   constexpr int kParts = kIeee ? 2 : 1;

@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows, kReduceBlocks<T>)
                            float* grads_phi, float* grads_gamma, int64_t tokens,
                            RepairBackwardArgs repair) {
   WaitForPrerequisiteGrid();  // the dphi partials
-  AllowDependentLaunch();
   constexpr bool kRepair = !std::is_void_v<T>;
   __shared__ float dgamma_rows[kReduceRows][kReduceCols];
   const int col = threadIdx.x % kReduceCols;

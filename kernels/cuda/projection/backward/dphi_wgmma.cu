@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                       const T* __restrict__ x, const float* __restrict__ dh_t,
                       int64_t Mp, int Np, float* __restrict__ partial) {
   WaitForPrerequisiteGrid();  // the rounded dh^T
-  AllowDependentLaunch();
   using Plan = DphiPlan<T, kW>;
   constexpr int kStages = Plan::kStages;
   constexpr int XS = Plan::kXStride;

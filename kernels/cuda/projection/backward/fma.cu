@@ -29,7 +29,6 @@ template <typename T, int VK>
 __global__ void __launch_bounds__(kDxThreads)
     dx_kernel(DevSpec s, int64_t tokens, const T* x, DxDev a) {
   WaitForPrerequisiteGrid();  // dh, dms and the terms' inputs
-  AllowDependentLaunch();
   constexpr int kGb = kRowsPerPass;
   const int64_t k0 =
       (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * VK;

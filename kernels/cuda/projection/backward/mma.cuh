@@ -66,7 +66,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                        MmaDxDev a) {
   WaitForPrerequisiteGrid();  // dh and dms; apart, dphi's reads of x
-  AllowDependentLaunch();
   extern __shared__ __align__(16) char smem[];
   constexpr int RS = RowStride<T>(NT);
   constexpr int kVecElems = 16 / sizeof(T);

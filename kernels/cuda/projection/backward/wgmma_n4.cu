@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                          const float* __restrict__ dms, T* __restrict__ dx,
                          float* __restrict__ dphi_partial) {
   WaitForPrerequisiteGrid();  // dh and dms
-  AllowDependentLaunch();
   using P = Plan;
   extern __shared__ __align__(16) char dx_rows_smem[];
   char* smem = AtomAligned(dx_rows_smem);

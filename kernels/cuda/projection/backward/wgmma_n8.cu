@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     dx_dphi_wgmma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                          WgmmaDxDev a) {
   WaitForPrerequisiteGrid();  // dh, dms and the terms' inputs
-  AllowDependentLaunch();
   using P = Plan<kTerms, kStages>;
   extern __shared__ __align__(16) char dx_wgmma_smem[];
   char* smem = AtomAligned(dx_wgmma_smem);

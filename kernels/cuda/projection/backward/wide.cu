@@ -118,7 +118,6 @@ __global__ void __launch_bounds__(kWideThreads)
     round_dh_kernel(int64_t tokens, int N, int Np, int64_t Mp, const float* dh,
                     Rounded out) {
   WaitForPrerequisiteGrid();  // dh; the scratch's previous readers
-  AllowDependentLaunch();
   constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -151,7 +150,6 @@ __global__ void __launch_bounds__(kWideThreads)
     round_phi_kernel(DevSpec s, int Np, const float* phi, const float* gamma,
                      Rounded out) {
   WaitForPrerequisiteGrid();  // the scratch's previous readers
-  AllowDependentLaunch();
   constexpr int kParts = kIeee ? 2 : 1;
   __shared__ float tile[kMaxParts][kRoundTile][kRoundTile + 1];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -269,7 +267,6 @@ __global__ void __launch_bounds__(kWideThreads, kIeee ? 1 : 2)
     wide_dx_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                    WideDev a) {
   WaitForPrerequisiteGrid();  // the rounded operands and the terms
-  AllowDependentLaunch();
   static_assert(!(kIeee && kWgmma), "the wgmma form is TF32's");
   extern __shared__ __align__(16) float wide_dx_smem[];
   constexpr int kParts = kIeee ? 2 : 1;

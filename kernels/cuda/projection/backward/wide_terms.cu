@@ -20,7 +20,6 @@ __global__ void __launch_bounds__(kTermsThreads)
                     const T* dy, const float* r, const T* dx_next,
                     float* terms) {
   WaitForPrerequisiteGrid();  // r and h_pre; the previous dx reads terms
-  AllowDependentLaunch();
   __shared__ float r_s[kMaxStreams * kMaxStreams];
   __shared__ float h_s[kMaxStreams];
   const int64_t m = blockIdx.x;
