@@ -7,8 +7,9 @@
   ...) exists.
 - README.md stays under 150 lines and opens with the two quick-start commands.
 - docs/README.md links every document under docs/.
-- Nothing names a design document outside the repository: SPEC is
-  docs/SPEC.md, and there is no PERFORMANCE.md, ARCHITECTURE.md or ../shared.
+- Nothing names a document or a path outside the repository: an upper-case
+  Markdown name (README.md, ...) is a file of the repository, a path that a
+  document climbs to with ../ is one, and SPEC is named as docs/SPEC.md.
 
   check_docs.py [REPO_ROOT]        exit 0 when every check passes
 """
@@ -158,10 +159,12 @@ def check_index():
 OUTSIDE = [
     (re.compile(r'(?<![\w/.])SPEC\b(?!\.md)'),
      'names SPEC without docs/SPEC.md'),
-    (re.compile(r'PERFORMANCE\.md|ARCHITECTURE\.md'),
-     'names a document outside the repository'),
-    (re.compile(r'\.\./shared\b'), 'names ../shared, outside the repository'),
 ]
+# A document named by its upper-case file name anywhere, and a relative path
+# that climbs in a Markdown document (tests and code name such paths as the
+# inputs they refuse): each must name something in the repository.
+DOC_NAME = re.compile(r'(?<![\w/.-])([A-Z][A-Z0-9_]*\.md)\b')
+PARENT_PATH = re.compile(r'(?<![\w./$])((?:\.\./)+[\w.-]*)')
 
 
 # Outside docs/, the math contract is named by its path.
@@ -171,10 +174,13 @@ SPEC_PATH = re.compile(r'(?<![\w.])(?<!docs/)SPEC\.md')
 def check_outside_references():
     me = os.path.abspath(__file__)
     docs = os.path.join(ROOT, 'docs') + os.sep
+    doc_names = {os.path.basename(p) for p in walk_files()
+                 if p.endswith('.md')}
     for path in walk_files():
         if os.path.abspath(path) == me:
             continue
         patterns = list(OUTSIDE)
+        markdown = path.endswith('.md')
         if not path.startswith(docs):
             patterns.append((SPEC_PATH, 'names SPEC.md without docs/'))
         try:
@@ -186,6 +192,17 @@ def check_outside_references():
             for pattern, what in patterns:
                 if pattern.search(line):
                     errors.append(f'{rel(path)}:{number}: {what}')
+            for name in DOC_NAME.findall(line):
+                if name not in doc_names:
+                    errors.append(f'{rel(path)}:{number}: names {name}, '
+                                  'not a document of the repository')
+            for climb in PARENT_PATH.findall(line) if markdown else ():
+                target = os.path.normpath(
+                    os.path.join(os.path.dirname(path), climb))
+                if (os.path.commonpath([ROOT, target]) != ROOT or
+                        not os.path.exists(target)):
+                    errors.append(f'{rel(path)}:{number}: names {climb}, '
+                                  'not in the repository')
 
 
 def main():
