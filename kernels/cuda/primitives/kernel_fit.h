@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "common.cuh"
+
 namespace mhc::cuda {
 
 // Prepares `kernel` on the current device for launches of `threads` threads
@@ -23,8 +25,8 @@ cudaError_t FitLargeSmemKernel(const void* kernel, int threads, size_t smem,
                                int64_t* resident);
 
 // Launches `kernel` on `grid` CTAs of `threads` threads and `smem` bytes of
-// dynamic shared memory, prepared by FitLargeSmemKernel first. The launch is
-// programmatic (LaunchAfterPrevious, common.cuh): every kernel launched here
+// dynamic shared memory, prepared by FitLargeSmemKernel first, as a
+// programmatic launch (LaunchAfterPrevious): every kernel launched here
 // calls WaitForPrerequisiteGrid before it touches memory.
 template <typename... Exp, typename... Act>
 cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
@@ -32,17 +34,8 @@ cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
   const cudaError_t e = FitLargeSmemKernel(
       reinterpret_cast<const void*>(kernel), threads, smem, nullptr);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute programmatic;
-  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  programmatic.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &programmatic;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+  return LaunchAfterPrevious(kernel, grid, dim3(threads), smem, stream,
+                             std::forward<Act>(args)...);
 }
 
 }  // namespace mhc::cuda
