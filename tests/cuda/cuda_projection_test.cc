@@ -113,6 +113,15 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {8, 1029, 650, DType::kBF16, MatmulPrecision::kIeee, true, false},
       {8, 4096, 3000, DType::kBF16, MatmulPrecision::kTf32, false, false},
       {7, 1024, 300, DType::kBF16, MatmulPrecision::kTf32, true, false},
+      // The TF32 units of fp16 / fp32 x (projection/forward/wgmma_tf32.cu):
+      // more units (632) than CTAs, a partial last stage (C = 1000) on the
+      // deep ring, n = 2, a head, the widest K split.
+      {4, 4096, 5000, DType::kF16, MatmulPrecision::kTf32, true, false},
+      {4, 1000, 129, DType::kF32, MatmulPrecision::kTf32, false, false},
+      {4, 1000, 700, DType::kF16, MatmulPrecision::kTf32, false, false},
+      {2, 4096, 257, DType::kF32, MatmulPrecision::kTf32, true, false},
+      {16, 1000, 150, DType::kF32, MatmulPrecision::kTf32, true, true},
+      {4, 12288, 2048, DType::kF16, MatmulPrecision::kTf32, false, false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = CaseLayer(c.n, c.C, c.prec, c.gamma, c.head);

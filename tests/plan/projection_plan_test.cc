@@ -113,9 +113,17 @@ TEST(ProjectionPlan, ForwardKeepsTheChoices) {
       {Layer(4, 4096), DType::kBF16, XAt(2), FV::kMma, 0},
       {Layer(1, 7), DType::kBF16, {}, FV::kMma, 0},
       {Layer(4, 4096, kIeee), DType::kBF16, {}, FV::kWgmmaBf16, 16},
-      {Layer(4, 4096), DType::kF16, {}, FV::kMma, 16},
-      {Layer(4, 4096), DType::kF32, {}, FV::kMma, 16},
+      {Layer(4, 4096), DType::kF16, {}, FV::kWgmmaTf32, 16},
+      {Layer(4, 4096), DType::kF32, {}, FV::kWgmmaTf32, 16},
+      {Layer(2, 4096), DType::kF16, {}, FV::kWgmmaTf32, 16},
+      {Layer(4, 4096), DType::kF16, XAt(8), FV::kMma, 8},
+      {Layer(4, 4096, kIeee), DType::kF16, {}, FV::kMma, 16},
       {Layer(4, 4095), DType::kF32, XAt(4), FV::kMma, 4},
+      {Layer(16, 4096, kTf32, LayerKind::kHead),
+       DType::kF32,
+       {},
+       FV::kWgmmaTf32,
+       16},
       {Layer(5, 1024), DType::kBF16, {}, FV::kMma, 16},
       {Layer(6, 1024), DType::kBF16, {}, FV::kMma, 16},
       {Layer(7, 1024), DType::kBF16, {}, FV::kWgmmaBf16Wide, 16},
@@ -190,6 +198,15 @@ TEST(ProjectionPlan, ForwardDeepRing) {
   EXPECT_TRUE(deep(1024, 1));
   EXPECT_FALSE(deep(1024, 4200));    // 66 x 2
   EXPECT_FALSE(deep(1024, 512, 8));  // cp.async pieces
+  // The TF32 units of fp16 / fp32 the same way.
+  for (DType dtype : {DType::kF16, DType::kF32}) {
+    const ProjectionForwardPlan few =
+        PlanProjectionForward(Layer(4, 1024), dtype, 512, {});
+    EXPECT_EQ(few.variant, FV::kWgmmaTf32);
+    EXPECT_TRUE(few.deep_ring);
+    EXPECT_FALSE(
+        PlanProjectionForward(Layer(4, 4096), dtype, 2048, {}).deep_ring);
+  }
 }
 
 TEST(ProjectionPlan, ForwardWorkspace) {
@@ -212,11 +229,18 @@ TEST(ProjectionPlan, ForwardWorkspace) {
   // No tokens, no split.
   EXPECT_FALSE(
       PlanProjectionForward(Layer(4, 4096), DType::kBF16, 0, {}).split_phi);
-  // IEEE splits into three terms (9 KB per stage); fp16 never splits.
+  // IEEE splits into three terms (9 KB per stage); fp16 / fp32 round phi'
+  // into 6 KB per stage under TF32, and keep it unsplit under IEEE.
   EXPECT_EQ(PlanProjectionForward(Layer(4, 4096, kIeee), DType::kBF16, 4096, {})
                 .workspace.phi_split,
             size_t{256} * 9216);
   EXPECT_EQ(PlanProjectionForward(Layer(4, 4096), DType::kF16, 4096, {})
+                .workspace.phi_split,
+            size_t{256} * 6144);
+  EXPECT_EQ(PlanProjectionForward(Layer(4, 4096), DType::kF32, 4096, {})
+                .workspace.phi_split,
+            size_t{256} * 6144);
+  EXPECT_EQ(PlanProjectionForward(Layer(4, 4096, kIeee), DType::kF16, 4096, {})
                 .workspace.phi_split,
             0u);
   LayerSpec static_layer = Layer(4, 4096);

@@ -23,6 +23,7 @@
 #include "projection/forward/mma.h"
 #include "projection/forward/mma_wide.h"
 #include "projection/forward/wgmma_bf16.h"
+#include "projection/forward/wgmma_tf32.h"
 #include "projection/forward/wgmma_tf32_wide.h"
 #include "projection/plan.h"
 
@@ -94,6 +95,9 @@ absl::Status LaunchPartials(const LayerSpec& spec, int64_t tokens, DType dtype,
     case ProjectionForwardVariant::kWgmmaBf16Wide:
       return LaunchBf16WideProjectionPartials(spec, tokens, x, phi, gamma, plan,
                                               workspace, stream);
+    case ProjectionForwardVariant::kWgmmaTf32:
+      return LaunchTf32WgmmaProjectionPartials(spec, tokens, dtype, x, phi,
+                                               gamma, plan, workspace, stream);
     case ProjectionForwardVariant::kWgmmaTf32Wide:
       return LaunchWgmmaProjectionPartials(spec, tokens, dtype, x, phi, gamma,
                                            plan, workspace, stream);

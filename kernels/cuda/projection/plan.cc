@@ -104,6 +104,19 @@ const std::vector<ForwardRule>& ForwardRules() {
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
        }},
+      {{FV::kWgmmaTf32,
+        "fp16 / fp32, TF32, `N <= 24` (mHC `n <= 4`, every HEAD), `x` rows on "
+        "16 bytes",
+        "kernels/cuda/projection/forward/wgmma_tf32.cu",
+        "64-token units on `wgmma.m64n24k8` with A from registers: `x` by "
+        "tensor copies, read from the staged tile by each thread as its "
+        "fragments (fp32 rounded to TF32); `phi'` rounded to TF32 once per "
+        "launch in the fragments' k order, copied in beside `x`",
+        Example(4, 256, DType::kF16)},
+       [](const ForwardCase& c) {
+         return !c.l.bf16 && !c.l.ieee && proj::LogitGroups(c.l.N) == 1 &&
+                c.x_copy == 16;
+       }},
       {{FV::kWgmmaBf16Wide,
         "bf16, `48 < N <= 80` (mHC `n = 7, 8`), `x` rows allow copies, "
         "`phi` / `gamma` on 16 bytes",
@@ -134,13 +147,13 @@ const std::vector<ForwardRule>& ForwardRules() {
         Example(8, 256, DType::kF32, MatmulPrecision::kIeee)},
        [](const ForwardCase& c) { return c.l.N > 2 * proj::kLogitGroup; }},
       {{FV::kMma,
-        "everything else: `N <= 48` (fp16 / fp32, mHC `n = 5, 6`, bf16 rows "
-        "without a copy width)",
+        "everything else: `N <= 48` (fp16 / fp32 under IEEE or off 16 bytes, "
+        "mHC `n = 5, 6`, bf16 rows without a copy width)",
         "kernels/cuda/projection/forward/mma.cu",
         "units of 128 tokens x a K chunk x up to 24 logits on `mma.sync` "
         "(bf16 against the `phi'` split, else TF32), the copy width fixed per "
         "kernel",
-        Example(4, 256, DType::kF16)},
+        Example(4, 256, DType::kF16, MatmulPrecision::kIeee)},
        [](const ForwardCase&) { return true; }},
   };
   return *rules;
@@ -154,7 +167,8 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // bf16 layers of one group split phi' (96 B per k, 144 under IEEE) once
   // per launch at every batch: split per tile, each stage waited on its own
   // phi fetch, a fixed cost per unit that small batches could not hide.
-  if (l.bf16 && proj::LogitGroups(l.N) == 1 && l.tokens > 0) {
+  // fp16 / fp32 ones under TF32 round it once into the same 96 B per k.
+  if ((l.bf16 || !l.ieee) && proj::LogitGroups(l.N) == 1 && l.tokens > 0) {
     const int words = l.ieee ? proj::kBf16StageWords : proj::kBf16HiMidWords;
     w.phi_split = AlignBytes(sizeof(uint32_t) * words *
                              ((l.K + proj::kMmaBk - 1) / proj::kMmaBk));
@@ -323,6 +337,8 @@ absl::string_view ToString(ProjectionForwardVariant variant) {
       return "wgmma_bf16_wide";
     case FV::kWgmmaTf32Wide:
       return "wgmma_tf32_wide";
+    case FV::kWgmmaTf32:
+      return "wgmma_tf32";
   }
   return "unknown";
 }
@@ -394,7 +410,8 @@ ProjectionForwardPlan PlanProjectionForward(
   plan.split_phi = plan.workspace.phi_split > 0;
   // Fewer units than SMs hold one per SM: a deeper ring keeps the one CTA's
   // copies in flight (a stage's arithmetic never depends on the ring).
-  if (plan.variant == FV::kWgmmaBf16 && plan.x_copy_bytes == 16) {
+  if ((plan.variant == FV::kWgmmaBf16 || plan.variant == FV::kWgmmaTf32) &&
+      plan.x_copy_bytes == 16) {
     const int64_t units = (tokens + proj::kBf16UnitTokens - 1) /
                           proj::kBf16UnitTokens *
                           proj::PlanChunks(l.K, l.N).chunks;

@@ -33,8 +33,9 @@ enum class ProjectionForwardVariant : uint8_t {
   kWgmmaBf16,      // bf16 wgmma units of one logit group (N <= 24)
   kWgmmaBf16Wide,  // bf16 wgmma units of 80 logits (48 < N <= 80)
   kWgmmaTf32Wide,  // TF32 wgmma GEMM tiles (N > 48)
+  kWgmmaTf32,      // fp16 / fp32 TF32 wgmma units of one logit group
 };
-inline constexpr int kNumProjectionForwardVariants = 6;
+inline constexpr int kNumProjectionForwardVariants = 7;
 
 enum class ProjectionBackwardVariant : uint8_t {
   kWgmmaN4,    // n = 4 mHC layers, no fused terms: dx rows from wgmma
@@ -92,8 +93,8 @@ struct DxTerms {
 
 // ---- Forward.
 
-// Workspace: the chunk partials, the phi' split (bf16, one logit group,
-// M > 0), the unit counter; byte offsets from the start.
+// Workspace: the chunk partials, the phi' split (one logit group, bf16 or
+// TF32, M > 0), the unit counter; byte offsets from the start.
 struct ProjectionForwardWorkspaceLayout {
   size_t partials = 0;  // at 0
   size_t phi_split = 0;
@@ -109,9 +110,11 @@ struct ProjectionForwardPlan {
   // the bf16 wgmma units.
   int x_copy_bytes = 0;
   bool phi_vector = false;  // phi and gamma by 16-byte loads (mma)
-  bool split_phi = false;   // phi' split once per launch (bf16 one group)
-  // wgmma_bf16 with x by tensor copies, fewer units than SMs: a ring of
-  // kBf16DeepStages stages (the same bits).
+  // phi' split (bf16) or rounded (wgmma_tf32) once per launch: one logit
+  // group.
+  bool split_phi = false;
+  // wgmma_bf16 with x by tensor copies, or wgmma_tf32, fewer units than
+  // SMs: a ring of kBf16DeepStages stages (the same bits).
   bool deep_ring = false;
   // mma_wide: 16-byte x, phi and gamma rows (IEEE only: TF32 ones go to
   // wgmma_tf32_wide).

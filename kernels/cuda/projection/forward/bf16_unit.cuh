@@ -49,6 +49,12 @@ __device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
   }
 }
 
+// Token tiles of kTokens (a unit each per K chunk).
+template <int kTokens>
+__host__ __device__ inline int64_t UnitTiles(int64_t tokens) {
+  return (tokens + kTokens - 1) / kTokens;
+}
+
 // A unit of kTokens tokens: tokens m0 .. m0 + rows - 1 over its K chunk
 // [kbeg, kend) (span k, in `stages` stages of kStageK).
 struct UnitSpan {
@@ -123,6 +129,22 @@ class XCopies {
   int klimit_ = 0;
 };
 
+// A warp's kW logits of its 16 token rows (slab .. slab + 15 of the unit,
+// the wgmma accumulator layout) into rows of `width` floats at out; rows at
+// or past `rows` hold no token.
+template <int kW>
+__device__ __forceinline__ void StoreLogits(const float (&acc)[kW / 2],
+                                            float* out, int width, int N,
+                                            int slab, int rows, int grp,
+                                            int quad) {
+#pragma unroll
+  for (int i = 0; i < kW / 2; ++i) {
+    const int t = slab + grp + 8 * ((i >> 1) & 1);
+    const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
+    if (t < rows && col < N) out[t * width + col] = acc[i];
+  }
+}
+
 // A warp's kW logits and sums of squares of its 16 token rows (slab ..
 // slab + 15 of the unit), in the wgmma accumulator layout
 // (primitives/wgmma.cuh).
@@ -189,12 +211,7 @@ struct WarpSums {
   // rows at or past `rows` hold no token.
   __device__ void Store(float* out, int width, int N, int slab, int rows,
                         int grp, int quad) const {
-#pragma unroll
-    for (int i = 0; i < kW / 2; ++i) {
-      const int t = slab + grp + 8 * ((i >> 1) & 1);
-      const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
-      if (t < rows && col < N) out[t * width + col] = acc[i];
-    }
+    StoreLogits<kW>(acc, out, width, N, slab, rows, grp, quad);
     if (quad == grp >> 1) {
       const int t = slab + grp;
       if (t < rows) out[t * width + N] = ss[0];

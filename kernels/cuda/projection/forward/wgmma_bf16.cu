@@ -32,13 +32,13 @@
 // products in a fixed k order); chunks are added in order by the chunk sum.
 // No floating-point atomics.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "primitives/tensor_map.h"
 #include "primitives/tma.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/forward/bf16_unit.cuh"
@@ -83,10 +83,6 @@ static_assert(Terms(false) * kTermTileBytes == kBf16HiMidWords * 4 &&
                   Terms(true) * kTermTileBytes == kBf16StageWords * 4,
               "same split bytes per stage");
 
-__host__ __device__ inline int64_t UnitsOf(int64_t tokens) {
-  return (tokens + kUnitTokens - 1) / kUnitTokens;
-}
-
 // phi' split once for the launch: a CTA per 64-k stage, its term tiles
 // where the units copy them from.
 template <int kTerms>
@@ -127,7 +123,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const int quad = lane & 3;
   const int slab = 16 * warp;  // this warp's first token row
   const ChunkPlan plan = PlanChunks(s.K, s.N);
-  const int64_t units = UnitsOf(tokens) * plan.chunks;
+  const int64_t units = bf16_unit::UnitTiles<kUnitTokens>(tokens) * plan.chunks;
   const int width = s.N + 1;
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
@@ -230,7 +226,8 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
                         const float* gamma, bool vec_phi, char* planes,
                         float* partial, unsigned long long* next_unit,
                         cudaStream_t stream) {
-  const int64_t units = UnitsOf(tokens) * PlanChunks(s.K, s.N).chunks;
+  const int64_t units =
+      bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocksAfter(
       [&] {
         phi_planes_kernel<kTerms>
@@ -250,30 +247,8 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
 // not fit one (rows not on 16 bytes, coordinates past 32 bits).
 bool EncodeXTileMap(const void* x, int64_t K, int64_t tokens,
                     CUtensorMap* map) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                         cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr || K % 8 != 0 || !Aligned16(x) || K >= INT32_MAX ||
-      tokens >= INT32_MAX) {
-    return false;
-  }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K),
-                              static_cast<cuuint64_t>(tokens)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint32_t box[2] = {kStageK, kUnitTokens};
-  const cuuint32_t steps[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x),
-                dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeSwizzledRowTiles(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, K,
+                                tokens, kStageK, kUnitTokens, map);
 }
 
 }  // namespace
