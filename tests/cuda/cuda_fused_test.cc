@@ -458,10 +458,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 6));
 
 // The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
 // columns x 1024 tokens) number fewer than an H200's SMs (the plan's
-// dx_apart: n = 4, C = 1024, M = 4096 on 32 x 4) and together above (M =
-// 4100: 32 x 5). The four tokens past 4096 have no upstream gradient, so
-// they add a zero dphi partial: phi's gradient and the first rows of dx keep
-// their bits across the two forms.
+// dx_apart_tokens: n = 4, C = 1024, M = 4096 on 32 x 4, dx over 128-token
+// chunks; M = 512 and 200, dx over 64- and 32-token chunks) and together
+// above (M = 4100: 32 x 5). The four tokens past 4096 have no upstream
+// gradient, so they add a zero dphi partial: phi's gradient and the first
+// rows of dx keep their bits across the two forms; so do the first rows of
+// dx at every chunk.
 TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
   MHC_SKIP_WITHOUT_GPU();
   LayerSpec spec = PresetSpec("deepseek_v4", 4, 1024).value();
@@ -480,13 +482,18 @@ TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
   const std::vector<float> params = RandomParams(K, N, C);
 
   Harness h;
-  const LayerRun apart = RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, M);
   const LayerRun together =
       RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, total);
-  EXPECT_EQ(apart.dphi, together.dphi) << "dphi differs between the forms";
-  const std::vector<uint8_t> rows(together.dx.begin(),
-                                  together.dx.begin() + M * K * es);
-  EXPECT_EQ(apart.dx, rows) << "dx differs between the forms";
+  for (const int64_t m : {M, int64_t{512}, int64_t{200}}) {
+    SCOPED_TRACE(m);
+    const LayerRun apart = RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, m);
+    if (m == M) {
+      EXPECT_EQ(apart.dphi, together.dphi) << "dphi differs between the forms";
+    }
+    const std::vector<uint8_t> rows(together.dx.begin(),
+                                    together.dx.begin() + m * K * es);
+    EXPECT_EQ(apart.dx, rows) << "dx differs between the forms";
+  }
 }
 
 TEST(CudaBackendTest, NameAndZeroTokens) {

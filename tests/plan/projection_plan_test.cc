@@ -372,18 +372,23 @@ TEST(ProjectionPlan, BackwardDxApart) {
     const ProjectionBackwardPlan plan =
         PlanProjectionBackward(Layer(n, C), DType::kBF16, M, {}, both);
     EXPECT_EQ(plan.variant, BV::kMma);
-    return plan.dx_apart;
+    return plan.dx_apart_tokens;
   };
-  EXPECT_TRUE(apart(4, 1024, 512));    // 32 CTAs
-  EXPECT_TRUE(apart(4, 2560, 1024));   // 80
-  EXPECT_FALSE(apart(4, 4096, 2048));  // 128 x 2 = 256
-  EXPECT_FALSE(apart(4, 1024, 128));   // one dx chunk already
-  EXPECT_FALSE(apart(4, 8192, 1024));  // 256
-  EXPECT_TRUE(apart(4, 1024, 4096));   // 32 x 4
-  EXPECT_FALSE(apart(4, 1024, 5000));  // 32 x 5 = 160
+  // dx chunks: 128 tokens, halved while fewer than a CTA per SM.
+  EXPECT_EQ(apart(4, 1024, 512), 64);    // 32 CTAs; dx 32 x 8
+  EXPECT_EQ(apart(4, 1024, 200), 32);    // dx 32 x 7
+  EXPECT_EQ(apart(4, 1024, 1000), 128);  // dx 32 x 8
+  EXPECT_EQ(apart(4, 2560, 1024), 128);  // 80; dx 80 x 8
+  EXPECT_EQ(apart(4, 4096, 2048), 0);    // 128 x 2 = 256
+  EXPECT_EQ(apart(4, 1024, 128), 0);     // one dx chunk already
+  EXPECT_EQ(apart(4, 8192, 1024), 0);    // 256
+  EXPECT_EQ(apart(4, 1024, 4096), 128);  // 32 x 4; dx 32 x 32
+  EXPECT_EQ(apart(4, 1024, 5000), 0);    // 32 x 5 = 160
+  EXPECT_EQ(apart(4, 256, 200), 32);     // 8; dx down to one stage
   // The warpgroup-mma rows never do.
-  EXPECT_FALSE(
-      PlanProjectionBackward(Layer(4, 1024), DType::kBF16, 512, {}).dx_apart);
+  EXPECT_EQ(PlanProjectionBackward(Layer(4, 1024), DType::kBF16, 512, {})
+                .dx_apart_tokens,
+            0);
 }
 
 TEST(ProjectionPlan, BackwardRowCopiesAndVectors) {

@@ -98,8 +98,10 @@ inline constexpr int kDxStages = 4;
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
 // A launch of fewer CTAs (128 columns x a token chunk) than kTunedSms runs
-// dphi and dx apart, dx in CTAs of this many tokens.
+// dphi and dx apart, dx in CTAs of at most this many tokens, halved down to
+// one stage while they number fewer than kDxApartCtasPerSm per SM.
 inline constexpr int kDxApartTokens = 4 * kDxStageTokens;
+inline constexpr int kDxApartCtasPerSm = 1;
 constexpr int DxTilesFor(int N) { return N <= 8 ? 1 : N <= 24 ? 3 : 10; }
 constexpr int DhAFloats(int tiles) {
   return kDxStageTokens / 16 * tiles * 32 * 4;

@@ -257,7 +257,8 @@ const std::vector<BackwardRule>& BackwardRules() {
         "kernels/cuda/projection/backward/mma.cu",
         "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
         "registers; rows off 16 bytes through realigned `cp.async` slots; "
-        "fewer CTAs than SMs: `dphi` alone, then `dx` over 128-token chunks",
+        "fewer CTAs than SMs: `dphi` alone, then `dx` over chunks of 128 "
+        "tokens or fewer (a CTA per SM where M allows)",
         Example(4, 256, DType::kF32)},
        [](const BackwardCase& c) {
          return MmaDxSuitsLayer(c.l.spec) &&
@@ -483,12 +484,22 @@ ProjectionBackwardPlan PlanProjectionBackward(
   }
   // mma: each CTA walks its token chunk in order (that order is each
   // column's dphi sum), so with few chunks most SMs idle; dx alone then
-  // takes finer chunks.
+  // takes finer chunks: the largest that gives every SM a CTA, down to one
+  // stage.
   if (plan.variant == BV::kMma && tokens > proj::kDxApartTokens) {
     const int64_t columns =
         (spec.hidden + proj::kDxCols / spec.n - 1) / (proj::kDxCols / spec.n);
-    const int64_t chunks = (tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
-    plan.dx_apart = columns * chunks < proj::kTunedSms;
+    auto ctas = [&](int64_t chunk) {
+      return columns * ((tokens + chunk - 1) / chunk);
+    };
+    if (ctas(proj::kTokenChunk) < proj::kTunedSms) {
+      int chunk = proj::kDxApartTokens;
+      while (chunk > proj::kDxStageTokens &&
+             ctas(chunk) < proj::kDxApartCtasPerSm * proj::kTunedSms) {
+        chunk /= 2;
+      }
+      plan.dx_apart_tokens = chunk;
+    }
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   return plan;

@@ -9,7 +9,7 @@
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
 // sizes the workspace and, where the tiles would leave SMs idle, the launch
-// shape (deep_ring, dx_apart: the same bits either way).
+// shape (deep_ring, dx_apart_tokens: the same bits either way).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
@@ -167,9 +167,9 @@ struct ProjectionBackwardPlan {
   bool vector_x = false;
   bool vector_dx = false;
   int fma_vector = 1;  // fma: k per thread (1 or 2)
-  // mma: dphi alone over each token chunk, then dx alone over chunks of
-  // kDxApartTokens (small batches; the same bits).
-  bool dx_apart = false;
+  // mma: 0, or (small batches) dphi alone over each token chunk, then dx
+  // alone over chunks of this many tokens (the same bits).
+  int dx_apart_tokens = 0;
   ProjectionBackwardWorkspaceLayout workspace;
 };
 

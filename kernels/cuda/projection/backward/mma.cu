@@ -45,13 +45,19 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
                                        const ProjectionBackwardPlan& plan,
                                        cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
-  const MmaDxDev d{a.phi,         s.has_gamma ? a.gamma : nullptr,
-                   a.dh,          a.dms,
-                   a.h_pre,       a.dy,
-                   a.r,           a.dx_next,
-                   a.dx,          a.dphi_partial,
-                   plan.row_copy, plan.runs16,
-                   plan.dx_apart};
+  const MmaDxDev d{a.phi,
+                   s.has_gamma ? a.gamma : nullptr,
+                   a.dh,
+                   a.dms,
+                   a.h_pre,
+                   a.dy,
+                   a.r,
+                   a.dx_next,
+                   a.dx,
+                   a.dphi_partial,
+                   plan.row_copy,
+                   plan.runs16,
+                   plan.dx_apart_tokens};
   const bool ieee = a.spec->matmul_precision == MatmulPrecision::kIeee;
   cudaError_t err = cudaSuccess;
   DispatchDType(a.act_dtype, [&](auto tt) {

@@ -661,14 +661,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 }
 
 static_assert(kTokenChunk % proj::kDxApartTokens == 0 &&
-                  proj::kDxApartTokens % kStageTokens == 0,
-              "stages tile a dx chunk");
+                  proj::kDxStageTokens == kStageTokens,
+              "stages tile every dx chunk");
 
 // A CTA walks its token chunk in order, which fixes each column's dphi sum,
-// so a small batch leaves most SMs idle. With the plan's dx_apart the launch
-// runs dphi alone (the same walk and bits, without the dx epilogue), then dx
-// alone over chunks of kDxApartTokens (a token's dx never depends on its
-// chunk). dphi goes first: it reads x, which dx may overwrite.
+// so a small batch leaves most SMs idle. With the plan's dx_apart_tokens the
+// launch runs dphi alone (the same walk and bits, without the dx epilogue),
+// then dx alone over chunks of that many tokens (a token's dx never depends
+// on its chunk). dphi goes first: it reads x, which dx may overwrite.
 template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
 cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
                         const MmaDxDev& d, cudaStream_t stream) {
@@ -684,7 +684,9 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
         dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>, grid, kThreads,
         plan.total, stream, s, tokens, static_cast<const T*>(x), dev);
   };
-  if (!d.apart || d.dphi_partial == nullptr) return launch(d, kTokenChunk);
+  if (d.apart_tokens == 0 || d.dphi_partial == nullptr) {
+    return launch(d, kTokenChunk);
+  }
   MmaDxDev dphi = d;
   dphi.h_pre = nullptr;
   dphi.dy = nullptr;
@@ -695,7 +697,7 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   if (e != cudaSuccess) return e;
   MmaDxDev dx = d;
   dx.dphi_partial = nullptr;
-  return launch(dx, proj::kDxApartTokens);
+  return launch(dx, d.apart_tokens);
 }
 
 // The kernel built for T, its logit tiles, precision, copy mode and terms.

@@ -86,7 +86,7 @@ struct MmaDxDev {
   // 16-byte copies of the per-token float runs (dh, dms, H_pre, R): their
   // bases are 16-byte aligned, and so is every stage's run (32 tokens on).
   bool runs16;
-  bool apart = false;  // the plan's dx_apart
+  int apart_tokens = 0;  // the plan's dx_apart_tokens
   // Set per launch: tokens per CTA (kTokenChunk wherever dphi partials are
   // written, a multiple of kStageTokens), and the dphi-only pass.
   int token_chunk = kTokenChunk;
