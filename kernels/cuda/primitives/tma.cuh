@@ -78,6 +78,30 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src,
       : "memory");
 }
 
+// A ring of kStages stage slots filled by tensor / bulk copies: slot i's
+// copies complete on bars[i] (kStages barriers in shared memory), and bit i
+// of `parity` is the phase of it the next wait expects. Stage st uses slot
+// st % kStages.
+template <int kStages>
+struct CopyRing {
+  static_assert(kStages <= 32, "a parity bit per stage");
+  uint64_t* bars;
+  uint32_t parity = 0;
+
+  // By one thread; a CTA barrier must follow before any thread uses it.
+  __device__ void Init() const {
+    for (int i = 0; i < kStages; ++i) MbarrierInit(&bars[i], 1);
+    FenceMbarrierInit();
+  }
+  __device__ uint64_t* Barrier(int st) const { return &bars[st % kStages]; }
+  // Waits until stage st's copies have landed.
+  __device__ void Wait(int st) {
+    const int slot = st % kStages;
+    MbarrierWait(&bars[slot], (parity >> slot) & 1u);
+    parity ^= 1u << slot;
+  }
+};
+
 }  // namespace mhc::cuda
 
 #endif  // MHC_KERNELS_CUDA_PRIMITIVES_TMA_CUH_

@@ -58,7 +58,6 @@ using bf16_unit::Terms;
 // the one CTA keeps more bytes in flight.
 constexpr int kRing = 3;
 constexpr int kDeepRing = proj::kBf16DeepStages;
-static_assert(kDeepRing <= 32, "a parity bit per stage");
 constexpr int kUnitTokens = 64;           // wgmma rows
 constexpr int kUnitThreads = 128;         // one warpgroup
 constexpr int kTileLogits = kLogitGroup;  // B rows; zero past N
@@ -128,15 +127,11 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
   const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
-  // With kTma, stage slot i's copies complete on landed[i]; bit i of
-  // `parity` is the phase of it the next wait expects.
+  // With kTma, the stages' copies complete on the ring's barriers.
   __shared__ __align__(8) uint64_t landed[kStages];
-  uint32_t parity = 0;
+  CopyRing<kStages> ring{landed};
   if (kTma) {
-    if (tid == 0) {
-      for (int i = 0; i < kStages; ++i) MbarrierInit(&landed[i], 1);
-      FenceMbarrierInit();
-    }
+    if (tid == 0) ring.Init();
     __syncthreads();
   }
   WaitForPrerequisiteGrid();  // the phi' planes
@@ -155,7 +150,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         // One thread asks for the x tile (rows past the tokens and k past K
         // land as zeros) and the stage's split.
         if (tid != 0) return;
-        uint64_t* bar = &landed[st % kStages];
+        uint64_t* bar = ring.Barrier(st);
         MbarrierArriveExpectBytes(bar, kXTileBytes + kSplitBytes);
         TmaLoadTile2d(stage, &x_map, static_cast<int>(u.kbeg + st * kStageK),
                       static_cast<int>(u.m0), bar);
@@ -189,9 +184,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     }
     for (int st = 0; st < u.stages; ++st) {
       if (kTma) {
-        const int slot = st % kStages;
-        MbarrierWait(&landed[slot], (parity >> slot) & 1u);
-        parity ^= 1u << slot;
+        ring.Wait(st);
       } else {
         CpAsyncWait<kStages - 2>();
       }

@@ -50,7 +50,6 @@ using bf16_unit::kStageK;
 
 constexpr int kRing = 3;
 constexpr int kDeepRing = proj::kBf16DeepStages;
-static_assert(kDeepRing <= 32, "a parity bit per stage");
 constexpr int kUnitTokens = proj::kBf16UnitTokens;  // wgmma rows
 constexpr int kUnitThreads = 128;                   // one warpgroup
 constexpr int kTileLogits = kLogitGroup;            // B rows; zero past N
@@ -178,14 +177,10 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const int64_t units = bf16_unit::UnitTiles<kUnitTokens>(tokens) * plan.chunks;
   const int width = s.N + 1;
   const uint64_t b_desc0 = SwizzledDescriptor(smem + X::kBytes);
-  // Stage slot i's copies complete on landed[i]; bit i of `parity` is the
-  // phase of it the next wait expects.
+  // The stages' copies complete on the ring's barriers.
   __shared__ __align__(8) uint64_t landed[kStages];
-  uint32_t parity = 0;
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) MbarrierInit(&landed[i], 1);
-    FenceMbarrierInit();
-  }
+  CopyRing<kStages> ring{landed};
+  if (tid == 0) ring.Init();
   __syncthreads();
   WaitForPrerequisiteGrid();  // the phi' planes
 
@@ -198,7 +193,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     auto load = [&](int st) {
       if (st >= u.stages || tid != 0) return;
       char* stage = smem + st % kStages * kStageBytes;
-      uint64_t* bar = &landed[st % kStages];
+      uint64_t* bar = ring.Barrier(st);
       MbarrierArriveExpectBytes(bar, kStageBytes);
 #pragma unroll
       for (int b = 0; b < X::kBoxes; ++b) {
@@ -256,9 +251,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) load(st);
     for (int st = 0; st < u.stages; ++st) {
-      const int slot = st % kStages;
-      MbarrierWait(&landed[slot], (parity >> slot) & 1u);
-      parity ^= 1u << slot;
+      ring.Wait(st);
       // Everyone is done with stage st - 1, whose slot is refilled now.
       __syncthreads();
       load(st + kStages - 1);
