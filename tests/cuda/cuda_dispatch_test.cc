@@ -134,12 +134,11 @@ void CheckProjectionBackward(const PlanExample& e, const std::string& want,
               "dphi");
 }
 
-// The fused pre backward of a static layer, whose dx is the aggregate term
-// alone (the only launches the fma row takes at testable sizes).
-void CheckStaticPreBackward(const PlanExample& e, const std::string& want,
-                            int row) {
+// The fused pre backward with the aggregate term: the rows built for it
+// (wgmma_n4_terms) and the fma row, whose launches at testable sizes are
+// static layers' (dx the aggregate term alone).
+void CheckPreBackward(const PlanExample& e, const std::string& want, int row) {
   const LayerSpec spec = e.Spec();
-  ASSERT_FALSE(spec.dynamic);
   ASSERT_TRUE(e.terms.aggregate && !e.terms.residual);
   const auto dtype = [&e] { return e.dtype; };  // what MHC_RUN_BOTH sizes for
   const int64_t M = kTokens, K = spec.K(), C = spec.hidden, n = spec.n;
@@ -148,6 +147,9 @@ void CheckStaticPreBackward(const PlanExample& e, const std::string& want,
   Harness h;
   Placed x = PlaceAct(h, e.dtype, M * K, e.x_alignment);
   Pair beta = h.Floats(N, FreshSeed());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+  Pair phi = h.Floats(N * K, FreshSeed(), -scale, scale);
+  Pair alpha = h.Floats(3, FreshSeed(), 0.5f, 1.5f);
   Pair dy = h.Act(e.dtype, M * C, FreshSeed());
   Pair dhq = h.Floats(M * n, FreshSeed());
   Pair dhr = h.Floats(M * n * n, FreshSeed());
@@ -161,6 +163,10 @@ void CheckStaticPreBackward(const PlanExample& e, const std::string& want,
     q[b].act_dtype = e.dtype;
     q[b].x = x.ptr(b);
     q[b].weights.beta = beta.f(b);
+    if (spec.dynamic) {
+      q[b].weights.phi = phi.f(b);
+      q[b].weights.alpha = alpha.f(b);
+    }
     q[b].dy = dy.ptr(b);
     q[b].dh_post = dhq.f(b);
     q[b].dh_res = dhr.f(b);
@@ -186,12 +192,10 @@ TEST(CudaDispatchTest, EveryBackwardRowRunsItsVariant) {
     const PlanExample& e = rows[i].example;
     const std::string want(cuda::ToString(rows[i].variant));
     SCOPED_TRACE(RowName(i, e, want));
-    if (e.dynamic) {
-      // The op alone: examples of dynamic rows carry no fused terms.
-      ASSERT_FALSE(e.terms.aggregate || e.terms.residual);
-      CheckProjectionBackward(e, want, static_cast<int>(i));
+    if (e.terms.aggregate || e.terms.residual) {
+      CheckPreBackward(e, want, static_cast<int>(i));
     } else {
-      CheckStaticPreBackward(e, want, static_cast<int>(i));
+      CheckProjectionBackward(e, want, static_cast<int>(i));
     }
   }
 }

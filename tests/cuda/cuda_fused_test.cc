@@ -221,6 +221,25 @@ TEST_P(CudaFusedTest, PreAndHead) {
   }
 }
 
+// The n = 4 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
+// on 16 bytes; projection/backward/wgmma_n4_terms.cu) with and without
+// dx_next: a partial channel tile (C = 1032), a partial last stage in the
+// second token chunk and a batch of one partial stage, gamma on and off.
+TEST(CudaFusedN4Test, PreOnWarpgroupMmas) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (bool gamma : {true, false}) {
+      for (int64_t m : {1100, 37}) {
+        LayerSpec spec = PresetSpec("deepseek_v4", 4, 1032).value();
+        spec.matmul_precision = MatmulPrecision::kTf32;
+        spec.has_gamma = gamma;
+        SCOPED_TRACE(CaseName(spec, m, dt));
+        CheckPreLayer(spec, m, dt);
+      }
+    }
+  }
+}
+
 // The n = 8 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
 // on 16 bytes; projection/backward/wgmma_n8.cu) with and without dx_next: a
 // partial channel tile (C = 1032), a partial last stage in the second token
@@ -401,6 +420,9 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   };
   const Case cases[] = {
       {4, 1024, 2600, DType::kBF16, "deepseek_v4"},
+      // The pre backward on the mma kernel (128 x 3 CTAs), single tokens on
+      // wgmma_n4_terms: the same dx bits.
+      {4, 4096, 2100, DType::kBF16, "deepseek_v4"},
       {4, 5129, 137, DType::kF16, "transformer_engine"},
       {3, 96, 1300, DType::kF32, "liger"},
       {16, 17, 137, DType::kBF16, "megatron"},
@@ -454,11 +476,12 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 6));
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 7));
 
 // The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
 // columns x 1024 tokens) number fewer than an H200's SMs (the plan's
-// dx_apart_tokens: n = 4, C = 1024, M = 4096 on 32 x 4, dx over 128-token
+// dx_apart_tokens; fp32, which 16-bit n = 4 layers' wgmma_n4_terms does not
+// take: n = 4, C = 1024, M = 4096 on 32 x 4, dx over 128-token
 // chunks; M = 512 and 200, dx over 64- and 32-token chunks) and together
 // above (M = 4100: 32 x 5). The four tokens past 4096 have no upstream
 // gradient, so they add a zero dphi partial: phi's gradient and the first
@@ -469,7 +492,7 @@ TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
   LayerSpec spec = PresetSpec("deepseek_v4", 4, 1024).value();
   spec.has_gamma = true;
   spec.has_post_bias = true;
-  const DType dt = DType::kBF16;
+  const DType dt = DType::kF32;
   const int64_t M = 4096, total = M + 4;
   const int64_t K = spec.K(), C = spec.hidden, N = spec.NumLogits();
   const size_t es = DTypeSize(dt);

@@ -366,11 +366,37 @@ TEST(ProjectionPlan, BackwardKeepsTheChoices) {
 
 // mma: dphi and dx apart while the CTAs (128 columns x 1024 tokens) number
 // fewer than an H200's SMs and dx would take finer chunks (M > 128).
+// The fused terms of 16-bit n = 4 layers: wgmma_n4_terms while the mma
+// kernel's grid is below two CTAs per SM (128 columns x 1024 tokens each),
+// the mma kernel above.
+TEST(ProjectionPlan, BackwardTermsByGrid) {
+  const DxTerms aggregate = Terms(true, false);
+  const DxTerms both = Terms(true, true);
+  auto variant = [&](int64_t C, DType dtype, int64_t M, DxTerms terms,
+                     const ProjectionBackwardAlignment& a = {}) {
+    return PlanProjectionBackward(Layer(4, C), dtype, M, a, terms).variant;
+  };
+  EXPECT_EQ(variant(4096, DType::kBF16, 2048, both), BV::kWgmmaN4Terms);
+  EXPECT_EQ(variant(4096, DType::kF16, 2048, aggregate), BV::kWgmmaN4Terms);
+  EXPECT_EQ(variant(4096, DType::kBF16, 2049, both), BV::kMma);  // 128 x 3
+  EXPECT_EQ(variant(1024, DType::kBF16, 8192, both), BV::kWgmmaN4Terms);
+  EXPECT_EQ(variant(1024, DType::kBF16, 8193, both), BV::kMma);  // 32 x 9
+  EXPECT_EQ(variant(8448, DType::kBF16, 1, both), BV::kMma);     // 264 x 1
+  EXPECT_EQ(variant(1024, DType::kF32, 512, both), BV::kMma);
+  EXPECT_EQ(variant(1024, DType::kBF16, 512, {}), BV::kWgmmaN4);
+  ProjectionBackwardAlignment r_off;
+  r_off.r = 4;
+  EXPECT_EQ(variant(1024, DType::kBF16, 512, both, r_off), BV::kMma);
+  EXPECT_EQ(variant(1024, DType::kBF16, 512, aggregate, r_off),
+            BV::kWgmmaN4Terms);
+}
+
 TEST(ProjectionPlan, BackwardDxApart) {
   const DxTerms both = Terms(true, true);
+  // fp32 layers: 16-bit ones of n = 4 take wgmma_n4_terms.
   auto apart = [&](int n, int64_t C, int64_t M) {
     const ProjectionBackwardPlan plan =
-        PlanProjectionBackward(Layer(n, C), DType::kBF16, M, {}, both);
+        PlanProjectionBackward(Layer(n, C), DType::kF32, M, {}, both);
     EXPECT_EQ(plan.variant, BV::kMma);
     return plan.dx_apart_tokens;
   };

@@ -18,6 +18,7 @@
 #include "overflow_repair.h"
 #include "projection/backward/fma.h"
 #include "projection/backward/wgmma_n4.h"
+#include "projection/backward/wgmma_n4_terms.h"
 #include "projection/backward/wgmma_n8.h"
 #include "projection/backward/wide.h"
 #include "projection/forward/mma.h"
@@ -127,6 +128,8 @@ absl::Status LaunchDxAndPhiPartials(const DxArgs& a,
   switch (plan.variant) {
     case ProjectionBackwardVariant::kWgmmaN4:
       return LaunchRowsWgmmaDxAndPhiPartials(a, stream);
+    case ProjectionBackwardVariant::kWgmmaN4Terms:
+      return LaunchTermsWgmmaDxAndPhiPartials(a, stream);
     case ProjectionBackwardVariant::kWgmmaN8:
       return LaunchWgmmaDxAndPhiPartials(a, plan, stream);
     case ProjectionBackwardVariant::kMma:

@@ -210,6 +210,19 @@ bool WgmmaShape(const BackwardCase& c, int n, int64_t stage_tokens) {
          c.a.dx >= 16 && c.a.dh >= 16 && c.l.K <= kInt32Max / stage_tokens;
 }
 
+// The mma kernel's grid (128 columns x a token chunk per CTA) below two
+// CTAs per SM: there its walk of each chunk (or of dphi and dx apart) is
+// latency bound and the warpgroup kernel with the terms is faster; above it
+// the mma kernel is (docs/decisions.md). Both give a token the same dx bits,
+// so a choice by M keeps dx batch invariant.
+bool FewMmaDxTiles(const BackwardCase& c) {
+  const int64_t columns = (c.l.spec.hidden + proj::kDxCols / c.l.spec.n - 1) /
+                          (proj::kDxCols / c.l.spec.n);
+  const int64_t chunks =
+      (c.l.tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
+  return columns * chunks < 2 * proj::kTunedSms;
+}
+
 bool WideDxOnWgmma(const Launch& l) {
   const int padded =
       (l.N + proj::kLogitPad - 1) / proj::kLogitPad * proj::kLogitPad;
@@ -223,7 +236,7 @@ struct BackwardRule {
 
 // The backward table (dx and the dphi partials), first row that holds wins.
 // Each warpgroup-mma row's requests are a subset of the mma row's, so which
-// of the first three rows runs never changes the workspace.
+// of the first four rows runs never changes the workspace.
 const std::vector<BackwardRule>& BackwardRules() {
   static const auto* rules = new std::vector<BackwardRule>{
       {{BV::kWgmmaN4,
@@ -236,6 +249,23 @@ const std::vector<BackwardRule>& BackwardRules() {
        [](const BackwardCase& c) {
          return !c.terms.aggregate && !c.terms.residual &&
                 WgmmaShape(c, 4, proj::kWgmmaN4StageTokens);
+       }},
+      {{BV::kWgmmaN4Terms,
+        "mHC `n = 4`, stream-major, TF32, bf16 / fp16, `C % 8 == 0`, every "
+        "tensor on 16 bytes, the aggregate term (the residual one optional), "
+        "fewer than two `mma` CTAs per SM (`ceil(C / 32) x ceil(M / 1024) < "
+        "264`)",
+        "kernels/cuda/projection/backward/wgmma_n4_terms.cu",
+        "`wgmma_n4`'s tiles with the terms' tiles in one buffer refilled a "
+        "stage ahead; each warpgroup's `dx` covers 16 channels of all four "
+        "streams, so a thread reads each `dx_next` pair once for four "
+        "outputs",
+        WithAggregate(Example(4, 256))},
+       [](const BackwardCase& c) {
+         const auto& a = c.a;
+         return c.terms.aggregate && a.h_pre >= 16 && a.dy >= 16 &&
+                (!c.terms.residual || (a.r >= 16 && a.dx_next >= 16)) &&
+                WgmmaShape(c, 4, proj::kWgmmaN4StageTokens) && FewMmaDxTiles(c);
        }},
       {{BV::kWgmmaN8,
         "mHC `n = 8`, stream-major, TF32, bf16 / fp16, `C % 8 == 0`, every "
@@ -348,6 +378,8 @@ absl::string_view ToString(ProjectionBackwardVariant variant) {
   switch (variant) {
     case BV::kWgmmaN4:
       return "wgmma_n4";
+    case BV::kWgmmaN4Terms:
+      return "wgmma_n4_terms";
     case BV::kWgmmaN8:
       return "wgmma_n8";
     case BV::kMma:

@@ -38,14 +38,15 @@ enum class ProjectionForwardVariant : uint8_t {
 inline constexpr int kNumProjectionForwardVariants = 7;
 
 enum class ProjectionBackwardVariant : uint8_t {
-  kWgmmaN4,    // n = 4 mHC layers, no fused terms: dx rows from wgmma
-  kWgmmaN8,    // n = 8 mHC layers: dx^T and dphi^T on wgmma
-  kMma,        // register-resident mma.sync tiles, x read once
-  kMmaWide,    // wide layers: dx GEMM on mma.sync
-  kWgmmaWide,  // wide layers: dx GEMM on wgmma
-  kFma,        // CUDA cores, a thread per k (static layers' terms)
+  kWgmmaN4,       // n = 4 mHC layers, no fused terms: dx rows from wgmma
+  kWgmmaN4Terms,  // n = 4 mHC layers with the fused terms, small batches
+  kWgmmaN8,       // n = 8 mHC layers: dx^T and dphi^T on wgmma
+  kMma,           // register-resident mma.sync tiles, x read once
+  kMmaWide,       // wide layers: dx GEMM on mma.sync
+  kWgmmaWide,     // wide layers: dx GEMM on wgmma
+  kFma,           // CUDA cores, a thread per k (static layers' terms)
 };
-inline constexpr int kNumProjectionBackwardVariants = 6;
+inline constexpr int kNumProjectionBackwardVariants = 7;
 
 // Where the dphi partials come from: the dx kernel itself, or (wide
 // layers) a second kernel.

@@ -39,43 +39,27 @@
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/backward/ms_term.cuh"
 #include "projection/backward/wgmma_n4.h"
+#include "projection/backward/wgmma_n4_stage.cuh"
 #include "projection/backward/wgmma_tile.cuh"
 #include "projection/forward/mma.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-using dx_mma::LoadXTransposed;
+using namespace n4;  // NOLINT: the geometry both n = 4 kernels share
 
-constexpr int kStreams = 4;
-constexpr int kLogits = 2 * kStreams + kStreams * kStreams;
-constexpr int kChans = 32;  // channels per CTA, of every stream
-constexpr int kCols = kChans * kStreams;
-constexpr int kThreads = 256;  // two warpgroups
-constexpr int kStageTokens = 64;
 // One stage copied while the other is multiplied and stored: three stages
 // (two in flight) measured slower at most benchmark configs
 // (docs/decisions.md).
 constexpr int kStages = 2;
-constexpr int kVec = 8;  // 16-bit elements per 16-byte copy
-constexpr int kChanVecs = kChans / kVec;
-static_assert(kTokenChunk % kStageTokens == 0, "stages tile a chunk");
-
-// Staged row strides: eight consecutive tokens (the lanes of one
-// shared-memory phase in the dh rounding, the x pairs of the epilogue, the
-// ldmatrix rows) hit distinct banks.
-constexpr int kXStride = kCols + 8;     // elements: 272 bytes
-constexpr int kDhStride = kLogits + 4;  // floats: 112 bytes
-// dh^T as dphi's B operand: one block of 24 logit rows per 32 tokens.
-constexpr int kDhtBlockBytes = kLogits * 128;
 
 // Byte offsets: the swizzled operands first, on atoms (the dynamic shared
 // memory's start is aligned up to one in-kernel), then the ring.
 struct Plan {
   static constexpr int kPhiT = 0;  // [128 cols][32 logits], rows of 128 B
   static constexpr int kDhx = kPhiT + kCols * 128;  // [64 tokens][32 logits]
-  static constexpr int kDht = kDhx + kStageTokens * 128;
-  static constexpr int kRing = kDht + (kStageTokens / 32) * kDhtBlockBytes;
+  static constexpr int kDht = kDhx + kDhxBytes;
+  static constexpr int kRing = kDht + kDhtBytes;
   // Inside one stage of the ring.
   static constexpr int kX = 0;
   static constexpr int kDh = kX + kStageTokens * kXStride * 2;
@@ -116,72 +100,27 @@ __global__ void __launch_bounds__(kThreads, 2)
   const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
   const bool want_dphi = dphi_partial != nullptr;
 
-  // This thread's copies, the same slots at every stage. x: tokens xt + 16 i
-  // (i < 4), 16-byte vector xv of the row (stream xv / 4, channels
-  // 8 (xv % 4) on). dh: 16-byte chunk v = tid + kThreads i of the stage's
-  // rows (token v / 6, chunk v % 6) where v < 384. dms: the last 64 threads.
-  const int xt = tid >> 4;
-  const int xv = tid & 15;
-  const bool x_in = (xv % kChanVecs) * kVec < tile.chans;
-  const int64_t x_col =
-      (xv / kChanVecs) * s.C + tile.c0 + (xv % kChanVecs) * kVec;
-  const int x_slot = xt * kXStride + xv * kVec;
-  constexpr int kDhChunks = kStageTokens * kLogits / 4;
-  constexpr int kDhCopies = (kDhChunks + kThreads - 1) / kThreads;
-  const int dms_t = tid - (kThreads - kStageTokens);
+  // This thread's copies and stores, the same slots at every stage.
+  const RowSlots x_rows(s, tile.c0, tile.chans, tid);
   auto load = [&](int st) {
     if (st >= tile.stages) return;
     const int buf = st % kStages;
     const int64_t m0 = tile.StageToken(st);
     const int rows = tile.StageRows(st);
-    T* xs = reinterpret_cast<T*>(stage_at(buf, P::kX));
-    const int64_t x_at = (m0 + xt) * s.K + x_col;
-#pragma unroll
-    for (int i = 0; i < kStageTokens / 16; ++i) {
-      const bool ok = x_in && xt + 16 * i < rows;
-      CpAsync<16>(xs + x_slot + 16 * i * kXStride,
-                  ok ? x + x_at + 16 * i * s.K : x, ok);
-    }
-    float* dhs = reinterpret_cast<float*>(stage_at(buf, P::kDh));
-#pragma unroll
-    for (int i = 0; i < kDhCopies; ++i) {
-      const int v = tid + i * kThreads;
-      const int t = v / (kLogits / 4);
-      const int c = v % (kLogits / 4);
-      const bool ok = t < rows;
-      if (v < kDhChunks) {
-        CpAsync<16>(dhs + t * kDhStride + 4 * c,
-                    ok ? dh + (m0 + t) * kLogits + 4 * c : dh, ok);
-      }
-    }
-    if (dms_t >= 0) {
-      const bool ok = dms_t < rows;
-      CpAsync<4>(reinterpret_cast<float*>(stage_at(buf, P::kDms)) + dms_t,
-                 ok ? dms + m0 + dms_t : dms, ok);
-    }
+    x_rows.CopyIn(reinterpret_cast<T*>(stage_at(buf, P::kX)), x, m0, rows, s.K);
+    CopyStageDh(reinterpret_cast<float*>(stage_at(buf, P::kDh)),
+                reinterpret_cast<float*>(stage_at(buf, P::kDms)), dh, dms, m0,
+                rows, tid);
   };
 
-  // phi'^T rounded to tf32 once: row j (column j of the tile: stream j / 32,
-  // channel j % 32), logits of this thread's half.
-  {
-    const int j = tid & (kCols - 1);
-    const int half = tid / kCols;
-    const bool ok = j % kChans < tile.chans;
-    const int64_t k = (j / kChans) * s.C + tile.c0 + j % kChans;
-    const float gm = ok && gamma != nullptr ? gamma[k] : 1.0f;
-#pragma unroll
-    for (int i = 0; i < kLogits / 2; ++i) {
-      const int g = half * (kLogits / 2) + i;
-      phit[SwizzledRow(j, g)] = ok ? RoundTf32(phi[g * s.K + k] * gm) : 0.0f;
-    }
-  }
+  // phi'^T in tile column order.
+  FillPhiT(phit, s, tile.c0, tile.chans, phi, gamma, tid,
+           [](int j) { return j; });
 
   const uint64_t dhx_desc = SwizzledDescriptor(dhx);
   const uint64_t dht_desc = SwizzledDescriptor(dht);
   const uint64_t phit_desc = SwizzledDescriptor(phit + wg * 64 * 32);
   const float ms_scale = 2.0f / static_cast<float>(s.K);
-  // The dh rounding (warps 0-5): chunk `warp` of tokens lane and lane + 32.
-  const int dh_pos = static_cast<int>(WgmmaTokenPosition(lane));
   // dphi^T: this warp's 16 columns.
   const int col0 = 64 * wg + 16 * (warp & 3);
   float dphi[kLogits / 2];
@@ -197,50 +136,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int rows = tile.StageRows(st);
     T* xs = reinterpret_cast<T*>(stage_at(buf, P::kX));
 
-    // dh rounded to tf32 into dx's A (token rows) and dphi's B (logit rows
-    // of each 32 tokens, at their WgmmaTokenPosition).
-    if (warp < kLogits / 4) {
-      const float* dhs = reinterpret_cast<const float*>(stage_at(buf, P::kDh));
-#pragma unroll
-      for (int u = 0; u < kStageTokens / 32; ++u) {
-        const int t = lane + 32 * u;
-        const float4 q =
-            *reinterpret_cast<const float4*>(dhs + t * kDhStride + 4 * warp);
-        StoreRoundedDh(q, t, warp, dh_pos, reinterpret_cast<char*>(dhx),
-                       dht + u * (kDhtBlockBytes / 4));
-      }
-    }
+    RoundStageDh(warp, lane,
+                 reinterpret_cast<const float*>(stage_at(buf, P::kDh)), dhx,
+                 dht);
     // The phi'^T tile (first stage) and the dh operands, to the wgmmas.
     FenceProxyAsyncShared();
     __syncthreads();
-
-    uint32_t xa[kStageTokens / 16][2][4];
-    [[maybe_unused]] uint32_t unused_low[kStageTokens / 16][2][4];
-    if (want_dphi) {
-#pragma unroll
-      for (int q = 0; q < kStageTokens / 16; ++q) {
-        LoadXTransposed<false>(lane, xs, kXStride, q * 16, col0, xa[q],
-                               unused_low[q]);
-      }
-    }
-    ZeroFill(acc);
-    WgmmaFence();
-#pragma unroll
-    for (int kt = 0; kt < kLogits / 8; ++kt) {
-      WgmmaTf32<64>(acc, DescriptorPlus(dhx_desc, kt * 32),
-                    DescriptorPlus(phit_desc, kt * 32));
-    }
-    if (want_dphi) {
-#pragma unroll
-      for (int step = 0; step < kStageTokens / 8; ++step) {
-        WgmmaTf32RegA<kLogits>(
-            dphi, xa[step >> 1][step & 1],
-            DescriptorPlus(dht_desc,
-                           (step >> 2) * kDhtBlockBytes + (step & 3) * 32));
-      }
-    }
-    WgmmaCommit();
-    WgmmaWait<0>();
+    StageProducts(acc, dphi, xs, lane, col0, want_dphi, dhx_desc, phit_desc,
+                  dht_desc);
 
     // dx over x in the tile, once every warp's ldmatrix of it is done:
     // acc[4 j + 2 h + e] is token 16 (warp % 4) + grp + 8 h, column 64 wg +
@@ -267,18 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // The rows out in the slots x came in by, 16 bytes a thread.
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kStageTokens / 16; ++i) {
-      if (x_in && xt + 16 * i < rows) {
-        const uint4 w =
-            *reinterpret_cast<const uint4*>(xs + x_slot + 16 * i * kXStride);
-        // One 16-byte store (the compiler splits a uint4 assignment).
-        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(
-                         dx + (m0 + xt + 16 * i) * s.K + x_col),
-                     "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
-                     : "memory");
-      }
-    }
+    x_rows.StoreOut(xs, dx, m0, rows, s.K);
   });
   if (!want_dphi) return;
   StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
