@@ -198,6 +198,14 @@ bool MmaDxSuitsLayer(const LayerSpec& spec) {
          spec.NumLogits() <= proj::kDxMaxTiles * 8;
 }
 
+// The mma kernel's CTAs for M tokens in chunks of `chunk`: the layer's
+// channels in tiles of 128 / n per stream, times the chunks.
+int64_t MmaDxCtas(const LayerSpec& spec, int64_t tokens, int64_t chunk) {
+  const int64_t channels = proj::kDxCols / spec.n;
+  return (spec.hidden + channels - 1) / channels *
+         ((tokens + chunk - 1) / chunk);
+}
+
 // The warpgroup-mma kernels' shared conditions: one mHC layer shape,
 // stream-major, 16-bit activations under TF32, whole 16-byte channel runs,
 // x, dx and dh on 16 bytes. Every per-token run is a multiple of 16 bytes
@@ -216,11 +224,8 @@ bool WgmmaShape(const BackwardCase& c, int n, int64_t stage_tokens) {
 // the mma kernel is (docs/decisions.md). Both give a token the same dx bits,
 // so a choice by M keeps dx batch invariant.
 bool FewMmaDxTiles(const BackwardCase& c) {
-  const int64_t columns = (c.l.spec.hidden + proj::kDxCols / c.l.spec.n - 1) /
-                          (proj::kDxCols / c.l.spec.n);
-  const int64_t chunks =
-      (c.l.tokens + proj::kTokenChunk - 1) / proj::kTokenChunk;
-  return columns * chunks < 2 * proj::kTunedSms;
+  return MmaDxCtas(c.l.spec, c.l.tokens, proj::kTokenChunk) <
+         2 * proj::kTunedSms;
 }
 
 bool WideDxOnWgmma(const Launch& l) {
@@ -519,11 +524,7 @@ ProjectionBackwardPlan PlanProjectionBackward(
   // takes finer chunks: the largest that gives every SM a CTA, down to one
   // stage.
   if (plan.variant == BV::kMma && tokens > proj::kDxApartTokens) {
-    const int64_t columns =
-        (spec.hidden + proj::kDxCols / spec.n - 1) / (proj::kDxCols / spec.n);
-    auto ctas = [&](int64_t chunk) {
-      return columns * ((tokens + chunk - 1) / chunk);
-    };
+    auto ctas = [&](int64_t chunk) { return MmaDxCtas(spec, tokens, chunk); };
     if (ctas(proj::kTokenChunk) < proj::kTunedSms) {
       int chunk = proj::kDxApartTokens;
       while (chunk > proj::kDxStageTokens &&
