@@ -128,6 +128,17 @@ void CheckPreLayer(const LayerSpec& spec, int64_t M, DType dt) {
     ExpectClose(h, kept_ms, DType::kF32, M, mix_tol, false,
                 "pre kept mean square");
   }
+  // Under TF32 the projection's rounding (held to 2e-3 above) enters every
+  // token's terms of the parameter gradients, sums over the batch that
+  // cancel far below their terms: the reference backward takes the CUDA
+  // forward's kept projection (the bits the CUDA backward recomputes), so
+  // each backward is held to its own tolerance on the same h.
+  const bool same_h =
+      spec.dynamic && spec.matmul_precision == MatmulPrecision::kTf32;
+  if (same_h) {
+    kept_h.host = h.Fetch(kept_h);
+    kept_ms.host = h.Fetch(kept_ms);
+  }
   for (bool residual : {false, true}) {
     Pair dhq = h.Floats(M * n, FreshSeed());
     Pair dhr = h.Floats(M * n * n, FreshSeed());
@@ -147,7 +158,7 @@ void CheckPreLayer(const LayerSpec& spec, int64_t M, DType dt) {
       q[b].dx_next = residual ? dxn.ptr(b) : nullptr;
       q[b].dx = dx.ptr(b);
       q[b].grads = gr.g[b];
-      if (residual && spec.dynamic) {
+      if (spec.dynamic && (residual || (same_h && b == 0))) {
         q[b].h = kept_h.f(b), q[b].mean_square = kept_ms.f(b);
       }
     }

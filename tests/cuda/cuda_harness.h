@@ -149,6 +149,24 @@ inline double RelativeError(const std::vector<uint8_t>& got,
   return max_diff / std::max({scale, floor, 1e-30});
 }
 
+// The element farthest from the reference, for a failure message.
+inline std::string WorstElement(const std::vector<uint8_t>& got,
+                                const std::vector<uint8_t>& want, DType dtype,
+                                int64_t count, double floor = 0.0) {
+  int64_t worst = -1;
+  double diff = -1.0, scale = floor;
+  for (int64_t i = 0; i < count; ++i) {
+    const double a = ElementAt(got, dtype, i), b = ElementAt(want, dtype, i);
+    if (std::isfinite(b)) scale = std::max(scale, std::fabs(b));
+    const double d = std::isnan(a - b) ? INFINITY : std::fabs(a - b);
+    if (d > diff) worst = i, diff = d;
+  }
+  if (worst < 0) return "";
+  return absl::StrCat(" (worst [", worst, "] of ", count, ": ",
+                      ElementAt(got, dtype, worst), " against ",
+                      ElementAt(want, dtype, worst), ", scale ", scale, ")");
+}
+
 inline int64_t MaxUlp(const std::vector<uint8_t>& got,
                       const std::vector<uint8_t>& want, DType dtype,
                       int64_t count) {
@@ -199,7 +217,8 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
     EXPECT_EQ(UlpViolations(got, out.host, dtype, count), 0) << what;
     return;
   }
-  EXPECT_LE(RelativeError(got, out.host, dtype, count), tol) << what;
+  EXPECT_LE(RelativeError(got, out.host, dtype, count), tol)
+      << what << WorstElement(got, out.host, dtype, count);
 }
 
 // An fp32 result against the reference relative to max(its largest
@@ -209,8 +228,9 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, DType dtype,
                                  int64_t count, double floor, double tol,
                                  const std::string& what) {
-  EXPECT_LE(RelativeError(h.Fetch(out), out.host, dtype, count, floor), tol)
-      << what;
+  const std::vector<uint8_t> got = h.Fetch(out);
+  EXPECT_LE(RelativeError(got, out.host, dtype, count, floor), tol)
+      << what << WorstElement(got, out.host, dtype, count, floor);
 }
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
                                  double floor, double tol,
