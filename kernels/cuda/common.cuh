@@ -98,24 +98,42 @@ __device__ __forceinline__ void WaitForPrerequisiteGrid() {
 __device__ __forceinline__ void AllowDependentLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
-// A cudaLaunchKernelEx launch, programmatic when after_previous is set.
+// A cudaLaunchKernelEx launch, programmatic when after_previous is set, in
+// clusters of `cluster` CTAs when that is more than one.
 template <typename... Exp, typename... Act>
-cudaError_t LaunchKernelEx(void (*kernel)(Exp...), dim3 grid, dim3 block,
-                           size_t smem, cudaStream_t stream,
-                           bool after_previous, Act&&... args) {
+cudaError_t LaunchClusterKernelEx(void (*kernel)(Exp...), dim3 grid, dim3 block,
+                                  dim3 cluster, size_t smem,
+                                  cudaStream_t stream, bool after_previous,
+                                  Act&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute programmatic;
-  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2];
+  unsigned count = 0;
   if (after_previous) {
-    cfg.attrs = &programmatic;
-    cfg.numAttrs = 1;
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
   }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = cluster.x;
+    attrs[count].val.clusterDim.y = cluster.y;
+    attrs[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = count;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
+}
+template <typename... Exp, typename... Act>
+cudaError_t LaunchKernelEx(void (*kernel)(Exp...), dim3 grid, dim3 block,
+                           size_t smem, cudaStream_t stream,
+                           bool after_previous, Act&&... args) {
+  return LaunchClusterKernelEx(kernel, grid, block, dim3(1, 1, 1), smem, stream,
+                               after_previous, std::forward<Act>(args)...);
 }
 template <typename... Exp, typename... Act>
 cudaError_t LaunchAfterPrevious(void (*kernel)(Exp...), dim3 grid, dim3 block,

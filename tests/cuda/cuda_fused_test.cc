@@ -234,13 +234,15 @@ TEST_P(CudaFusedTest, PreAndHead) {
 
 // The n = 4 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
 // on 16 bytes; projection/backward/wgmma_n4_terms.cu) with and without
-// dx_next: a partial channel tile (C = 1032), a partial last stage in the
-// second token chunk and a batch of one partial stage, gamma on and off.
+// dx_next: a partial channel tile (C = 1032), chunks split over two CTAs
+// (M = 1100: a partial last stage in the second token chunk; M = 1034: a
+// second chunk of one stage, so its second CTA has none) and a batch of one
+// partial stage, gamma on and off.
 TEST(CudaFusedN4Test, PreOnWarpgroupMmas) {
   MHC_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (bool gamma : {true, false}) {
-      for (int64_t m : {1100, 37}) {
+      for (int64_t m : {1100, 1034, 37}) {
         LayerSpec spec = PresetSpec("deepseek_v4", 4, 1032).value();
         spec.matmul_precision = MatmulPrecision::kTf32;
         spec.has_gamma = gamma;

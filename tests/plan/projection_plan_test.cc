@@ -391,6 +391,27 @@ TEST(ProjectionPlan, BackwardTermsByGrid) {
             BV::kWgmmaN4Terms);
 }
 
+TEST(ProjectionPlan, BackwardChunkCtas) {
+  const DxTerms both = Terms(true, true);
+  auto split = [&](int64_t C, int64_t M, DxTerms terms, BV want) {
+    const ProjectionBackwardPlan plan =
+        PlanProjectionBackward(Layer(4, C), DType::kBF16, M, {}, terms);
+    EXPECT_EQ(plan.variant, want) << C << " " << M;
+    return plan.chunk_ctas;
+  };
+  // Chunks split in two while twice their CTAs (32 channels x 1024 tokens)
+  // fit two per SM, and a chunk has two stages of 64 tokens to split.
+  EXPECT_EQ(split(1024, 512, both, BV::kWgmmaN4Terms), 2);   // 32 x 1
+  EXPECT_EQ(split(2560, 1024, both, BV::kWgmmaN4Terms), 2);  // 80 x 1
+  EXPECT_EQ(split(4224, 1024, both, BV::kWgmmaN4Terms), 2);  // 132 x 1
+  EXPECT_EQ(split(4256, 1024, both, BV::kWgmmaN4Terms), 1);  // 133 x 1
+  EXPECT_EQ(split(4096, 2048, both, BV::kWgmmaN4Terms), 1);  // 128 x 2
+  EXPECT_EQ(split(1024, 64, both, BV::kWgmmaN4Terms), 1);    // one stage
+  EXPECT_EQ(split(1024, 65, both, BV::kWgmmaN4Terms), 2);
+  EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), 2);
+  EXPECT_EQ(split(1024, 8193, both, BV::kMma), 1);
+}
+
 TEST(ProjectionPlan, BackwardDxApart) {
   const DxTerms both = Terms(true, true);
   // fp32 layers: 16-bit ones of n = 4 take wgmma_n4_terms.

@@ -27,15 +27,24 @@ cudaError_t FitLargeSmemKernel(const void* kernel, int threads, size_t smem,
 // Launches `kernel` on `grid` CTAs of `threads` threads and `smem` bytes of
 // dynamic shared memory, prepared by FitLargeSmemKernel first, as a
 // programmatic launch (LaunchAfterPrevious): every kernel launched here
-// calls WaitForPrerequisiteGrid before it touches memory.
+// calls WaitForPrerequisiteGrid before it touches memory. With `cluster`
+// CTAs per cluster (more than one), a cluster launch.
 template <typename... Exp, typename... Act>
-cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
-                            size_t smem, cudaStream_t stream, Act&&... args) {
+cudaError_t LaunchLargeSmemClusters(void (*kernel)(Exp...), dim3 grid,
+                                    dim3 cluster, int threads, size_t smem,
+                                    cudaStream_t stream, Act&&... args) {
   const cudaError_t e = FitLargeSmemKernel(
       reinterpret_cast<const void*>(kernel), threads, smem, nullptr);
   if (e != cudaSuccess) return e;
-  return LaunchAfterPrevious(kernel, grid, dim3(threads), smem, stream,
-                             std::forward<Act>(args)...);
+  return LaunchClusterKernelEx(kernel, grid, dim3(threads), cluster, smem,
+                               stream, /*after_previous=*/true,
+                               std::forward<Act>(args)...);
+}
+template <typename... Exp, typename... Act>
+cudaError_t LaunchLargeSmem(void (*kernel)(Exp...), dim3 grid, int threads,
+                            size_t smem, cudaStream_t stream, Act&&... args) {
+  return LaunchLargeSmemClusters(kernel, grid, dim3(1, 1, 1), threads, smem,
+                                 stream, std::forward<Act>(args)...);
 }
 
 }  // namespace mhc::cuda

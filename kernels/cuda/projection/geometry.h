@@ -88,6 +88,12 @@ constexpr int WgmmaWideTileLogits(int N) {
 
 inline constexpr int kWgmmaVec = 8;  // 16-bit elements per 16-byte copy
 inline constexpr int kWgmmaN4StageTokens = 64;
+inline constexpr int kWgmmaN4Chans = 32;  // channels of every stream per CTA
+inline constexpr int kWgmmaN4CtasPerSm = 2;
+// The n = 4 kernels split a chunk's stages over a cluster of up to this many
+// CTAs while the chunks leave SMs idle (more measured slower: docs/
+// decisions.md).
+inline constexpr int kMaxChunkCtas = 2;
 inline constexpr int kWgmmaN8StageTokens = 32;
 
 // ---- Backward: the register-resident mma.sync kernel (backward/mma.cuh).

@@ -127,9 +127,9 @@ absl::Status LaunchDxAndPhiPartials(const DxArgs& a,
   }
   switch (plan.variant) {
     case ProjectionBackwardVariant::kWgmmaN4:
-      return LaunchRowsWgmmaDxAndPhiPartials(a, stream);
+      return LaunchRowsWgmmaDxAndPhiPartials(a, plan, stream);
     case ProjectionBackwardVariant::kWgmmaN4Terms:
-      return LaunchTermsWgmmaDxAndPhiPartials(a, stream);
+      return LaunchTermsWgmmaDxAndPhiPartials(a, plan, stream);
     case ProjectionBackwardVariant::kWgmmaN8:
       return LaunchWgmmaDxAndPhiPartials(a, plan, stream);
     case ProjectionBackwardVariant::kMma:

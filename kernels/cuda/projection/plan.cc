@@ -2,6 +2,7 @@
 // each row a condition and the variant it picks, tried in order.
 #include "projection/plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -249,7 +250,9 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`dx`, `dh` on 16 bytes, no fused terms",
         "kernels/cuda/projection/backward/wgmma_n4.cu",
         "64-token stages, `dx` as the `wgmma` result written over `x` in the "
-        "staged tile and stored in whole rows, `dphi^T` on `wgmma`",
+        "staged tile and stored in whole rows, `dphi^T` on `wgmma`; while "
+        "twice the chunks' CTAs fit two per SM, a chunk's stages split over "
+        "a cluster of two CTAs (`chunk_ctas`)",
         Example(4, 256)},
        [](const BackwardCase& c) {
          return !c.terms.aggregate && !c.terms.residual &&
@@ -264,7 +267,7 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`wgmma_n4`'s tiles with the terms' tiles in one buffer refilled a "
         "stage ahead; each warpgroup's `dx` covers 16 channels of all four "
         "streams, so a thread reads each `dx_next` pair once for four "
-        "outputs",
+        "outputs; chunks split over two CTAs as `wgmma_n4`'s",
         WithAggregate(Example(4, 256))},
        [](const BackwardCase& c) {
          const auto& a = c.a;
@@ -533,6 +536,21 @@ ProjectionBackwardPlan PlanProjectionBackward(
       }
       plan.dx_apart_tokens = chunk;
     }
+  }
+  // n = 4 warpgroup kernels: a CTA walks its chunk's stages one after
+  // another, each waiting out its copies, so with fewer CTAs than the SMs
+  // hold a cluster of CTAs splits each chunk (one per stage at most).
+  if (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) {
+    const int64_t ctas = (spec.hidden + proj::kWgmmaN4Chans - 1) /
+                         proj::kWgmmaN4Chans *
+                         ((tokens + proj::kTokenChunk - 1) / proj::kTokenChunk);
+    const int64_t stages =
+        (std::min(tokens, proj::kTokenChunk) + proj::kWgmmaN4StageTokens - 1) /
+        proj::kWgmmaN4StageTokens;
+    const int64_t fit =
+        ctas > 0 ? proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas : 1;
+    plan.chunk_ctas = static_cast<int>(std::max<int64_t>(
+        1, std::min({int64_t{proj::kMaxChunkCtas}, fit, stages})));
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   return plan;

@@ -9,7 +9,8 @@
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
 // sizes the workspace and, where the tiles would leave SMs idle, the launch
-// shape (deep_ring, dx_apart_tokens: the same bits either way).
+// shape (deep_ring, dx_apart_tokens: the same bits either way; chunk_ctas:
+// the same dx bits, dphi added in another grouping).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
@@ -171,6 +172,10 @@ struct ProjectionBackwardPlan {
   // mma: 0, or (small batches) dphi alone over each token chunk, then dx
   // alone over chunks of this many tokens (the same bits).
   int dx_apart_tokens = 0;
+  // wgmma_n4 / wgmma_n4_terms: the CTAs (one cluster) that split each token
+  // chunk's stages, 1 to kMaxChunkCtas; rank 0 adds the others' dphi in
+  // rank order (dx keeps its bits).
+  int chunk_ctas = 1;
   ProjectionBackwardWorkspaceLayout workspace;
 };
 

@@ -7,8 +7,10 @@
 // L1 / shared-memory pipe three quarters busy: each of its eight warps reads
 // the whole staged dh tile for both of its products. Here a CTA owns 32
 // channels of every stream (128 columns of K) and one chunk of kTokenChunk
-// tokens, staged 64 tokens at a time through a cp.async ring; warpgroup wg
-// owns columns 64 wg .. 64 wg + 63:
+// tokens (in small batches half of one, the plan's chunk_ctas: a cluster of
+// two CTAs per chunk whose dphi the first adds, wgmma_tile.cuh), staged 64
+// tokens at a time through a cp.async ring; warpgroup wg owns columns
+// 64 wg .. 64 wg + 63:
 //   dx    [64 tokens x 64 cols] = dh [64 x 24] . phi' [24 x 64 cols]
 //         wgmma.m64n64k8, dh token rows and phi'^T column rows (rounded to
 //         tf32 once per CTA) both from shared memory;
@@ -24,7 +26,8 @@
 // Numerics are the mma.sync kernel's under TF32: phi' and dh rounded to
 // tf32 to nearest, x exact, fp32 accumulation over the logits in the same
 // k steps of 8, then fmaf(dm, x, dx); dphi sums a chunk's tokens in the
-// tensor cores' fp32 accumulators. Determinism / batch invariance: a token's
+// tensor cores' fp32 accumulators (split chunks: the two CTAs' sums added
+// in rank order). Determinism / batch invariance: a token's
 // dx is the same products in a fixed order whatever M and the token's slot;
 // dphi partials are per (chunk, logit, column), reduced over chunks in
 // order by LaunchPhiGradReduce. No atomics.
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                          const float* __restrict__ gamma,
                          const float* __restrict__ dh,
                          const float* __restrict__ dms, T* __restrict__ dx,
-                         float* __restrict__ dphi_partial) {
+                         float* __restrict__ dphi_partial, int chunk_ctas) {
   WaitForPrerequisiteGrid();  // dh and dms
   using P = Plan;
   extern __shared__ __align__(16) char dx_rows_smem[];
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
   const bool want_dphi = dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage.
@@ -173,28 +176,32 @@ __global__ void __launch_bounds__(kThreads, 2)
     x_rows.StoreOut(xs, dx, m0, rows, s.K);
   });
   if (!want_dphi) return;
-  StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
-                                    dphi_partial + blockIdx.y * s.N * s.K);
+  StoreChunkDphi<kLogits, kChans>(dphi, s, tile, col0, lane, chunk_ctas,
+                                  reinterpret_cast<float*>(stage_at(0, 0)),
+                                  dphi_partial);
 }
 
 }  // namespace
 
 absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
+                                             const ProjectionBackwardPlan& plan,
                                              cudaStream_t stream) {
   static_assert(
       proj::kWgmmaVec == kVec && proj::kWgmmaN4StageTokens == kStageTokens,
       "the plan's geometry is the kernel's");
   const DevSpec s = MakeDevSpec(*a.spec);
+  // chunk_ctas CTAs per token chunk, one cluster each.
+  const int ranks = plan.chunk_ctas;
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
-                  GridSize(NumChunks(a.tokens)));
+                  GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   auto go = [&](auto tt) {
     using T = typename decltype(tt)::type;
-    err = LaunchLargeSmem(dx_rows_wgmma_kernel<T>, grid, kThreads, Plan::kSmem,
-                          stream, s, a.tokens, static_cast<const T*>(a.x),
-                          a.phi, gamma, a.dh, a.dms, static_cast<T*>(a.dx),
-                          a.dphi_partial);
+    err = LaunchLargeSmemClusters(
+        dx_rows_wgmma_kernel<T>, grid, dim3(1, ranks, 1), kThreads, Plan::kSmem,
+        stream, s, a.tokens, static_cast<const T*>(a.x), a.phi, gamma, a.dh,
+        a.dms, static_cast<T*>(a.dx), a.dphi_partial, ranks);
   };
   if (a.act_dtype == DType::kBF16) {
     go(TypeTag<__nv_bfloat16>{});

@@ -10,10 +10,12 @@
 
 #include "absl/status/status.h"
 #include "launch.h"
+#include "projection/plan.h"
 
 namespace mhc::cuda {
 
 absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
+                                             const ProjectionBackwardPlan& plan,
                                              cudaStream_t stream);
 
 }  // namespace mhc::cuda

@@ -9,9 +9,9 @@
 //
 // The geometry is wgmma_n4's (projection/backward/wgmma_n4.cu): a CTA owns
 // 32 channels of every stream (128 columns of K) and one chunk of
-// kTokenChunk tokens, staged 64 tokens at a time, two CTAs per SM so that
-// one's products overlap the other's epilogue. Two changes make room for
-// the terms:
+// kTokenChunk tokens (or half of one, as there), staged 64 tokens at a
+// time, two CTAs per SM so that one's products overlap the other's
+// epilogue. Two changes make room for the terms:
 //   - x, dh and dms go through a ring of two stages; the terms' tiles
 //     (dx_next, dy, H_pre, R) have one buffer, refilled for the next stage
 //     as soon as this stage's epilogue has read it, so they land while the
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const float* __restrict__ h_pre,
                           const T* __restrict__ dy, const float* __restrict__ r,
                           const T* __restrict__ dx_next, T* __restrict__ dx,
-                          float* __restrict__ dphi_partial) {
+                          float* __restrict__ dphi_partial, int chunk_ctas) {
   WaitForPrerequisiteGrid();  // dh, dms, H_pre, R and the upstream gradients
   using P = Plan;
   extern __shared__ __align__(16) char dx_terms_smem[];
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
   const bool want_dphi = dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage. x and
@@ -264,30 +264,33 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   CpAsyncWait<0>();
   if (!want_dphi) return;
-  StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
-                                    dphi_partial + blockIdx.y * s.N * s.K);
+  StoreChunkDphi<kLogits, kChans>(dphi, s, tile, col0, lane, chunk_ctas,
+                                  reinterpret_cast<float*>(stage_at(0, 0)),
+                                  dphi_partial);
 }
 
 }  // namespace
 
-absl::Status LaunchTermsWgmmaDxAndPhiPartials(const DxArgs& a,
-                                              cudaStream_t stream) {
+absl::Status LaunchTermsWgmmaDxAndPhiPartials(
+    const DxArgs& a, const ProjectionBackwardPlan& plan, cudaStream_t stream) {
   static_assert(
       proj::kWgmmaVec == kVec && proj::kWgmmaN4StageTokens == kStageTokens,
       "the plan's geometry is the kernel's");
   const DevSpec s = MakeDevSpec(*a.spec);
+  // chunk_ctas CTAs per token chunk, one cluster each.
+  const int ranks = plan.chunk_ctas;
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
-                  GridSize(NumChunks(a.tokens)));
+                  GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   auto go = [&](auto tt, auto residual_tag) {
     using T = typename decltype(tt)::type;
-    err = LaunchLargeSmem(
-        dx_terms_wgmma_kernel<T, decltype(residual_tag)::value>, grid, kThreads,
-        Plan::kSmem, stream, s, a.tokens, static_cast<const T*>(a.x), a.phi,
-        gamma, a.dh, a.dms, a.h_pre, static_cast<const T*>(a.dy), a.r,
-        static_cast<const T*>(a.dx_next), static_cast<T*>(a.dx),
-        a.dphi_partial);
+    err = LaunchLargeSmemClusters(
+        dx_terms_wgmma_kernel<T, decltype(residual_tag)::value>, grid,
+        dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
+        static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms, a.h_pre,
+        static_cast<const T*>(a.dy), a.r, static_cast<const T*>(a.dx_next),
+        static_cast<T*>(a.dx), a.dphi_partial, ranks);
   };
   DispatchBool(a.r != nullptr, [&](auto residual_tag) {
     if (a.act_dtype == DType::kBF16) {

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens);
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, 1);
   const bool want_dphi = a.dphi_partial != nullptr;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   CpAsyncWait<0>();
   if (!want_dphi) return;
   StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
-                                    a.dphi_partial + blockIdx.y * s.N * s.K);
+                                    a.dphi_partial + tile.chunk * s.N * s.K);
 }
 
 // The deepest ring of at most 8 stages that fits the CTA in an SM's 228 KB

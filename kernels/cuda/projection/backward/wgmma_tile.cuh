@@ -1,26 +1,28 @@
 // What the warpgroup-mma dx / dphi kernels (projection/backward/wgmma_n8.cu,
-// projection/backward/wgmma_n4.cu) share: a CTA's tile (kChans channels of
-// every stream, one token chunk), the per-stage rounding of dh into both
-// operand layouts, and the store of the dphi^T accumulators into the chunk's
-// partial rows.
+// projection/backward/wgmma_n4*.cu) share: a CTA's tile (kChans channels of
+// every stream, one token chunk or, split over a cluster, a run of its
+// stages), the per-stage rounding of dh into both operand layouts, and the
+// store of the dphi^T accumulators into the chunk's partial rows.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 
 #include <cstdint>
 
 #include "dispatch.cuh"
+#include "primitives/cluster.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/forward/mma.cuh"
 
 namespace mhc::cuda {
 
 // Channels [c0, c0 + chans) of every stream (chans < kChans past the last
-// full tile) and tokens [begin, begin + chunk_tokens), in stages of
-// kStageTokens tokens.
+// full tile) and tokens [begin, begin + chunk_tokens) of token chunk
+// `chunk`, in stages of kStageTokens tokens.
 template <int kStageTokens>
 struct DxTile {
   int64_t c0;
   int chans;
+  int64_t chunk;
   int64_t begin;
   int chunk_tokens;
   int stages;
@@ -33,15 +35,27 @@ struct DxTile {
   }
 };
 
+// This CTA's tile. With chunk_ctas > 1 the grid's y is chunk_ctas CTAs per
+// chunk, launched as clusters along y: rank q of a chunk's cluster takes the
+// q-th run of ceil(stages / chunk_ctas) consecutive stages (possibly none),
+// so the ranks hold the chunk's tokens in rank order.
 template <int kChans, int kStageTokens>
 __device__ __forceinline__ DxTile<kStageTokens> ThisDxTile(const DevSpec& s,
-                                                           int64_t tokens) {
+                                                           int64_t tokens,
+                                                           int chunk_ctas) {
   DxTile<kStageTokens> t;
   t.c0 = static_cast<int64_t>(blockIdx.x) * kChans;
   t.chans = static_cast<int>(min(static_cast<int64_t>(kChans), s.C - t.c0));
-  t.begin = static_cast<int64_t>(blockIdx.y) * kTokenChunk;
-  t.chunk_tokens = static_cast<int>(
-      min(tokens - t.begin, static_cast<int64_t>(kTokenChunk)));
+  t.chunk = blockIdx.y / chunk_ctas;
+  const int rank = static_cast<int>(blockIdx.y % chunk_ctas);
+  const int64_t chunk_begin = t.chunk * kTokenChunk;
+  const int whole = static_cast<int>(
+      min(tokens - chunk_begin, static_cast<int64_t>(kTokenChunk)));
+  const int run =
+      (whole + kStageTokens * chunk_ctas - 1) / (kStageTokens * chunk_ctas);
+  const int first = min(whole, rank * run * kStageTokens);
+  t.begin = chunk_begin + first;
+  t.chunk_tokens = min(whole - first, run * kStageTokens);
   t.stages = (t.chunk_tokens + kStageTokens - 1) / kStageTokens;
   return t;
 }
@@ -79,6 +93,47 @@ __device__ __forceinline__ void StoreDphiPartial(
       partial[g * s.K + (j / kChans) * s.C + tile.c0 + j % kChans] = dphi[i];
     }
   }
+}
+
+// The chunk's dphi partial when chunk_ctas CTAs (one cluster) split it:
+// each leaves its accumulators in `scratch` (kLogits / 2 floats per thread
+// of its own shared memory, free once its last stage is out), and rank 0
+// adds the others' to its own in rank order, which is the chunk's stage
+// order, then stores the sum (partial: [chunks][N][K]). One CTA per chunk
+// stores its own. Every thread of the CTA calls it.
+template <int kLogits, int kChans, int kStageTokens>
+__device__ __forceinline__ void StoreChunkDphi(float (&dphi)[kLogits / 2],
+                                               const DevSpec& s,
+                                               const DxTile<kStageTokens>& tile,
+                                               int col0, int lane,
+                                               int chunk_ctas, float* scratch,
+                                               float* partial) {
+  constexpr int kCount = kLogits / 2;
+  if (chunk_ctas > 1) {
+    const int slot = threadIdx.x, threads = blockDim.x;
+    __syncthreads();  // every warp is done with what scratch held
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) scratch[i * threads + slot] = dphi[i];
+    ClusterSync();
+    const unsigned rank = ClusterCtaRank();
+    if (rank == 0) {
+      for (int q = 1; q < chunk_ctas; ++q) {
+        const uint32_t peer = PeerSharedAddress(scratch + slot, q);
+        float v[kCount];
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) {
+          v[i] = LoadPeerShared(peer + 4u * i * threads);
+        }
+#pragma unroll
+        for (int i = 0; i < kCount; ++i) dphi[i] += v[i];
+      }
+    }
+    // The peers' shared memory must outlive rank 0's reads of it.
+    ClusterSync();
+    if (rank != 0) return;
+  }
+  StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
+                                    partial + tile.chunk * s.N * s.K);
 }
 
 }  // namespace mhc::cuda
