@@ -538,8 +538,8 @@ ProjectionBackwardPlan PlanProjectionBackward(
     }
   }
   // n = 4 warpgroup kernels: a CTA walks its chunk's stages one after
-  // another, each waiting out its copies, so with fewer CTAs than the SMs
-  // hold a cluster of CTAs splits each chunk (one per stage at most).
+  // another on one SM, so with fewer CTAs than the SMs hold most SMs idle:
+  // a cluster of CTAs splits each chunk (one stage each at least).
   if (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) {
     const int64_t ctas = (spec.hidden + proj::kWgmmaN4Chans - 1) /
                          proj::kWgmmaN4Chans *
