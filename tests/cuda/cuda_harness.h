@@ -127,44 +127,60 @@ inline float ElementAt(const std::vector<uint8_t>& bytes, DType dtype,
   return LoadActivation(bytes.data(), dtype, i);
 }
 
-// Max |a - b| over max |b| (norm-wise relative error), or over `floor` when
-// that is larger; a NaN where the reference is finite (an unwritten or
-// broken element) counts as infinite.
-inline double RelativeError(const std::vector<uint8_t>& got,
-                            const std::vector<uint8_t>& want, DType dtype,
-                            int64_t count, double floor = 0.0) {
-  double max_diff = 0.0;
+// How far `got` is from `want`: the norm-wise relative error, max |a - b|
+// over max |b| or over `floor` when that is larger (a NaN or infinity where
+// the reference is finite, an unwritten or broken element, counts as
+// infinite, as does a number where it is NaN), the element that decides it
+// and the scale it is measured against.
+struct Deviation {
+  double error = 0.0;
+  int64_t worst = -1;
   double scale = 0.0;
+};
+inline Deviation DeviationOf(const std::vector<uint8_t>& got,
+                             const std::vector<uint8_t>& want, DType dtype,
+                             int64_t count, double floor = 0.0) {
+  Deviation d;
+  double max_diff = 0.0;
   for (int64_t i = 0; i < count; ++i) {
     const double a = ElementAt(got, dtype, i);
     const double b = ElementAt(want, dtype, i);
-    if (std::isnan(b)) {
-      if (!std::isnan(a)) return INFINITY;
-      continue;
+    if (std::isnan(b) ? !std::isnan(a) : !std::isfinite(a)) {
+      d.error = INFINITY;
+      d.worst = i;
+      break;
     }
-    if (!std::isfinite(a)) return INFINITY;
-    max_diff = std::max(max_diff, std::fabs(a - b));
-    scale = std::max(scale, std::fabs(b));
+    if (std::isnan(b)) continue;
+    if (d.worst < 0 || std::fabs(a - b) > max_diff) {
+      max_diff = std::fabs(a - b);
+      d.worst = i;
+    }
+    d.scale = std::max(d.scale, std::fabs(b));
   }
-  return max_diff / std::max({scale, floor, 1e-30});
+  d.scale = std::max({d.scale, floor, 1e-30});
+  if (d.error == 0.0) d.error = max_diff / d.scale;
+  return d;
+}
+inline double RelativeError(const std::vector<uint8_t>& got,
+                            const std::vector<uint8_t>& want, DType dtype,
+                            int64_t count, double floor = 0.0) {
+  return DeviationOf(got, want, dtype, count, floor).error;
 }
 
-// The element farthest from the reference, for a failure message.
-inline std::string WorstElement(const std::vector<uint8_t>& got,
-                                const std::vector<uint8_t>& want, DType dtype,
-                                int64_t count, double floor = 0.0) {
-  int64_t worst = -1;
-  double diff = -1.0, scale = floor;
-  for (int64_t i = 0; i < count; ++i) {
-    const double a = ElementAt(got, dtype, i), b = ElementAt(want, dtype, i);
-    if (std::isfinite(b)) scale = std::max(scale, std::fabs(b));
-    const double d = std::isnan(a - b) ? INFINITY : std::fabs(a - b);
-    if (d > diff) worst = i, diff = d;
-  }
-  if (worst < 0) return "";
-  return absl::StrCat(" (worst [", worst, "] of ", count, ": ",
-                      ElementAt(got, dtype, worst), " against ",
-                      ElementAt(want, dtype, worst), ", scale ", scale, ")");
+// Expects `got` within `tol` of `want` (DeviationOf), naming the element
+// that decides it in the failure message.
+inline void ExpectDeviationAtMost(const std::vector<uint8_t>& got,
+                                  const std::vector<uint8_t>& want, DType dtype,
+                                  int64_t count, double floor, double tol,
+                                  const std::string& what) {
+  const Deviation d = DeviationOf(got, want, dtype, count, floor);
+  const bool any = d.worst >= 0;
+  EXPECT_LE(d.error, tol) << what << " (worst [" << d.worst << "] of " << count
+                          << ": "
+                          << (any ? ElementAt(got, dtype, d.worst) : 0.0)
+                          << " against "
+                          << (any ? ElementAt(want, dtype, d.worst) : 0.0)
+                          << ", scale " << d.scale << ")";
 }
 
 inline int64_t MaxUlp(const std::vector<uint8_t>& got,
@@ -217,8 +233,7 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
     EXPECT_EQ(UlpViolations(got, out.host, dtype, count), 0) << what;
     return;
   }
-  EXPECT_LE(RelativeError(got, out.host, dtype, count), tol)
-      << what << WorstElement(got, out.host, dtype, count);
+  ExpectDeviationAtMost(got, out.host, dtype, count, 0.0, tol, what);
 }
 
 // An fp32 result against the reference relative to max(its largest
@@ -228,9 +243,7 @@ inline void ExpectClose(Harness& h, const Pair& out, DType dtype, int64_t count,
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, DType dtype,
                                  int64_t count, double floor, double tol,
                                  const std::string& what) {
-  const std::vector<uint8_t> got = h.Fetch(out);
-  EXPECT_LE(RelativeError(got, out.host, dtype, count, floor), tol)
-      << what << WorstElement(got, out.host, dtype, count, floor);
+  ExpectDeviationAtMost(h.Fetch(out), out.host, dtype, count, floor, tol, what);
 }
 inline void ExpectCloseWithFloor(Harness& h, const Pair& out, int64_t count,
                                  double floor, double tol,

@@ -199,12 +199,17 @@ bool MmaDxSuitsLayer(const LayerSpec& spec) {
          spec.NumLogits() <= proj::kDxMaxTiles * 8;
 }
 
-// The mma kernel's CTAs for M tokens in chunks of `chunk`: the layer's
-// channels in tiles of 128 / n per stream, times the chunks.
-int64_t MmaDxCtas(const LayerSpec& spec, int64_t tokens, int64_t chunk) {
-  const int64_t channels = proj::kDxCols / spec.n;
+// The CTAs of a dx kernel that tiles the layer's channels by `channels` per
+// stream and M tokens by `chunk`.
+int64_t DxTileCtas(const LayerSpec& spec, int64_t tokens, int64_t channels,
+                   int64_t chunk) {
   return (spec.hidden + channels - 1) / channels *
          ((tokens + chunk - 1) / chunk);
+}
+
+// The mma kernel's CTAs: channel tiles of 128 / n per stream.
+int64_t MmaDxCtas(const LayerSpec& spec, int64_t tokens, int64_t chunk) {
+  return DxTileCtas(spec, tokens, proj::kDxCols / spec.n, chunk);
 }
 
 // The warpgroup-mma kernels' shared conditions: one mHC layer shape,
@@ -541,9 +546,8 @@ ProjectionBackwardPlan PlanProjectionBackward(
   // another on one SM, so with fewer CTAs than the SMs hold most SMs idle:
   // a cluster of CTAs splits each chunk (one stage each at least).
   if (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) {
-    const int64_t ctas = (spec.hidden + proj::kWgmmaN4Chans - 1) /
-                         proj::kWgmmaN4Chans *
-                         ((tokens + proj::kTokenChunk - 1) / proj::kTokenChunk);
+    const int64_t ctas =
+        DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk);
     const int64_t stages =
         (std::min(tokens, proj::kTokenChunk) + proj::kWgmmaN4StageTokens - 1) /
         proj::kWgmmaN4StageTokens;
