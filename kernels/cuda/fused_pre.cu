@@ -361,11 +361,13 @@ inline constexpr int kDhPreBlocks = NT == 4 && kStrided ? 8 : 0;
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
-                  float* dh_pre, int* repair_count) {
+                  float* dh_pre, int* repair_count, unsigned* arrivals) {
   WaitForPrerequisiteGrid();  // dy, and the workspace's earlier readers
-  // The mixing kernel, next in the stream, counts its repaired tokens.
-  if (repair_count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    *repair_count = 0;
+  // The mixing kernel, next in the stream, counts its repaired tokens; the
+  // column sums, last, their finished CTAs.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (repair_count != nullptr) *repair_count = 0;
+    *arrivals = 0;
   }
   const int lane = threadIdx.x & 31;
   const int64_t m =
@@ -523,8 +525,9 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
   back.grads.alpha = a.grads.alpha;
   back.grads.beta = a.grads.beta;
   const Workspace ws{base + b.contrib, b.dphi - b.contrib};
-  return LaunchScaleBackward(back, ws, /*arrivals=*/nullptr, stream,
-                             a.spec->dynamic ? &repair : nullptr);
+  return LaunchScaleBackward(back, ws,
+                             reinterpret_cast<unsigned*>(base + b.arrivals),
+                             stream, a.spec->dynamic ? &repair : nullptr);
 }
 
 }  // namespace
@@ -645,6 +648,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   auto at = [&](size_t offset) {
     return reinterpret_cast<float*>(base + offset);
   };
+  auto* arrivals = reinterpret_cast<unsigned*>(base + b.arrivals);
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
   const bool residual = !s.head && a.dx_next != nullptr;
   BackwardMixDev d{a.weights.alpha, a.weights.beta,
@@ -684,7 +688,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                           decltype(rt)::value>,
             dim3(grid), dim3(kDhPreWarps * 32), 0, stream, s, a.tokens,
             static_cast<const T*>(a.x), static_cast<const T*>(a.dy),
-            at(b.dh_pre), repair ? rows.count : nullptr);
+            at(b.dh_pre), repair ? rows.count : nullptr, arrivals);
       });
   MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
   MHC_CUDA_CHECK_LAUNCH(op, shape);
@@ -753,7 +757,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   }
   if (split) return absl::OkStatus();  // the scale backward summed them
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
-                         at(b.col_partial), a.grads.beta,
+                         at(b.col_partial), arrivals, a.grads.beta,
                          s.dynamic ? a.grads.alpha : nullptr, stream);
 }
 

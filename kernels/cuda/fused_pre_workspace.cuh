@@ -26,7 +26,7 @@ using ::mhc::cuda::SplitMix;
 struct BackwardSlices {
   size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, wide, h_fwd,
       ms_fwd, h_post, logits, dlogits, repair_scaled, repair_flag, repair_count,
-      proj_partial, total;
+      arrivals, proj_partial, total;
 };
 
 // Byte offsets of consecutive 256-B aligned float slices.
@@ -71,6 +71,9 @@ inline BackwardSlices Slices(const LayerSpec& spec, int64_t tokens,
   b.repair_scaled = take(repair ? tokens * (rows + 1) : 0);
   b.repair_flag = take(repair ? tokens : 0);
   b.repair_count = take(repair ? 1 : 0);
+  // The counter of the single-launch column sums (LaunchColumnSum), which
+  // the dh_pre kernel zeroes.
+  b.arrivals = take(1);
   b.proj_partial = take.offset;
   b.total = take.offset + MmaProjectionWorkspace(spec, tokens, dtype);
   return b;

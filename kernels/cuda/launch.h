@@ -75,8 +75,9 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
                                 cudaStream_t stream,
                                 const ScaleRepair* repair = nullptr);
 // arrivals: a device counter that is 0 between launches (the backend owns
-// it and its stream serialises the users); the n = 4 kernel counts its
-// finished blocks there and its last block resets it.
+// it and its stream serialises the users); the kernel that sums the
+// parameter gradients counts its finished CTAs there and its last CTA
+// resets it.
 absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
                                  unsigned* arrivals, cudaStream_t stream,
                                  const ScaleRepair* repair = nullptr);
@@ -215,10 +216,12 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
 
 // Sums rows [M, W] over tokens in fixed chunks (partial: [NumChunks(M), W]
 // scratch), then out_a[w] += total[w] for w < split and out_b[w - split] +=
-// total[w] for w >= split (null outputs are skipped).
+// total[w] for w >= split (null outputs are skipped). One launch: arrivals
+// is a device counter that is 0 at launch; the kernel's last CTA adds the
+// chunks and leaves it 0.
 absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
-                             int split, float* partial, float* out_a,
-                             float* out_b, cudaStream_t stream);
+                             int split, float* partial, unsigned* arrivals,
+                             float* out_a, float* out_b, cudaStream_t stream);
 // out[w] += sum over chunks of partial[chunk][w], chunks in order.
 absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
                             float* out, cudaStream_t stream);

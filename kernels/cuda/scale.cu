@@ -27,6 +27,7 @@
 #include "mix.cuh"
 #include "overflow_repair.cuh"
 #include "overflow_repair.h"
+#include "primitives/grid_arrival.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -271,16 +272,6 @@ constexpr int kScaleTile = 128;      // backward: tokens per block / partial
 constexpr int kScaleRuns = 16;       // runs of kScaleTile / kScaleRuns tokens
 constexpr int kScaleBatch = 16;      // partial rows in flight per thread
 
-// atomicAdd with acquire-release ordering at GPU scope.
-__device__ __forceinline__ unsigned AddAcqRel(unsigned* counter, unsigned v) {
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
-               : "=r"(old)
-               : "l"(counter), "r"(v)
-               : "memory");
-  return old;
-}
-
 // Logit quarter c of a token: 0 the pre gates, 1 the post gates, 2..5 H_res.
 __device__ __forceinline__ int QuarterGroup(int c) { return c < 2 ? c : 2; }
 
@@ -314,6 +305,24 @@ __device__ __forceinline__ void Store4(float* p, const float (&v)[4]) {
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) p[k] = v[k];
+  }
+}
+
+// A token's dalpha of gate group p (0 pre, 1 post, 2 H_res) from its
+// quarters' terms, added in quarter order. Straight-line code: a loop bounded
+// by p kept the H_res column's shared loads one after another, the longest
+// chain of the block's partial row.
+template <int kQuarters>
+__device__ __forceinline__ float GroupDalpha(
+    const float (&quarter)[kQuarters + 1], int p) {
+  if constexpr (kQuarters == 1) {
+    return quarter[0];  // HEAD: one group
+  } else {
+    if (p < 2) return quarter[p];
+    float v = quarter[2];
+#pragma unroll
+    for (int g = 3; g < kQuarters; ++g) v += quarter[g];
+    return v;
   }
 }
 
@@ -382,7 +391,6 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
   __shared__ float msdot_s[kScaleTile][kQuarters + 1];
   __shared__ float runs[kWidth][kScaleRuns + 1];
   __shared__ float strands[kSplit][kWidth];
-  __shared__ bool last;
 
   const int t = threadIdx.x / kQuarters, c = threadIdx.x % kQuarters;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kScaleTile;
@@ -455,22 +463,12 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
   constexpr int kRun = kScaleTile / kScaleRuns;
   if (threadIdx.x < kWidth * kScaleRuns) {
     const int w = threadIdx.x / kScaleRuns, q = threadIdx.x % kScaleRuns;
-    // Column w: dbeta[w] for w < N, else dalpha of group w - N, whose
-    // quarters a token adds in order.
-    const int p = w - kN;
-    const int first = p < 2 ? p : 2, end = p < 2 ? p + 1 : kQuarters;
+    // Column w: dbeta[w] for w < N, else dalpha of group w - N.
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRun; ++i) {
       const int u = q * kRun + i;
-      float v;
-      if (w < kN) {
-        v = dz_s[u][w];
-      } else {
-        v = dalpha_s[u][first];
-        for (int g = first + 1; g < end; ++g) v += dalpha_s[u][g];
-      }
-      sum += v;
+      sum += w < kN ? dz_s[u][w] : GroupDalpha<kQuarters>(dalpha_s[u], w - kN);
     }
     runs[w][q] = sum;
   }
@@ -481,16 +479,7 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
     for (int q = 0; q < kScaleRuns; ++q) sum += runs[threadIdx.x][q];
     partial[static_cast<int64_t>(blockIdx.x) * kWidth + threadIdx.x] = sum;
   }
-  __syncthreads();
-  // The count is an acq_rel atomic: as a release it publishes the row the
-  // barrier ordered before it, as an acquire (in the last block) every other
-  // block's row. __threadfence's sequentially consistent fences, one per
-  // writer and one in the last block, cost more and order nothing more.
-  if (threadIdx.x == 0) {
-    last = AddAcqRel(arrivals, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
+  if (!LastCtaToArrive(arrivals)) return;
 
   const int64_t blocks = gridDim.x;
   if (threadIdx.x < kSplit * kWidth) {
@@ -527,43 +516,55 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
     for (int k = 0; k < kSplit; ++k) total += strands[k][w];
     if (grad != nullptr) *grad = grad_before + total;
   }
-  if (threadIdx.x == 0) *arrivals = 0;  // ready for the next launch
+  ResetArrivals(arrivals);
 }
 
 // One warp per (chunk, column): lane l adds tokens l, l + 32, ... of the
 // chunk in order, then a fixed xor tree; the order depends on the chunk's
-// token count alone.
+// token count alone. The last CTA to finish then adds each column's chunk
+// partials in chunk order, as chunk_sum_kernel does, in the same launch.
 constexpr int kColumnWarps = 4;
 __global__ void __launch_bounds__(kColumnWarps * 32)
-    column_partial_kernel(const float* rows, int64_t tokens, int width,
-                          float* partial) {
+    column_sum_kernel(const float* rows, int64_t tokens, int width, int split,
+                      float* partial, unsigned* arrivals, float* out_a,
+                      float* out_b) {
   WaitForPrerequisiteGrid();  // the rows
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.y * kColumnWarps + (threadIdx.x >> 5);
-  if (w >= width) return;
   const int64_t chunk = blockIdx.x;
-  const int64_t begin = chunk * kTokenChunk;
-  const int64_t end = min(tokens, begin + kTokenChunk);
-  float sum = 0.0f;
-  for (int64_t m = begin + lane; m < end; m += 32) sum += rows[m * width + w];
+  if (w < width) {
+    const int64_t begin = chunk * kTokenChunk;
+    const int64_t end = min(tokens, begin + kTokenChunk);
+    float sum = 0.0f;
+    for (int64_t m = begin + lane; m < end; m += 32) {
+      sum += rows[m * width + w];
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) partial[chunk * width + w] = sum;
+    for (int o = 16; o > 0; o >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if (lane == 0) partial[chunk * width + w] = sum;
+  }
+  if (!LastCtaToArrive(arrivals)) return;
+  const int64_t chunks = gridDim.x;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int64_t q = 0; q < chunks; ++q) sum += __ldcg(partial + q * width + c);
+    float* out = c < split ? out_a + c : out_b + (c - split);
+    if (c < split ? out_a != nullptr : out_b != nullptr) *out += sum;
+  }
+  ResetArrivals(arrivals);
 }
 
 __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
-                                 int64_t width, int64_t split, float* out_a,
-                                 float* out_b) {
+                                 int64_t width, float* out) {
   WaitForPrerequisiteGrid();  // the partials
   const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w >= width) return;
   float sum = 0.0f;
   for (int64_t q = 0; q < chunks; ++q) sum += partial[q * width + w];
-  if (w < split) {
-    if (out_a != nullptr) out_a[w] += sum;
-  } else if (out_b != nullptr) {
-    out_b[w - split] += sum;
-  }
+  out[w] += sum;
 }
 
 }  // namespace
@@ -578,34 +579,26 @@ ScalePlan PlanOf(const ScaleBackwardParams& p) {
 }
 
 absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
-                             int split, float* partial, float* out_a,
-                             float* out_b, cudaStream_t stream) {
+                             int split, float* partial, unsigned* arrivals,
+                             float* out_a, float* out_b, cudaStream_t stream) {
   if (out_a == nullptr && out_b == nullptr) return absl::OkStatus();
-  const int64_t chunks = NumChunks(tokens);
-  const dim3 grid(GridSize(chunks),
+  const dim3 grid(GridSize(NumChunks(tokens)),
                   GridSize((width + kColumnWarps - 1) / kColumnWarps));
-  cudaError_t err = LaunchAfterPrevious(column_partial_kernel, dim3(grid),
-                                        dim3(kColumnWarps * 32), 0, stream,
-                                        rows, tokens, width, partial);
+  const cudaError_t err = LaunchAfterPrevious(
+      column_sum_kernel, grid, dim3(kColumnWarps * 32), 0, stream, rows, tokens,
+      width, split, partial, arrivals, out_a, out_b);
   MHC_CUDA_RETURN_IF_ERROR(err, "column sum",
                            absl::StrCat("[M=", tokens, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("column sum",
-                        absl::StrCat("[M=", tokens, " W=", width, "]"));
-  err = LaunchAfterPrevious(
-      chunk_sum_kernel, dim3(GridSize((width + 127) / 128)), dim3(128), 0,
-      stream, partial, chunks, width, split, out_a, out_b);
-  MHC_CUDA_RETURN_IF_ERROR(err, "column sum (chunks)",
-                           absl::StrCat("[M=", tokens, " W=", width, "]"));
-  MHC_CUDA_CHECK_LAUNCH("column sum (chunks)",
                         absl::StrCat("[M=", tokens, " W=", width, "]"));
   return absl::OkStatus();
 }
 
 absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
                             float* out, cudaStream_t stream) {
-  const cudaError_t err = LaunchAfterPrevious(
-      chunk_sum_kernel, dim3(GridSize((width + 127) / 128)), dim3(128), 0,
-      stream, partial, chunks, width, width, out, nullptr);
+  const cudaError_t err =
+      LaunchAfterPrevious(chunk_sum_kernel, dim3(GridSize((width + 127) / 128)),
+                          dim3(128), 0, stream, partial, chunks, width, out);
   MHC_CUDA_RETURN_IF_ERROR(err, "chunk sum",
                            absl::StrCat("[chunks=", chunks, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("chunk sum",
@@ -727,8 +720,8 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   const int64_t rows = WarpRows(p.tokens);
   float* partial = reinterpret_cast<float*>(
       static_cast<char*>(ws.data) + AlignBytes(sizeof(float) * rows * width));
-  return LaunchColumnSum(warp_rows, rows, width, s.N, partial, p.grads.beta,
-                         grad_alpha, stream);
+  return LaunchColumnSum(warp_rows, rows, width, s.N, partial, arrivals,
+                         p.grads.beta, grad_alpha, stream);
 }
 
 }  // namespace mhc::cuda

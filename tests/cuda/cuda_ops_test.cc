@@ -463,14 +463,17 @@ std::vector<uint8_t> FetchFloats(Harness& h, const float* p, int64_t count) {
 // sum reads): against the reference, bitwise the same on a second run on the
 // same backend (whose arrival counter the first run must have reset), and
 // the same per-token bits when every pointer is unaligned.
+// n = 4 (the tile kernels) and n = 6 (a thread per token, whose warp rows
+// at M = 70001 span three chunks of the column sums).
 TEST(CudaScaleTest, ManyTilesRepeatableAndAlignmentInvariant) {
   MHC_SKIP_WITHOUT_GPU();
-  for (const char* kind : {"mhc", "head"}) {
+  for (const char* kind : {"mhc", "head", "mhc_n6"}) {
     for (int64_t M : {int64_t{3001}, int64_t{70001}}) {
-      LayerSpec spec = PresetSpec("deepseek_v4", 4, 8).value();
+      const bool n6 = std::string(kind) == "mhc_n6";
+      LayerSpec spec = PresetSpec("deepseek_v4", n6 ? 6 : 4, 8).value();
       if (std::string(kind) == "head") spec.kind = LayerKind::kHead;
       const bool mhc = spec.kind == LayerKind::kMhc;
-      const int64_t n = 4, N = spec.NumLogits(), A = spec.NumAlpha();
+      const int64_t n = spec.n, N = spec.NumLogits(), A = spec.NumAlpha();
       SCOPED_TRACE(absl::StrCat(kind, " M=", M));
       Harness h;
       Pair hh = h.Floats(M * N, FreshSeed());
