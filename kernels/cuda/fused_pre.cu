@@ -26,6 +26,7 @@
 #include "projection/backward/wide.h"
 #include "projection/forward/mma.cuh"
 #include "sinkhorn4.cuh"
+#include "sinkhorn4_quad.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -472,6 +473,76 @@ __global__ void __launch_bounds__(kMixThreads)
   if (s.dynamic) rows.flag[m] = 0;
 }
 
+// The same reverse mode on a quad of lanes per token (BackwardMixLanes): the
+// Sinkhorn steps split over the quad (sinkhorn4_quad.cuh), everything else
+// on every lane of it, lane 0 writing. The same operations in the same
+// order as BackwardMixToken's n = 4 path: the same bits.
+constexpr int kQuadMixTokens = kMixThreads;  // MixKeep's slots, per token
+using QuadMixKeep = sk4::QuadKeep<kQuadMixTokens>;
+
+__device__ __forceinline__ void QuadBackwardMixToken(
+    const DevSpec& s, int64_t m, const float* h_row, float ms,
+    const float (&dhp)[4], const BackwardMixDev& a, const QuadMixKeep& keep,
+    const sk4::Quad& quad) {
+  float g_row[4], dq4[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) g_row[j] = a.dh_res[m * 16 + 4 * quad.q + j];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dq4[i] = a.dh_post[m * 4 + i];
+  float hp[4], hq[4], logits[16];
+  ScaleForwardToken<4>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
+  const bool writer = quad.q == 0;
+  if (writer) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.h_pre[m * 4 + i] = hp[i];
+  }
+  float p0[16], p_row[4];
+  sk4::QuadForward(s.iterations, s.eps_sk, logits, p0, p_row, keep, quad);
+  if (a.r != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a.r[s.dest_rows ? (m * 4 + j) * 4 + quad.q : (m * 4 + quad.q) * 4 + j] =
+          p_row[j];
+    }
+  }
+  float da_row[4], da[16];
+  sk4::QuadBackward(s.iterations, p0, p_row, g_row, keep, quad, da_row);
+  sk4::QuadGather(da_row, quad, da);
+  ScaleBackwardToken<4>(s, h_row, ms, a.alpha, a.beta, dhp, dq4, da,
+                        s.dynamic && writer ? a.dh + m * s.N : nullptr,
+                        s.dynamic && writer ? a.dms + m : nullptr,
+                        writer ? a.contrib + m * (s.N + s.num_alpha) : nullptr);
+}
+
+__global__ void __launch_bounds__(4 * kQuadMixTokens)
+    fused_backward_mix_quad_kernel(DevSpec s, int64_t tokens,
+                                   const float* dh_pre, BackwardMixDev a,
+                                   RepairSource src, RepairRows rows) {
+  WaitForPrerequisiteGrid();  // dh_pre and the zeroed repair count
+  __shared__ float4 kept[2 * kLaneMaxIterations * kQuadMixTokens];
+  const int token = static_cast<int>(threadIdx.x) / 4;
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * kQuadMixTokens + token;
+  if (m >= tokens) return;  // the whole quad
+  const sk4::Quad quad = sk4::Quad::OfLane();
+  const QuadMixKeep keep{kept, token};
+  float dhp[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dhp[i] = dh_pre[m * 4 + i];
+  const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
+  const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
+  if (s.dynamic && NeedsRepair(s, h_row, ms)) {
+    // Rare: the one-thread form (the same bits) on the quad's first lane,
+    // whose slots it keeps its denominators in.
+    if (quad.q == 0) {
+      const MixKeep keep4{kept, token};
+      RepairedBackwardMix<4>(s, m, src, h_row, ms, dhp, a, &keep4, rows);
+    }
+    return;
+  }
+  QuadBackwardMixToken(s, m, h_row, ms, dhp, a, keep, quad);
+  if (s.dynamic && quad.q == 0) rows.flag[m] = 0;
+}
+
 // The scale forward op of a SplitMix layer from h and the mean square (null
 // for static layers), with the overflow repair for dynamic layers.
 absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
@@ -697,6 +768,14 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     fix.src = src;
     fix.rows = rows;
     MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, fix, stream));
+  } else if (BackwardMixLanes(*a.spec, a.tokens) == 4) {
+    const unsigned mix_grid =
+        GridSize((a.tokens + kQuadMixTokens - 1) / kQuadMixTokens);
+    err = LaunchAfterPrevious(fused_backward_mix_quad_kernel, dim3(mix_grid),
+                              dim3(4 * kQuadMixTokens), 0, stream, s, a.tokens,
+                              at(b.dh_pre), d, src, rows);
+    MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
+    MHC_CUDA_CHECK_LAUNCH(op, shape);
   } else {
     const unsigned mix_grid =
         GridSize((a.tokens + kMixThreads - 1) / kMixThreads);

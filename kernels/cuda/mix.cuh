@@ -71,7 +71,9 @@ __device__ __forceinline__ void ScaleForwardToken(
 
 // Reverse of ScaleForwardToken. Writes dh [N] and *dms (dynamic), and the
 // token's parameter-gradient contributions contrib [N + num_alpha]: dz_g
-// (dbeta) then dz h r summed per alpha group in g order (dalpha).
+// (dbeta) then dz h r summed per alpha group in g order (dalpha). A null
+// output is not written (the lanes of a quad that run this beside its
+// writer).
 template <int NT>
 __device__ __forceinline__ void ScaleBackwardToken(
     const DevSpec& s, const float* h, float ms, const float* alpha,
@@ -88,7 +90,7 @@ __device__ __forceinline__ void ScaleBackwardToken(
     const float al = alpha[group];
     const float hg = h[g];
     dalpha[group] += dz * hg * r;
-    dh[g] = al * dz * r;
+    if (dh != nullptr) dh[g] = al * dz * r;
     ms_dot += dz * al * hg;
   };
   auto gate = [&](int g, int group) {
@@ -119,7 +121,7 @@ __device__ __forceinline__ void ScaleBackwardToken(
       contrib[rows + p] = s.dynamic ? dalpha[p] : 0.0f;
     }
   }
-  if (s.dynamic) *dms = ms_dot * RmsDerivative(s, ms, r);
+  if (s.dynamic && dms != nullptr) *dms = ms_dot * RmsDerivative(s, ms, r);
 }
 
 // ------------------------------------------------------------ Sinkhorn --

@@ -12,6 +12,7 @@
 #include "cuda/cuda_cases.h"
 #include "cuda/cuda_harness.h"
 #include "gtest/gtest.h"
+#include "plans/fused.h"
 
 namespace mhc::testing {
 namespace {
@@ -442,6 +443,9 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
       {8, 264, 600, DType::kBF16, "liger"},  // the post on tensor cores
       // The wide dx / dphi kernels on channel tiles, two token chunks.
       {16, 264, 1100, DType::kBF16, "deepseek_v4"},
+      // The backward mixing one thread per token past kQuadMixMaxTokens,
+      // single tokens on quads of lanes: the same bits.
+      {4, 64, cuda::kQuadMixMaxTokens + 5, DType::kBF16, "deepseek_v4"},
   };
   const Case& c = cases[GetParam()];
   LayerSpec spec = PresetSpec(c.preset, c.n, c.C).value();
@@ -489,7 +493,7 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 7));
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 8));
 
 // The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
 // columns x 1024 tokens) number fewer than an H200's SMs (the plan's

@@ -501,5 +501,34 @@ TEST(KernelPlans, FusedKeepsTheChoices) {
   }
 }
 
+// Quads of lanes per token for the backward mixing of mHC n = 4 layers on
+// sinkhorn4.cuh's form, up to kQuadMixMaxTokens; one thread past it and for
+// every other layer.
+TEST(KernelPlans, BackwardMixLanesFollowM) {
+  const LayerSpec base = PresetSpec("deepseek_v4", 4, 64).value();
+  for (bool dynamic : {true, false}) {
+    LayerSpec spec = base;
+    spec.dynamic = dynamic;
+    EXPECT_EQ(BackwardMixLanes(spec, 1), 4);
+    EXPECT_EQ(BackwardMixLanes(spec, kQuadMixMaxTokens), 4);
+    EXPECT_EQ(BackwardMixLanes(spec, kQuadMixMaxTokens + 1), 1);
+  }
+  LayerSpec head = base;
+  head.kind = LayerKind::kHead;
+  EXPECT_EQ(BackwardMixLanes(head, 512), 1);
+  LayerSpec log = base;
+  log.sinkhorn_mode = SinkhornMode::kLog;
+  EXPECT_EQ(BackwardMixLanes(log, 512), 1);
+  // The reverse mode keeps at most kLaneMaxIterations steps' denominators.
+  LayerSpec long_run = base;
+  long_run.sinkhorn_iterations = kLaneMaxIterations + 1;
+  EXPECT_EQ(BackwardMixLanes(long_run, 512), 1);
+  for (int n : {2, 3, 8, 16}) {
+    EXPECT_EQ(BackwardMixLanes(PresetSpec("deepseek_v4", n, 64).value(), 512),
+              1)
+        << n;
+  }
+}
+
 }  // namespace
 }  // namespace mhc::cuda

@@ -97,6 +97,16 @@ FusedPlan PlanFusedBackward(const LayerSpec& spec) {
   return Plan(BackwardRules(), spec);
 }
 
+int BackwardMixLanes(const LayerSpec& spec, int64_t tokens) {
+  const SinkhornShape shape{spec.n, spec.sinkhorn_mode == SinkhornMode::kLog,
+                            spec.sinkhorn_iterations, spec.eps_sk};
+  const bool quad = PlanFusedBackward(spec).variant == FusedVariant::kMix &&
+                    spec.kind == LayerKind::kMhc &&
+                    SinkhornN4Applies(shape, /*backward=*/true) &&
+                    tokens <= kQuadMixMaxTokens;
+  return quad ? 4 : 1;
+}
+
 const std::vector<FusedRow>& FusedForwardRows() {
   static const auto* rows = new std::vector<FusedRow>(RowsOf(ForwardRules()));
   return *rows;

@@ -47,6 +47,13 @@ struct FusedPlan {
 FusedPlan PlanFusedForward(const LayerSpec& spec);
 FusedPlan PlanFusedBackward(const LayerSpec& spec);
 
+// Lanes per token of the backward's `mix` kernel, a launch shape that keeps
+// every output's bits: 4 (sinkhorn4_quad.cuh) for mHC n = 4 layers on
+// sinkhorn4.cuh's form up to kQuadMixMaxTokens tokens, where one thread per
+// token leaves most schedulers with a warp or none; 1 otherwise.
+inline constexpr int64_t kQuadMixMaxTokens = 16384;
+int BackwardMixLanes(const LayerSpec& spec, int64_t tokens);
+
 using FusedRow = PlanRow<FusedVariant>;
 const std::vector<FusedRow>& FusedForwardRows();
 const std::vector<FusedRow>& FusedBackwardRows();
