@@ -551,8 +551,8 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     float sum = 0.0f;
 #pragma unroll 8
     for (int64_t q = 0; q < chunks; ++q) sum += __ldcg(partial + q * width + c);
-    float* out = c < split ? out_a + c : out_b + (c - split);
-    if (c < split ? out_a != nullptr : out_b != nullptr) *out += sum;
+    float* out = c < split ? out_a : out_b;
+    if (out != nullptr) out[c < split ? c : c - split] += sum;
   }
   ResetArrivals(arrivals);
 }
@@ -582,6 +582,9 @@ absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
                              int split, float* partial, unsigned* arrivals,
                              float* out_a, float* out_b, cudaStream_t stream) {
   if (out_a == nullptr && out_b == nullptr) return absl::OkStatus();
+  if (arrivals == nullptr) {
+    return absl::InternalError("column sum: no arrival counter");
+  }
   const dim3 grid(GridSize(NumChunks(tokens)),
                   GridSize((width + kColumnWarps - 1) / kColumnWarps));
   const cudaError_t err = LaunchAfterPrevious(

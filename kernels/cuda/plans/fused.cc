@@ -98,12 +98,11 @@ FusedPlan PlanFusedBackward(const LayerSpec& spec) {
 }
 
 int BackwardMixLanes(const LayerSpec& spec, int64_t tokens) {
-  const SinkhornShape shape{spec.n, spec.sinkhorn_mode == SinkhornMode::kLog,
-                            spec.sinkhorn_iterations, spec.eps_sk};
-  const bool quad = PlanFusedBackward(spec).variant == FusedVariant::kMix &&
-                    spec.kind == LayerKind::kMhc &&
-                    SinkhornN4Applies(shape, /*backward=*/true) &&
-                    tokens <= kQuadMixMaxTokens;
+  const bool quad =
+      PlanFusedBackward(spec).variant == FusedVariant::kMix &&
+      spec.kind == LayerKind::kMhc &&
+      SinkhornN4Applies(SinkhornShapeOf(spec), /*backward=*/true) &&
+      tokens <= kQuadMixMaxTokens;
   return quad ? 4 : 1;
 }
 

@@ -4,8 +4,9 @@
 // One table per direction, first row that holds wins; the stages inside
 // follow their own plans (the projection's with the fused terms, the row
 // access plan for the aggregate, dh_pre and the static forward, the
-// Sinkhorn plan for the split mixing). The layer alone decides: not the
-// dtype, the alignment or M. The fused workspace layout
+// Sinkhorn plan for the split mixing). The layer alone picks the variant:
+// not the dtype, the alignment or M; M sets one launch shape
+// (BackwardMixLanes). The fused workspace layout
 // (fused_pre_workspace.cuh) reads SplitMix.
 #ifndef MHC_KERNELS_CUDA_PLANS_FUSED_H_
 #define MHC_KERNELS_CUDA_PLANS_FUSED_H_

@@ -30,10 +30,7 @@ const std::vector<PlanRule<SV, SinkhornCase>>& Rules() {
         "tensor sits on 16 bytes",
         Example(4)},
        [](const SinkhornCase& c) {
-         const LayerSpec& s = c.spec;
-         const SinkhornShape shape{s.n, s.sinkhorn_mode == SinkhornMode::kLog,
-                                   s.sinkhorn_iterations, s.eps_sk};
-         return SinkhornN4Applies(shape, c.backward);
+         return SinkhornN4Applies(SinkhornShapeOf(c.spec), c.backward);
        }},
       {{SV::kLanes, "LINEAR, `T <= 20`, `2 <= n <= 16`",
         "kernels/cuda/sinkhorn_lanes.cuh",

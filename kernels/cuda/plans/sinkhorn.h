@@ -48,6 +48,11 @@ struct SinkhornShape {
   float eps_sk;
 };
 
+inline SinkhornShape SinkhornShapeOf(const LayerSpec& s) {
+  return {s.n, s.sinkhorn_mode == SinkhornMode::kLog, s.sinkhorn_iterations,
+          s.eps_sk};
+}
+
 // n = 4 LINEAR with denominators that stay normal (eps_sk >= FLT_MIN: the
 // kernel replaces each division by one approximate reciprocal); the reverse
 // mode keeps at most kLaneMaxIterations steps. Of a SinkhornShape here, of
