@@ -273,12 +273,12 @@ constexpr int kMixThreads = 64;  // 40 KB of kept Sinkhorn denominators
 // With `keep` (n = 4, sk4::Applies) the Sinkhorn runs as sinkhorn4.cuh's
 // single-pass forward and reverse with the denominators kept there.
 using MixKeep = sk4::SharedKeep<kMixThreads>;
-template <int NT>
+template <int NT, typename Keep = MixKeep>
 __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
                                                  const float* h_row, float ms,
                                                  const float (&dhp)[NT],
                                                  const BackwardMixDev& a,
-                                                 const MixKeep* keep) {
+                                                 const Keep* keep) {
   const int n = StreamCount<NT>(s);
   float hp[NT], hq[NT], logits[NT * NT], da[NT * NT];
   // With `keep`, dH_res and dH_post are read before the first store: a store
@@ -412,11 +412,11 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
 // whose x is not finite runs the fp32 reverse mode here instead. Writes the
 // token's flag (0: not repaired). Out of line and the whole of the token's
 // work, so the common path keeps nothing live across the call.
-template <int NT>
+template <int NT, typename Keep = MixKeep>
 __device__ __noinline__ void RepairedBackwardMix(
     const DevSpec& s, int64_t m, const RepairSource& src, const float* h_row,
-    float ms, const float (&dhp)[NT], const BackwardMixDev& a,
-    const MixKeep* keep, const RepairRows& rows) {
+    float ms, const float (&dhp)[NT], const BackwardMixDev& a, const Keep* keep,
+    const RepairRows& rows) {
   float h_s[NT * NT + 2 * NT];
   float ms_s = 0.0f;
   const int flag = RepairProjection(s, src, m, h_s, &ms_s);
@@ -476,8 +476,10 @@ __global__ void __launch_bounds__(kMixThreads)
 // The same reverse mode on a quad of lanes per token (BackwardMixLanes): the
 // Sinkhorn steps split over the quad (sinkhorn4_quad.cuh), everything else
 // on every lane of it, lane 0 writing. The same operations in the same
-// order as BackwardMixToken's n = 4 path: the same bits.
-constexpr int kQuadMixTokens = kMixThreads;  // MixKeep's slots, per token
+// order as BackwardMixToken's n = 4 path: the same bits. Small CTAs spread
+// a small batch over more SMs (64 tokens a CTA measured slower,
+// docs/decisions.md).
+constexpr int kQuadMixTokens = 16;
 using QuadMixKeep = sk4::QuadKeep<kQuadMixTokens>;
 
 __device__ __forceinline__ void QuadBackwardMixToken(
@@ -534,7 +536,7 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
     // Rare: the one-thread form (the same bits) on the quad's first lane,
     // whose slots it keeps its denominators in.
     if (quad.q == 0) {
-      const MixKeep keep4{kept, token};
+      const sk4::SharedKeep<kQuadMixTokens> keep4{kept, token};
       RepairedBackwardMix<4>(s, m, src, h_row, ms, dhp, a, &keep4, rows);
     }
     return;
