@@ -125,8 +125,9 @@ int64_t WarpRows(int64_t tokens) { return (tokens + 31) / 32; }
 // A repaired token of the fused backward, whose scaled projection the scale
 // forward left in `rows`: its reverse mode from the scaled values, its
 // scaled dh and dms to `rows` for the repair pass and zeros to the dx
-// kernel's rows (as RepairedBackwardMix in fused_pre.cu); from the fp32
-// values when x is not finite (flag 0). Out of line, as the forward's.
+// kernel's rows (as RepairedBackwardMix in fused_pre_backward_mix.cu); from
+// the fp32 values when x is not finite (flag 0). Out of line, as the
+// forward's.
 template <int NT>
 __device__ __noinline__ void RepairedScaleBackward(
     const DevSpec& s, int64_t m, const float* h, float ms,

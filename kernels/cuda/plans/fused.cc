@@ -52,11 +52,13 @@ const std::vector<Rule>& BackwardRules() {
         "terms)",
         Example(8)},
        [](const LayerSpec& s) { return SplitMix(s); }},
-      {{FV::kMix, "otherwise (static layers of other `n` too)", kFusedPre,
-        "`dh_pre`, then one thread per token runs the reverse mode of scale "
-        "and Sinkhorn; then `dx` and the `dphi` partials (the projection "
-        "backward plan with the fused terms) and the column sums of "
-        "`dalpha` / `dbeta`",
+      {{FV::kMix, "otherwise (static layers of other `n` too)",
+        "kernels/cuda/fused_pre_backward_mix.cu",
+        "`dh_pre`, then the reverse mode of scale and Sinkhorn per token (one "
+        "thread, or for mHC `n = 4` a quad of lanes up to "
+        "`kQuadMixMaxTokens` tokens: `BackwardMixLanes`); then `dx` and the "
+        "`dphi` partials (the projection backward plan with the fused terms) "
+        "and the column sums of `dalpha` / `dbeta`",
         Example(4)},
        [](const LayerSpec&) { return true; }},
   };
