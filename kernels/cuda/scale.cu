@@ -525,6 +525,13 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
 // token count alone. The last CTA to finish then adds each column's chunk
 // partials in chunk order, as chunk_sum_kernel does, in the same launch.
 constexpr int kColumnWarps = 4;
+// out_a[c] += total for c < split, out_b[c - split] += total above (null:
+// not asked for).
+__device__ __forceinline__ void AddColumn(int c, float total, int split,
+                                          float* out_a, float* out_b) {
+  float* out = c < split ? out_a : out_b;
+  if (out != nullptr) out[c < split ? c : c - split] += total;
+}
 __global__ void __launch_bounds__(kColumnWarps * 32)
     column_sum_kernel(const float* rows, int64_t tokens, int width, int split,
                       float* partial, unsigned* arrivals, float* out_a,
@@ -544,16 +551,21 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     for (int o = 16; o > 0; o >>= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
+    if (gridDim.x == 1) {
+      // One chunk: its column is the total (the same 0 + partial as below),
+      // with no count and no second read.
+      if (lane == 0) AddColumn(w, 0.0f + sum, split, out_a, out_b);
+      return;
+    }
     if (lane == 0) partial[chunk * width + w] = sum;
   }
-  if (!LastCtaToArrive(arrivals)) return;
+  if (gridDim.x == 1 || !LastCtaToArrive(arrivals)) return;
   const int64_t chunks = gridDim.x;
   for (int c = threadIdx.x; c < width; c += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll 8
     for (int64_t q = 0; q < chunks; ++q) sum += __ldcg(partial + q * width + c);
-    float* out = c < split ? out_a : out_b;
-    if (out != nullptr) out[c < split ? c : c - split] += sum;
+    AddColumn(c, sum, split, out_a, out_b);
   }
   ResetArrivals(arrivals);
 }
