@@ -332,7 +332,8 @@ absl::Status LaunchScaleOf(const LayerSpec* spec, int64_t tokens,
 absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
                               const BackwardSlices& b, char* base,
                               const BackwardMixDev& d,
-                              const ScaleRepair& repair, cudaStream_t stream) {
+                              const ScaleRepair& repair, unsigned* arrivals,
+                              cudaStream_t stream) {
   auto at = [&](size_t offset) {
     return reinterpret_cast<float*>(base + offset);
   };
@@ -355,9 +356,8 @@ absl::Status SplitBackwardMix(const FusedBackwardArgs& a,
   back.grads.alpha = a.grads.alpha;
   back.grads.beta = a.grads.beta;
   const Workspace ws{base + b.contrib, b.dphi - b.contrib};
-  return LaunchScaleBackward(back, ws,
-                             reinterpret_cast<unsigned*>(base + b.arrivals),
-                             stream, a.spec->dynamic ? &repair : nullptr);
+  return LaunchScaleBackward(back, ws, arrivals, stream,
+                             a.spec->dynamic ? &repair : nullptr);
 }
 
 }  // namespace
@@ -526,7 +526,7 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
     ScaleRepair fix;
     fix.src = src;
     fix.rows = rows;
-    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, fix, stream));
+    MHC_RETURN_IF_ERROR(SplitBackwardMix(a, b, base, d, fix, arrivals, stream));
   } else {
     MHC_RETURN_IF_ERROR(LaunchBackwardMix(*a.spec, a.tokens, a.act_dtype,
                                           at(b.dh_pre), d, src, rows, stream));
