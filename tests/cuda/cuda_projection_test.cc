@@ -87,6 +87,9 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       {4, 512, 40000, DType::kBF16, MatmulPrecision::kTf32, false, false},
       // The same with four K chunks (564 bf16 units) and three phi' terms.
       {4, 2048, 9000, DType::kBF16, MatmulPrecision::kIeee, true, false},
+      // Whole units (136), then a token alone on units split over clusters
+      // of 8 CTAs, the last chunk's (31 stages) with a short last group.
+      {4, 1000, 4300, DType::kBF16, MatmulPrecision::kTf32, true, false},
       // The GEMM tiles of wide layers (projection/forward/mma_wide.cu and, for
       // TF32 with aligned rows, projection/forward/wgmma_tf32_wide.cu): 3 and 2
       // mma tiles per warp, three K chunks (n = 16, C = 4096), several logit
@@ -188,7 +191,8 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 // off by every thread's cp.async pieces: the same bits either way. Cases:
 // IEEE (three phi' terms), a K past the last 64-k block (C = 1000: zeros
 // past K), a small batch with a wide K (these three with fewer units than
-// SMs: the tensor copies on the deep ring), and more units than CTAs.
+// SMs: the tensor copies split each unit's flush groups over a cluster, two
+// groups a CTA), and more units than CTAs.
 TEST(CudaProjectionTilesTest, TensorCopiesMatchThreadCopies) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {

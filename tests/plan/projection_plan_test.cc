@@ -192,10 +192,9 @@ TEST(ProjectionPlan, ForwardDeepRing) {
     EXPECT_EQ(plan.variant, FV::kWgmmaBf16);
     return plan.deep_ring;
   };
-  EXPECT_TRUE(deep(1024, 512));    // 8 tiles x 2 chunks
-  EXPECT_TRUE(deep(2560, 1024));   // 16 x 5
-  EXPECT_FALSE(deep(4096, 2048));  // 32 x 8
-  EXPECT_TRUE(deep(1024, 1));
+  EXPECT_TRUE(deep(16, 512));        // K = 64: one flush group, no split
+  EXPECT_FALSE(deep(1024, 512));     // 8 tiles x 2 chunks: split units
+  EXPECT_FALSE(deep(4096, 2048));    // 32 x 8
   EXPECT_FALSE(deep(1024, 4200));    // 66 x 2
   EXPECT_FALSE(deep(1024, 512, 8));  // cp.async pieces
   // The TF32 units of fp16 / fp32 the same way.
@@ -206,6 +205,29 @@ TEST(ProjectionPlan, ForwardDeepRing) {
     EXPECT_TRUE(few.deep_ring);
     EXPECT_FALSE(
         PlanProjectionForward(Layer(4, 4096), dtype, 2048, {}).deep_ring);
+  }
+}
+
+// wgmma_bf16 with tensor copies and fewer units than SMs: each unit's
+// 256-k flush groups over a cluster, as many CTAs as three per SM hold, up
+// to 8, none idle.
+TEST(ProjectionPlan, ForwardUnitCtas) {
+  auto ctas = [](int64_t C, int64_t M, int x_alignment = 16) {
+    ProjectionForwardAlignment a;
+    a.x = x_alignment;
+    return PlanProjectionForward(Layer(4, C), DType::kBF16, M, a).unit_ctas;
+  };
+  EXPECT_EQ(ctas(1024, 512), 8);   // 16 units, 8 groups a chunk
+  EXPECT_EQ(ctas(2560, 1024), 4);  // 80 units: 396 / 80
+  EXPECT_EQ(ctas(12288, 1), 6);    // 16 units, 12 groups: 2 a CTA
+  EXPECT_EQ(ctas(1280, 512), 7);   // 24 units, 7 groups (27 stages)
+  EXPECT_EQ(ctas(1024, 1), 8);
+  EXPECT_EQ(ctas(16, 512), 1);       // one group
+  EXPECT_EQ(ctas(4096, 2048), 1);    // 256 units
+  EXPECT_EQ(ctas(1024, 512, 8), 1);  // cp.async pieces
+  for (DType dtype : {DType::kF16, DType::kF32}) {
+    EXPECT_EQ(PlanProjectionForward(Layer(4, 1024), dtype, 512, {}).unit_ctas,
+              1);
   }
 }
 

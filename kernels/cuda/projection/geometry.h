@@ -37,6 +37,28 @@ inline constexpr size_t kUnitCounterBytes = 256;
 inline constexpr int kBf16UnitTokens = 64;
 inline constexpr int kBf16DeepStages = 8;
 
+// The tensor cores accumulate a flush group of stages, which then goes into
+// the unit's fp32 sums with one rounded add (they truncate against a long
+// running sum): a chunk's sums are its groups' added in order, from zero.
+inline constexpr int kFlushStages = 4;
+constexpr int FlushGroups(int64_t span) {
+  const int64_t group_k = int64_t{kMmaBk} * kFlushStages;
+  return static_cast<int>((span + group_k - 1) / group_k);
+}
+
+// Small batches of the bf16 warpgroup-mma units split each unit's flush
+// groups over a cluster of CTAs (up to the portable cluster size), each CTA
+// taking GroupsPerCta consecutive groups on a ring of kSplitRingStages; the
+// groups' sums meet in the cluster's shared memory and are added in order,
+// so the bits are those of one CTA per unit. Sized for kSplitCtasPerSm CTAs
+// per SM.
+inline constexpr int kMaxUnitCtas = 8;
+inline constexpr int kSplitRingStages = 4;
+inline constexpr int kSplitCtasPerSm = 3;
+constexpr int GroupsPerCta(int64_t chunk, int unit_ctas) {
+  return (FlushGroups(chunk) + unit_ctas - 1) / unit_ctas;
+}
+
 // At most 16 chunks of about 2048 k (more for wide layers): enough units to
 // fill the GPU at M = 2048, and the partials ((N + 1) floats per token and
 // chunk) stay under 2.5 % of the bf16 x bytes once K >= 2048.

@@ -98,9 +98,11 @@ const std::vector<ForwardRule>& ForwardRules() {
         "or 4-byte copies",
         "kernels/cuda/projection/forward/wgmma_bf16.cu",
         "64-token units on `wgmma.m64n24k16`; `x` by tensor copies where rows "
-        "sit on 16 bytes (eight stages in flight when units are fewer than "
-        "SMs, else three), else 8- / 4-byte `cp.async` pieces; `phi'` split "
-        "into bf16 terms once per launch, copied in beside `x`",
+        "sit on 16 bytes (three stages in flight; units fewer than SMs split "
+        "their 256-k flush groups over a cluster of up to 8 CTAs, whose sums "
+        "meet in shared memory in group order, or where a chunk is one group "
+        "take eight stages), else 8- / 4-byte `cp.async` pieces; `phi'` "
+        "split into bf16 terms once per launch, copied in beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
@@ -462,6 +464,19 @@ ProjectionForwardPlan PlanProjectionForward(
                           proj::kBf16UnitTokens *
                           proj::PlanChunks(l.K, l.N).chunks;
     plan.deep_ring = units < proj::kTunedSms;
+    // bf16: the units' flush groups over clusters instead, as many CTAs
+    // per unit as the split's slots hold, with no rank left idle.
+    if (plan.deep_ring && plan.variant == FV::kWgmmaBf16 && units > 0) {
+      const int64_t chunk = proj::PlanChunks(l.K, l.N).chunk;
+      const int64_t fit = proj::kSplitCtasPerSm * proj::kTunedSms / units;
+      const int most = static_cast<int>(std::min<int64_t>(
+          {fit, proj::kMaxUnitCtas, proj::FlushGroups(chunk)}));
+      if (most > 1) {
+        const int per_cta = proj::GroupsPerCta(chunk, most);
+        plan.unit_ctas = (proj::FlushGroups(chunk) + per_cta - 1) / per_cta;
+        plan.deep_ring = false;
+      }
+    }
   }
   return plan;
 }

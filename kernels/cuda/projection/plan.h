@@ -9,7 +9,8 @@
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
 // sizes the workspace and, where the tiles would leave SMs idle, the launch
-// shape (deep_ring, dx_apart_tokens: the same bits either way; chunk_ctas:
+// shape (deep_ring, unit_ctas, dx_apart_tokens: the same bits either way;
+// chunk_ctas:
 // the same dx bits, dphi added in another grouping).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
@@ -118,6 +119,10 @@ struct ProjectionForwardPlan {
   // wgmma_bf16 with x by tensor copies, or wgmma_tf32, fewer units than
   // SMs: a ring of kBf16DeepStages stages (the same bits).
   bool deep_ring = false;
+  // wgmma_bf16 with tensor copies, fewer units than SMs: CTAs per unit, one
+  // cluster, each with its share of the unit's flush groups (geometry.h:
+  // the same bits as one CTA per unit, which 1 means).
+  int unit_ctas = 1;
   // mma_wide: 16-byte x, phi and gamma rows (IEEE only: TF32 ones go to
   // wgmma_tf32_wide).
   bool vector_rows = false;

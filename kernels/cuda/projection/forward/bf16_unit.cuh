@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "mhc/types.h"
+#include "primitives/cluster.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/forward/mma.cuh"
 
@@ -218,6 +219,70 @@ struct WarpSums {
       if (t + 8 < rows) out[(t + 8) * width + N] = ss[1];
     }
   }
+};
+
+// A unit's flush groups split over its cluster (geometry.h, the plan's
+// unit_ctas): this CTA runs groups [first_group, first_group + per_cta) of
+// them, leaves each group's sums (WarpSums::Store after its flush, from zero)
+// in a slot of its shared memory, and after a cluster barrier every CTA adds
+// a share of the unit's partial rows group by group, in group order, from
+// the slots of the CTAs that ran them.
+class GroupSlots {
+ public:
+  // slots: per_cta rows of kTokens x width floats in this CTA's shared memory.
+  __device__ GroupSlots(float* slots, int kTokens, int width, int64_t chunk,
+                        int unit_ctas)
+      : slots_(slots),
+        slot_floats_(kTokens * width),
+        per_cta_(proj::GroupsPerCta(chunk, unit_ctas)),
+        ctas_(unit_ctas),
+        rank_(static_cast<int>(ClusterCtaRank())) {}
+
+  // This CTA's stages of a unit of `stages` stages, from its first.
+  __device__ int FirstStage() const {
+    return rank_ * per_cta_ * proj::kFlushStages;
+  }
+  __device__ int Stages(int stages) const {
+    return max(0, min(per_cta_ * proj::kFlushStages, stages - FirstStage()));
+  }
+  // The slot of this CTA's stage st (counted from FirstStage).
+  __device__ float* Slot(int st) const {
+    return slots_ + st / proj::kFlushStages * slot_floats_;
+  }
+
+  // The unit's rows (`elems` floats at out) from every CTA's slots; every
+  // thread of every CTA of the cluster calls it.
+  __device__ void AddInOrder(int stages, int elems, float* out) const {
+    const int groups = (stages + proj::kFlushStages - 1) / proj::kFlushStages;
+    ClusterSync();             // every group's slot written
+    constexpr int kBatch = 8;  // peer loads in flight per thread
+    const int threads = static_cast<int>(blockDim.x);
+    for (int e = rank_ * threads + static_cast<int>(threadIdx.x); e < elems;
+         e += ctas_ * threads) {
+      float sum = 0.0f;
+      for (int g0 = 0; g0 < groups; g0 += kBatch) {
+        float part[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int g = g0 + i;
+          part[i] = g < groups ? LoadPeerShared(PeerSharedAddress(
+                                     slots_ + g % per_cta_ * slot_floats_ + e,
+                                     static_cast<unsigned>(g / per_cta_)))
+                               : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (g0 + i < groups) sum += part[i];
+        }
+      }
+      out[e] = sum;
+    }
+    ClusterSync();  // no CTA leaves while a peer reads its slots
+  }
+
+ private:
+  float* slots_;
+  int slot_floats_, per_cta_, ctas_, rank_;
 };
 
 // f(terms tag, copy bytes tag) for the layer's precision and the copies x's

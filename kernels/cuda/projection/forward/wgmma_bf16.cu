@@ -27,6 +27,11 @@
 // cores, then are added to fp32 sums with rounded adds (the tensor cores
 // truncate against a long running sum), as the mma.sync units do.
 //
+// Small batches (fewer units than SMs, the plan's unit_ctas) run each unit
+// on a cluster: every CTA takes consecutive four-stage flush groups and
+// leaves each group's sums in its shared memory, and the cluster adds them
+// in group order, the adds one CTA per unit makes.
+//
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (rows of both products are independent dot
 // products in a fixed k order); chunks are added in order by the chunk sum.
@@ -102,15 +107,20 @@ __global__ void __launch_bounds__(kSplitChunks)
 // issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
 // thread. phi' always comes split (phi_planes_kernel; projection/plan.cc
 // says why).
-template <int kTerms, int kCopyBytes, bool kTma, int kStages>
+//
+// kSplit: a cluster of unit_ctas CTAs per unit, launched one cluster per
+// unit, each CTA with its share of the unit's flush groups
+// (bf16_unit::GroupSlots, after the ring in shared memory).
+template <int kTerms, int kCopyBytes, bool kTma, int kStages, bool kSplit>
 __global__ void __launch_bounds__(kUnitThreads, 4)
     bf16_wgmma_projection_kernel(const __grid_constant__ CUtensorMap x_map,
                                  DevSpec s, int64_t tokens,
                                  const __nv_bfloat16* __restrict__ x,
                                  const char* __restrict__ planes,
-                                 float* partial,
+                                 float* partial, int unit_ctas,
                                  unsigned long long* next_unit) {
   static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
+  static_assert(!kSplit || kTma, "split units take tensor copies");
   constexpr int kStageBytes = StageBytes(kTerms);
   constexpr int kSplitBytes = kTerms * kTermTileBytes;
   extern __shared__ __align__(16) char bf16_proj_smem[];
@@ -136,10 +146,19 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   }
   WaitForPrerequisiteGrid();  // the phi' planes
 
+  const bf16_unit::GroupSlots slots(
+      reinterpret_cast<float*>(smem + kStages * kStageBytes), kUnitTokens,
+      width, plan.chunk, unit_ctas);
+
   // A unit's tile index counts halves of projection/forward/mma.cuh's tiles.
-  ForEachUnit(units, 1, plan.chunks, next_unit, [&](MmaUnit unit) {
-    const bf16_unit::UnitSpan u =
+  auto run_unit = [&](MmaUnit unit) {
+    bf16_unit::UnitSpan u =
         bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
+    const int unit_stages = u.stages;
+    if (kSplit) {  // this CTA's stages only
+      u.kbeg += slots.FirstStage() * kStageK;
+      u.stages = slots.Stages(unit_stages);
+    }
     if (!kTma) x_copies.Begin(x, s.K, u);
     const char* split_src = planes + u.kbeg / kStageK * int64_t{kSplitBytes};
 
@@ -196,7 +215,14 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       compute(st);
       // Stage st's buffers are refilled after the next barrier.
       WgmmaWait<0>();
-      if ((st & 3) == 3 || st == u.stages - 1) sums.Flush(grp);
+      static_assert(proj::kFlushStages == 4, "flush groups of four stages");
+      if ((st & 3) == 3 || st == u.stages - 1) {
+        sums.Flush(grp);
+        if (kSplit) {  // the group's sums, from zero
+          sums.Store(slots.Slot(st), width, s.N, slab, u.rows, grp, quad);
+          sums.Zero();
+        }
+      }
     }
     CpAsyncWait<0>();
 
@@ -204,11 +230,29 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         partial +
         PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
         unit.tile % 2 * kUnitTokens * width;
-    sums.Store(out, width, s.N, slab, u.rows, grp, quad);
+    if (kSplit) {
+      slots.AddInOrder(unit_stages, u.rows * width, out);
+    } else {
+      sums.Store(out, width, s.N, slab, u.rows, grp, quad);
+    }
     // The next unit's first copies reuse the stages this one read.
     __syncthreads();
-  });
+  };
+  if (kSplit) {
+    run_unit(UnitAt(blockIdx.x / unit_ctas, 1, plan.chunks));
+  } else {
+    ForEachUnit(units, 1, plan.chunks, next_unit, run_unit);
+  }
   AllowDependentLaunch();  // the chunk sum may take this CTA's slot
+}
+
+template <int kTerms>
+cudaError_t LaunchPlanes(const DevSpec& s, const float* phi, const float* gamma,
+                         bool vec_phi, char* planes, cudaStream_t stream) {
+  phi_planes_kernel<kTerms>
+      <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
+          s, phi, gamma, vec_phi, planes);
+  return cudaGetLastError();
 }
 
 // The split runs first; the units' CTAs take their slots beside it and wait
@@ -223,16 +267,37 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
       bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocksAfter(
       [&] {
-        phi_planes_kernel<kTerms>
-            <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0,
-               stream>>>(s, phi, gamma, vec_phi, planes);
-        return cudaGetLastError();
+        return LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, stream);
       },
-      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages>,
+      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages, false>,
       kUnitThreads,
       /*equal_shares=*/true, units, SmemBytes<kTerms, kStages>(), next_unit,
       stream, x_map, s, tokens, static_cast<const __nv_bfloat16*>(x),
-      static_cast<const char*>(planes), partial);
+      static_cast<const char*>(planes), partial, 1);
+}
+
+// One cluster of unit_ctas CTAs per unit, after the split.
+template <int kTerms>
+cudaError_t LaunchSplitUnits(const CUtensorMap& x_map, const DevSpec& s,
+                             int64_t tokens, const void* x, const float* phi,
+                             const float* gamma, bool vec_phi, char* planes,
+                             float* partial, int unit_ctas,
+                             cudaStream_t stream) {
+  const ChunkPlan chunks = PlanChunks(s.K, s.N);
+  const int64_t units =
+      bf16_unit::UnitTiles<kUnitTokens>(tokens) * chunks.chunks;
+  const size_t slot_bytes = sizeof(float) * kUnitTokens * (s.N + 1) *
+                            proj::GroupsPerCta(chunks.chunk, unit_ctas);
+  cudaError_t e = LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, stream);
+  if (e != cudaSuccess) return e;
+  constexpr int kStages = proj::kSplitRingStages;
+  return LaunchLargeSmemClusters(
+      bf16_wgmma_projection_kernel<kTerms, 16, true, kStages, true>,
+      dim3(static_cast<unsigned>(units * unit_ctas)),
+      dim3(static_cast<unsigned>(unit_ctas)), kUnitThreads,
+      SmemBytes<kTerms, kStages>() + slot_bytes, stream, x_map, s, tokens,
+      static_cast<const __nv_bfloat16*>(x), static_cast<const char*>(planes),
+      partial, unit_ctas, static_cast<unsigned long long*>(nullptr));
 }
 
 // x [tokens, K] bf16 as a tensor map of kUnitTokens x kStageK boxes in
@@ -270,6 +335,11 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
           // (no encoder in the driver, coordinates past 32 bits), the 8-byte
           // pieces take them, with the same bits.
           if (EncodeXTileMap(x, spec.K(), tokens, &x_map)) {
+            if (plan.unit_ctas > 1) {
+              return LaunchSplitUnits<kT>(x_map, s, tokens, x, phi, gamma,
+                                          vec_phi, split, partial,
+                                          plan.unit_ctas, stream);
+            }
             if (plan.deep_ring) {
               return LaunchTerms<kT, 16, true, kDeepRing>(
                   x_map, s, tokens, x, phi, gamma, vec_phi, split, partial,
