@@ -190,7 +190,8 @@ constexpr int PreMixSumBatch() {
   return NT <= 8 ? 4 : 1;
 }
 
-template <int NT>
+// kChunkLoads: SumChunks' loads, the layer's chunks at most.
+template <int NT, int kChunkLoads>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
                            ForwardDev a, float* h_pre, KeptOut kept,
@@ -219,7 +220,8 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int e = e0 + b * kBlock;
-      sum[b] = e < live * width ? SumChunks(rows, chunks, e) : 0.0f;
+      sum[b] =
+          e < live * width ? SumChunks<kChunkLoads>(rows, chunks, e) : 0.0f;
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -425,7 +427,9 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
         constexpr int kNT = decltype(nt)::value;
         constexpr int kTokens = PreMixThreads<kNT>();
         return LaunchAfterPrevious(
-            pre_mix_forward_kernel<kNT>,
+            FewChunks(PlanChunks(s.K, s.N).chunks)
+                ? pre_mix_forward_kernel<kNT, kFewChunks>
+                : pre_mix_forward_kernel<kNT, kMaxChunks>,
             dim3(GridSize((a.tokens + kTokens - 1) / kTokens)),
             dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d, h_pre,
             KeptOut{a.h, a.mean_square},

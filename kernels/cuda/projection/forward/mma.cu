@@ -79,6 +79,8 @@ __global__ void __launch_bounds__(kMmaThreads)
                          out + blockIdx.x * int64_t{Bf16SplitWords(ieee)});
 }
 
+// kChunkLoads: SumChunks' loads, the layer's chunks at most.
+template <int kChunkLoads>
 __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
                                          const float* partial, float* h,
                                          float* mean_square) {
@@ -90,8 +92,8 @@ __global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
   if (idx >= tokens * width) return;
   const int64_t m = idx / width;
   const int col = static_cast<int>(idx % width);
-  const float sum =
-      SumChunks(ChunksOf(partial, tokens, chunks, width, m), chunks, col);
+  const float sum = SumChunks<kChunkLoads>(
+      ChunksOf(partial, tokens, chunks, width, m), chunks, col);
   if (col < s.N) {
     h[m * s.N + col] = sum;
   } else {
@@ -163,7 +165,9 @@ absl::Status LaunchProjectionFinish(const LayerSpec& spec, int64_t tokens,
   const DevSpec s = MakeDevSpec(spec);
   const int64_t elements = tokens * (s.N + 1);
   MHC_CUDA_RETURN_IF_ERROR(
-      LaunchAfterPrevious(projection_finish_kernel,
+      LaunchAfterPrevious(FewChunks(PlanChunks(s.K, s.N).chunks)
+                              ? projection_finish_kernel<kFewChunks>
+                              : projection_finish_kernel<kMaxChunks>,
                           dim3(GridSize((elements + 255) / 256)), dim3(256), 0,
                           stream, s, tokens, partial, h, mean_square),
       "projection forward (chunk sum)", ShapeString(spec, tokens, dtype));

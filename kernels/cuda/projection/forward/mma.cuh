@@ -490,11 +490,20 @@ __host__ __device__ inline TokenChunks ChunksOf(const float* partial,
 }
 
 // Element e of a token's row (or of the consecutive rows after it) from its
-// ChunksOf, the chunks added in chunk order (at most kMaxChunks: one group
-// of loads).
+// ChunksOf, the chunks added in chunk order (at most kLoads <= kMaxChunks:
+// one group of loads, every one issued, most predicated off where the chunks
+// are fewer).
+template <int kLoads = kMaxChunks>
 __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
                                            int64_t e) {
-  return AddGroup<kMaxChunks>(rows.first + e, rows.step, chunks, 0.0f);
+  static_assert(kLoads <= kMaxChunks, "one group of loads");
+  return AddGroup<kLoads>(rows.first + e, rows.step, chunks, 0.0f);
+}
+// The fewest loads a layer's chunk sum takes (a template argument of
+// SumChunks: few chunks, or any).
+inline constexpr int kFewChunks = 4;
+__host__ __device__ inline bool FewChunks(int chunks) {
+  return chunks <= kFewChunks;
 }
 
 // LaunchPersistentBlocksAfter's `first` when nothing precedes the launch.

@@ -196,8 +196,11 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
     };
 
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
+    // Tensor copies of a unit the ring holds whole (a split unit's share)
+    // all go out at once; else all but one slot, whose stage goes out once
+    // the first has landed. (cp.async waits count kStages - 1 groups ahead.)
+    const int ahead = kTma && u.stages <= kStages ? kStages : kStages - 1;
+    for (int st = 0; st < ahead; ++st) {
       load(st);
       CpAsyncCommit();
     }
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       // The copies of stage st, for the wgmmas' proxy.
       FenceProxyAsyncShared();
       __syncthreads();
-      load(st + kStages - 1);
+      if (st + kStages - 1 >= ahead) load(st + kStages - 1);
       CpAsyncCommit();
       compute(st);
       // Stage st's buffers are refilled after the next barrier.
