@@ -38,18 +38,25 @@ __device__ __forceinline__ float RmsDerivative(const DevSpec& s, float ms,
 
 // z_g = alpha h_g r + beta_g (dynamic) or beta_g, then the gates.
 // h: [N] (dynamic only). a: [NT*NT] raw logits (kMhc only).
-template <int NT>
-__device__ __forceinline__ void ScaleForwardToken(
+// kDynamic and the alphas in registers up front: tested and loaded per
+// logit, each logit waited out a branch and a shared-memory load.
+template <int NT, bool kDynamic>
+__device__ __forceinline__ void ScaleForwardTokenAs(
     const DevSpec& s, const float* h, float ms, const float* alpha,
     const float* beta, float (&h_pre)[NT], float (&h_post)[NT],
     float (&a)[NT * NT]) {
   const int n = StreamCount<NT>(s);
-  const float r = s.dynamic ? RmsFactor(s, ms) : 0.0f;
+  const float r = kDynamic ? RmsFactor(s, ms) : 0.0f;
+  float al[3] = {0.0f, 0.0f, 0.0f};
+  if (kDynamic) {
+    al[0] = alpha[0];
+    if (!s.head) al[1] = alpha[1], al[2] = alpha[2];
+  }
 #pragma unroll(NT == 4 ? NT : 1)
   for (int i = 0; i < NT; ++i) {
     if (i >= n) break;
     float z = beta[i];
-    if (s.dynamic) z += alpha[0] * h[i] * r;
+    if (kDynamic) z += al[0] * h[i] * r;
     h_pre[i] = Sigmoid(z) + s.eps_pre;
   }
   if (s.head) return;
@@ -57,15 +64,26 @@ __device__ __forceinline__ void ScaleForwardToken(
   for (int i = 0; i < NT; ++i) {
     if (i >= n) break;
     float z = beta[n + i];
-    if (s.dynamic) z += alpha[1] * h[n + i] * r;
+    if (kDynamic) z += al[1] * h[n + i] * r;
     h_post[i] = s.post_mult * Sigmoid(z);
   }
 #pragma unroll(NT == 4 ? NT * NT : 1)
   for (int e = 0; e < NT * NT; ++e) {
     if (e >= n * n) break;
     float z = beta[2 * n + e];
-    if (s.dynamic) z += alpha[2] * h[2 * n + e] * r;
+    if (kDynamic) z += al[2] * h[2 * n + e] * r;
     a[e] = z;
+  }
+}
+template <int NT>
+__device__ __forceinline__ void ScaleForwardToken(
+    const DevSpec& s, const float* h, float ms, const float* alpha,
+    const float* beta, float (&h_pre)[NT], float (&h_post)[NT],
+    float (&a)[NT * NT]) {
+  if (s.dynamic) {
+    ScaleForwardTokenAs<NT, true>(s, h, ms, alpha, beta, h_pre, h_post, a);
+  } else {
+    ScaleForwardTokenAs<NT, false>(s, h, ms, alpha, beta, h_pre, h_post, a);
   }
 }
 
@@ -73,29 +91,33 @@ __device__ __forceinline__ void ScaleForwardToken(
 // token's parameter-gradient contributions contrib [N + num_alpha]: dz_g
 // (dbeta) then dz h r summed per alpha group in g order (dalpha). A null
 // output is not written (the lanes of a quad that run this beside its
-// writer).
-template <int NT>
-__device__ __forceinline__ void ScaleBackwardToken(
+// writer). kDynamic and the alphas in registers up front, as the forward.
+template <int NT, bool kDynamic>
+__device__ __forceinline__ void ScaleBackwardTokenAs(
     const DevSpec& s, const float* h, float ms, const float* alpha,
     const float* beta, const float* dh_pre, const float* dh_post,
     const float (&da)[NT * NT], float* dh, float* dms, float* contrib) {
   const int n = StreamCount<NT>(s);
   const int rows = s.N;
-  const float r = s.dynamic ? RmsFactor(s, ms) : 0.0f;
+  const float r = kDynamic ? RmsFactor(s, ms) : 0.0f;
+  float al[3] = {0.0f, 0.0f, 0.0f};
+  if (kDynamic) {
+    al[0] = alpha[0];
+    if (!s.head) al[1] = alpha[1], al[2] = alpha[2];
+  }
   float ms_dot = 0.0f;
   float dalpha[3] = {0.0f, 0.0f, 0.0f};
   auto visit = [&](int g, int group, float dz) {
     if (contrib != nullptr) contrib[g] = dz;
-    if (!s.dynamic) return;
-    const float al = alpha[group];
+    if (!kDynamic) return;
     const float hg = h[g];
     dalpha[group] += dz * hg * r;
-    if (dh != nullptr) dh[g] = al * dz * r;
-    ms_dot += dz * al * hg;
+    if (dh != nullptr) dh[g] = al[group] * dz * r;
+    ms_dot += dz * al[group] * hg;
   };
   auto gate = [&](int g, int group) {
     float z = beta[g];
-    if (s.dynamic) z += alpha[group] * h[g] * r;
+    if (kDynamic) z += al[group] * h[g] * r;
     const float sg = Sigmoid(z);
     return sg * (1.0f - sg);
   };
@@ -118,10 +140,23 @@ __device__ __forceinline__ void ScaleBackwardToken(
   }
   if (contrib != nullptr) {
     for (int p = 0; p < s.num_alpha; ++p) {
-      contrib[rows + p] = s.dynamic ? dalpha[p] : 0.0f;
+      contrib[rows + p] = kDynamic ? dalpha[p] : 0.0f;
     }
   }
-  if (s.dynamic && dms != nullptr) *dms = ms_dot * RmsDerivative(s, ms, r);
+  if (kDynamic && dms != nullptr) *dms = ms_dot * RmsDerivative(s, ms, r);
+}
+template <int NT>
+__device__ __forceinline__ void ScaleBackwardToken(
+    const DevSpec& s, const float* h, float ms, const float* alpha,
+    const float* beta, const float* dh_pre, const float* dh_post,
+    const float (&da)[NT * NT], float* dh, float* dms, float* contrib) {
+  if (s.dynamic) {
+    ScaleBackwardTokenAs<NT, true>(s, h, ms, alpha, beta, dh_pre, dh_post, da,
+                                   dh, dms, contrib);
+  } else {
+    ScaleBackwardTokenAs<NT, false>(s, h, ms, alpha, beta, dh_pre, dh_post, da,
+                                    dh, dms, contrib);
+  }
 }
 
 // ------------------------------------------------------------ Sinkhorn --

@@ -536,6 +536,122 @@ TEST(CudaFusedApartTest, DxAndDphiApartKeepTheirBits) {
   }
 }
 
+// The fused pre / head forward's mixing values have the bits of its ops in
+// turn (projection, scale, Sinkhorn): the fused kernel takes each logit,
+// and at n = 4 each row's softmax, on threads of its own, the ops a token
+// per thread. n = 4 LINEAR and LOG, n = 2, 8 and 16, every dtype, a head;
+// several blocks of tokens and a partial last one.
+TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* preset;
+    int n;
+    bool head;
+    DType dt;
+  };
+  const Case cases[] = {
+      {"deepseek_v4", 4, false, DType::kBF16},
+      {"transformer_engine", 4, false, DType::kBF16},
+      {"deepseek_v4", 2, false, DType::kF16},
+      {"megatron", 8, false, DType::kF32},
+      {"deepseek_v4", 16, false, DType::kBF16},
+      {"deepseek_v4", 4, true, DType::kBF16},
+  };
+  const int64_t M = 200;
+  for (const Case& c : cases) {
+    LayerSpec spec = PresetSpec(c.preset, c.n, 256).value();
+    spec.has_gamma = true;
+    if (c.head) {
+      spec.kind = LayerKind::kHead;
+      spec.has_post_bias = false;
+    }
+    const int64_t n = spec.n, N = spec.NumLogits(), K = spec.K();
+    SCOPED_TRACE(CaseName(spec, M, c.dt) + (c.head ? " head" : ""));
+    Harness h;
+    Layer l = MakeLayer(h, spec);
+    Pair x = h.Act(c.dt, M * K, FreshSeed());
+    Pair ph = h.Output(M * N * 4), pms = h.Output(M * 4);
+    Pair ops_pre = h.Output(M * n * 4), ops_post = h.Output(M * n * 4);
+    Pair logits = h.Output(M * n * n * 4), ops_res = h.Output(M * n * n * 4);
+    Pair pre = h.Output(M * n * 4), post = h.Output(M * n * 4);
+    Pair res = h.Output(M * n * n * 4);
+    Pair y = h.Output(M * spec.hidden * DTypeSize(c.dt));
+
+    ProjectionForwardParams proj;
+    proj.spec = &spec;
+    proj.tokens = M;
+    proj.act_dtype = c.dt;
+    proj.x = x.ptr(1);
+    proj.weights = l.w[1];
+    proj.h = ph.f(1);
+    proj.mean_square = pms.f(1);
+    ASSERT_TRUE(
+        h.cuda()
+            .ProjectionForward(
+                proj, h.Scratch(1, OpKind::kProjectionForward, spec, M, c.dt))
+            .ok());
+    ScaleForwardParams scale;
+    scale.spec = &spec;
+    scale.tokens = M;
+    scale.h = ph.f(1);
+    scale.mean_square = pms.f(1);
+    scale.weights = l.w[1];
+    scale.h_pre = ops_pre.f(1);
+    if (!c.head) {
+      scale.h_post = ops_post.f(1);
+      scale.logits = logits.f(1);
+    }
+    ASSERT_TRUE(h.cuda()
+                    .ScaleForward(scale, h.Scratch(1, OpKind::kScaleForward,
+                                                   spec, M, c.dt))
+                    .ok());
+    if (c.head) {
+      HeadForwardParams fused;
+      fused.spec = &spec;
+      fused.tokens = M;
+      fused.act_dtype = c.dt;
+      fused.x = x.ptr(1);
+      fused.weights = l.w[1];
+      fused.y = y.ptr(1);
+      fused.mix = pre.f(1);
+      ASSERT_TRUE(h.cuda()
+                      .HeadForward(fused, h.Scratch(1, OpKind::kHeadForward,
+                                                    spec, M, c.dt))
+                      .ok());
+    } else {
+      SinkhornForwardParams sinkhorn;
+      sinkhorn.spec = &spec;
+      sinkhorn.tokens = M;
+      sinkhorn.logits = logits.f(1);
+      sinkhorn.h_res = ops_res.f(1);
+      ASSERT_TRUE(h.cuda()
+                      .SinkhornForward(
+                          sinkhorn,
+                          h.Scratch(1, OpKind::kSinkhornForward, spec, M, c.dt))
+                      .ok());
+      PreForwardParams fused;
+      fused.spec = &spec;
+      fused.tokens = M;
+      fused.act_dtype = c.dt;
+      fused.x = x.ptr(1);
+      fused.weights = l.w[1];
+      fused.y = y.ptr(1);
+      fused.h_pre = pre.f(1);
+      fused.h_post = post.f(1);
+      fused.h_res = res.f(1);
+      ASSERT_TRUE(h.cuda()
+                      .PreForward(fused, h.Scratch(1, OpKind::kPreForward, spec,
+                                                   M, c.dt))
+                      .ok());
+    }
+    ASSERT_TRUE(h.cuda().Synchronize().ok());
+    EXPECT_EQ(h.Fetch(pre), h.Fetch(ops_pre)) << "h_pre";
+    if (c.head) continue;
+    EXPECT_EQ(h.Fetch(post), h.Fetch(ops_post)) << "h_post";
+    EXPECT_EQ(h.Fetch(res), h.Fetch(ops_res)) << "h_res";
+  }
+}
+
 TEST(CudaBackendTest, NameAndZeroTokens) {
   MHC_SKIP_WITHOUT_GPU();
   Harness h;
