@@ -577,18 +577,22 @@ TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
     Pair res = h.Output(M * n * n * 4);
     Pair y = h.Output(M * spec.hidden * DTypeSize(c.dt));
 
+    // What every op here takes alike, and its workspace.
+    auto common = [&](auto& p) {
+      p.spec = &spec;
+      p.tokens = M;
+      p.act_dtype = c.dt;
+      p.x = x.ptr(1);
+      p.weights = l.w[1];
+    };
+    auto scratch = [&](OpKind op) { return h.Scratch(1, op, spec, M, c.dt); };
     ProjectionForwardParams proj;
-    proj.spec = &spec;
-    proj.tokens = M;
-    proj.act_dtype = c.dt;
-    proj.x = x.ptr(1);
-    proj.weights = l.w[1];
+    common(proj);
     proj.h = ph.f(1);
     proj.mean_square = pms.f(1);
     ASSERT_TRUE(
         h.cuda()
-            .ProjectionForward(
-                proj, h.Scratch(1, OpKind::kProjectionForward, spec, M, c.dt))
+            .ProjectionForward(proj, scratch(OpKind::kProjectionForward))
             .ok());
     ScaleForwardParams scale;
     scale.spec = &spec;
@@ -601,48 +605,33 @@ TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
       scale.h_post = ops_post.f(1);
       scale.logits = logits.f(1);
     }
-    ASSERT_TRUE(h.cuda()
-                    .ScaleForward(scale, h.Scratch(1, OpKind::kScaleForward,
-                                                   spec, M, c.dt))
-                    .ok());
+    ASSERT_TRUE(
+        h.cuda().ScaleForward(scale, scratch(OpKind::kScaleForward)).ok());
     if (c.head) {
       HeadForwardParams fused;
-      fused.spec = &spec;
-      fused.tokens = M;
-      fused.act_dtype = c.dt;
-      fused.x = x.ptr(1);
-      fused.weights = l.w[1];
+      common(fused);
       fused.y = y.ptr(1);
       fused.mix = pre.f(1);
-      ASSERT_TRUE(h.cuda()
-                      .HeadForward(fused, h.Scratch(1, OpKind::kHeadForward,
-                                                    spec, M, c.dt))
-                      .ok());
+      ASSERT_TRUE(
+          h.cuda().HeadForward(fused, scratch(OpKind::kHeadForward)).ok());
     } else {
       SinkhornForwardParams sinkhorn;
       sinkhorn.spec = &spec;
       sinkhorn.tokens = M;
       sinkhorn.logits = logits.f(1);
       sinkhorn.h_res = ops_res.f(1);
-      ASSERT_TRUE(h.cuda()
-                      .SinkhornForward(
-                          sinkhorn,
-                          h.Scratch(1, OpKind::kSinkhornForward, spec, M, c.dt))
-                      .ok());
+      ASSERT_TRUE(
+          h.cuda()
+              .SinkhornForward(sinkhorn, scratch(OpKind::kSinkhornForward))
+              .ok());
       PreForwardParams fused;
-      fused.spec = &spec;
-      fused.tokens = M;
-      fused.act_dtype = c.dt;
-      fused.x = x.ptr(1);
-      fused.weights = l.w[1];
+      common(fused);
       fused.y = y.ptr(1);
       fused.h_pre = pre.f(1);
       fused.h_post = post.f(1);
       fused.h_res = res.f(1);
-      ASSERT_TRUE(h.cuda()
-                      .PreForward(fused, h.Scratch(1, OpKind::kPreForward, spec,
-                                                   M, c.dt))
-                      .ok());
+      ASSERT_TRUE(
+          h.cuda().PreForward(fused, scratch(OpKind::kPreForward)).ok());
     }
     ASSERT_TRUE(h.cuda().Synchronize().ok());
     EXPECT_EQ(h.Fetch(pre), h.Fetch(ops_pre)) << "h_pre";
