@@ -499,8 +499,8 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
   static_assert(kLoads <= kMaxChunks, "one group of loads");
   return AddGroup<kLoads>(rows.first + e, rows.step, chunks, 0.0f);
 }
-// The fewest loads a layer's chunk sum takes (a template argument of
-// SumChunks: few chunks, or any).
+// Layers of at most kFewChunks K chunks take SumChunks<kFewChunks>, the
+// others SumChunks<kMaxChunks>: the same adds, fewer idle loads.
 inline constexpr int kFewChunks = 4;
 __host__ __device__ inline bool FewChunks(int chunks) {
   return chunks <= kFewChunks;
