@@ -460,20 +460,20 @@ ProjectionForwardPlan PlanProjectionForward(
   // copies in flight (a stage's arithmetic never depends on the ring).
   if ((plan.variant == FV::kWgmmaBf16 || plan.variant == FV::kWgmmaTf32) &&
       plan.x_copy_bytes == 16) {
+    const proj::ChunkPlan chunks = proj::PlanChunks(l.K, l.N);
     const int64_t units = (tokens + proj::kBf16UnitTokens - 1) /
-                          proj::kBf16UnitTokens *
-                          proj::PlanChunks(l.K, l.N).chunks;
+                          proj::kBf16UnitTokens * chunks.chunks;
     plan.deep_ring = units < proj::kTunedSms;
     // bf16: the units' flush groups over clusters instead, as many CTAs
     // per unit as the split's slots hold, with no rank left idle.
     if (plan.deep_ring && plan.variant == FV::kWgmmaBf16 && units > 0) {
-      const int64_t chunk = proj::PlanChunks(l.K, l.N).chunk;
+      const int groups = proj::FlushGroups(chunks.chunk);
       const int64_t fit = proj::kSplitCtasPerSm * proj::kTunedSms / units;
-      const int most = static_cast<int>(std::min<int64_t>(
-          {fit, proj::kMaxUnitCtas, proj::FlushGroups(chunk)}));
+      const int most = static_cast<int>(
+          std::min<int64_t>({fit, proj::kMaxUnitCtas, groups}));
       if (most > 1) {
-        const int per_cta = proj::GroupsPerCta(chunk, most);
-        plan.unit_ctas = (proj::FlushGroups(chunk) + per_cta - 1) / per_cta;
+        const int per_cta = proj::GroupsPerCta(chunks.chunk, most);
+        plan.unit_ctas = (groups + per_cta - 1) / per_cta;
         plan.deep_ring = false;
       }
     }

@@ -229,11 +229,12 @@ struct WarpSums {
 // the slots of the CTAs that ran them.
 class GroupSlots {
  public:
-  // slots: per_cta rows of kTokens x width floats in this CTA's shared memory.
-  __device__ GroupSlots(float* slots, int kTokens, int width, int64_t chunk,
+  // slots: per_cta slots of unit_tokens rows of width floats in this CTA's
+  // shared memory.
+  __device__ GroupSlots(float* slots, int unit_tokens, int width, int64_t chunk,
                         int unit_ctas)
       : slots_(slots),
-        slot_floats_(kTokens * width),
+        slot_floats_(unit_tokens * width),
         per_cta_(proj::GroupsPerCta(chunk, unit_ctas)),
         ctas_(unit_ctas),
         rank_(static_cast<int>(ClusterCtaRank())) {}
