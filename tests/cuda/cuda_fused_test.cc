@@ -228,7 +228,12 @@ TEST_P(CudaFusedTest, PreAndHead) {
       }
       MHC_RUN_BOTH(HeadBackward, q, OpKind::kHeadBackward, spec, M);
       ExpectClose(h, dx, dt, M * K, BackwardTol(dt), false, "head dx");
-      ExpectGrads(h, gr, spec, BackwardTol(dt));
+      // The head backward recomputes the projection (no kept one to share
+      // with the reference, as CheckPreLayer does): under TF32 its rounding
+      // enters every token's terms of the gradients, held to the 2e-3 of
+      // TF32 results.
+      const bool tf32 = spec.matmul_precision == MatmulPrecision::kTf32;
+      ExpectGrads(h, gr, spec, std::max(BackwardTol(dt), tf32 ? 2e-3 : 0.0));
     }
   }
 }
@@ -638,6 +643,123 @@ TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
     if (c.head) continue;
     EXPECT_EQ(h.Fetch(post), h.Fetch(ops_post)) << "h_post";
     EXPECT_EQ(h.Fetch(res), h.Fetch(ops_res)) << "h_res";
+  }
+}
+
+// What a pre (or head) forward of tokens [0, count) of the host x gives,
+// with the projection kept.
+struct ForwardRun {
+  std::vector<uint8_t> y, h_pre, h_post, h_res, h, ms;
+};
+ForwardRun RunForward(Harness& h, const LayerSpec& spec, DType dt,
+                      const ActTensor& x, const std::vector<float>& params,
+                      int64_t count) {
+  const int64_t K = spec.K(), N = spec.NumLogits(), n = spec.n;
+  const size_t es = DTypeSize(dt);
+  Pair xs = h.Input(x.bytes.data(), count * K * es);
+  Pair w = h.Input(params.data(), params.size() * 4);
+  LayerWeights lw;
+  lw.phi = w.f(1);
+  lw.alpha = w.f(1) + N * K;
+  lw.beta = w.f(1) + N * K + 3;
+  lw.gamma = w.f(1) + N * K + 3 + N;
+  Pair y = h.Output(count * spec.hidden * es), hp = h.Output(count * n * 4),
+       hq = h.Output(count * n * 4), hr = h.Output(count * n * n * 4),
+       kh = h.Output(count * N * 4), kms = h.Output(count * 4);
+  const bool head = spec.kind == LayerKind::kHead;
+  const OpKind op = head ? OpKind::kHeadForward : OpKind::kPreForward;
+  const Workspace ws = h.Scratch(1, op, spec, count, dt);
+  if (head) {
+    HeadForwardParams p;
+    p.spec = &spec;
+    p.tokens = count;
+    p.act_dtype = dt;
+    p.x = xs.dev;
+    p.weights = lw;
+    p.y = y.dev;
+    p.mix = hp.f(1);
+    EXPECT_TRUE(h.cuda().HeadForward(p, ws).ok());
+  } else {
+    PreForwardParams p;
+    p.spec = &spec;
+    p.tokens = count;
+    p.act_dtype = dt;
+    p.x = xs.dev;
+    p.weights = lw;
+    p.y = y.dev;
+    p.h_pre = hp.f(1);
+    p.h_post = hq.f(1);
+    p.h_res = hr.f(1);
+    p.h = kh.f(1);
+    p.mean_square = kms.f(1);
+    EXPECT_TRUE(h.cuda().PreForward(p, ws).ok());
+  }
+  EXPECT_TRUE(h.cuda().Synchronize().ok());
+  ForwardRun r;
+  r.y = h.Fetch(y);
+  r.h_pre = h.Fetch(hp);
+  if (head) return r;
+  r.h_post = h.Fetch(hq);
+  r.h_res = h.Fetch(hr);
+  r.h = h.Fetch(kh);
+  r.ms = h.Fetch(kms);
+  return r;
+}
+
+// The first `count` tokens' bytes of a [M, width] tensor of `es`-byte
+// elements.
+std::vector<uint8_t> Head(const std::vector<uint8_t>& v, int64_t count,
+                          int64_t width, size_t es) {
+  return std::vector<uint8_t>(v.begin(), v.begin() + count * width * es);
+}
+
+// Small batches launch the projection's warpgroup units in other shapes
+// than large ones (bf16: a cluster per unit, the plan's unit_ctas; the TF32
+// units of fp16 and fp32: the deep ring), and a token's forward outputs are
+// the same bits either way. K = 4096 has two chunks of eight flush groups;
+// a partial last tile, one token, both layouts, gamma on and off, a head.
+TEST(CudaFusedOpsTest, SmallBatchUnitsKeepTheirBits) {
+  MHC_SKIP_WITHOUT_GPU();
+  const int64_t C = 1024, big = 4352;  // 136 units: one CTA each
+  struct Case {
+    DType dt;
+    Layout layout;
+    MatmulPrecision precision;
+    bool gamma, head;
+  };
+  const Case cases[] = {
+      {DType::kF16, Layout::kStreamMajor, MatmulPrecision::kTf32, true, false},
+      {DType::kF32, Layout::kStreamMinor, MatmulPrecision::kTf32, false, false},
+      {DType::kF32, Layout::kStreamMajor, MatmulPrecision::kTf32, true, true},
+      {DType::kBF16, Layout::kStreamMajor, MatmulPrecision::kIeee, true, false},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = PresetSpec("deepseek_v4", 4, C).value();
+    spec.layout = c.layout;
+    spec.matmul_precision = c.precision;
+    spec.has_gamma = c.gamma;
+    if (c.head) {
+      spec.kind = LayerKind::kHead;
+      spec.has_post_bias = false;
+    }
+    const int64_t K = spec.K(), N = spec.NumLogits(), n = spec.n;
+    const size_t es = DTypeSize(c.dt);
+    SCOPED_TRACE(CaseName(spec, big, c.dt) + (c.head ? " head" : ""));
+    ActTensor x = RandomAct(c.dt, big * K, FreshSeed());
+    const std::vector<float> params = RandomParams(K, N, C);
+    Harness h;
+    const ForwardRun all = RunForward(h, spec, c.dt, x, params, big);
+    for (int64_t m : {int64_t{1}, int64_t{100}, int64_t{520}}) {
+      SCOPED_TRACE(absl::StrCat("first ", m, " tokens"));
+      const ForwardRun few = RunForward(h, spec, c.dt, x, params, m);
+      EXPECT_EQ(few.y, Head(all.y, m, C, es));
+      EXPECT_EQ(few.h_pre, Head(all.h_pre, m, n, 4));
+      if (c.head) continue;
+      EXPECT_EQ(few.h_post, Head(all.h_post, m, n, 4));
+      EXPECT_EQ(few.h_res, Head(all.h_res, m, n * n, 4));
+      EXPECT_EQ(few.h, Head(all.h, m, N, 4));
+      EXPECT_EQ(few.ms, Head(all.ms, m, 1, 4));
+    }
   }
 }
 
