@@ -25,6 +25,8 @@
 //                                         every config: e.g. odd C = 5129)
 //                 [--dtype=bf16|f16|f32] [--layout=stream_major|stream_minor]
 //                 [--flush=write|read]
+//                 [--head_start_us=T]   (a GPU spin before each timed run:
+//                                        the host enqueues ahead of it)
 //                 [--recompute_projection]  (layer cases: the pre backward
 //                                            recomputes h from x)
 //   mhc_gpu_bench --shapes [--reps=20] [--flush=write|read]
@@ -86,6 +88,10 @@ ABSL_FLAG(bool, recompute_projection, false,
           "instead of taking the one the pre forward kept");
 ABSL_FLAG(std::string, flush, "write",
           "L2 flush before each timed run: write or read a 256 MiB buffer");
+ABSL_FLAG(double, head_start_us, 0.0,
+          "a GPU spin of this many microseconds before each timed run, so "
+          "that the host has enqueued the run before its kernels start (0: "
+          "none; the flush alone is the host's head start)");
 
 namespace mhc::bench {
 namespace {
@@ -186,6 +192,7 @@ struct Options {
   int reps = 0;
   std::vector<bool> cases = std::vector<bool>(kNumCases, true);
   Flush flush = Flush::kWrite;
+  double head_start_us = 0.0;
   Shape shape;
   bool keep_projection = true;
   bool shapes = false;  // the named cases instead of configs and shape
@@ -252,6 +259,10 @@ absl::Status ParseOptions(Options& flags) {
     flags.flush = Flush::kRead;
   } else {
     return absl::InvalidArgumentError("--flush: write or read");
+  }
+  flags.head_start_us = absl::GetFlag(FLAGS_head_start_us);
+  if (!(flags.head_start_us >= 0.0 && flags.head_start_us <= 1e6)) {
+    return absl::InvalidArgumentError("--head_start_us: 0 to 1e6");
   }
   if (flags.shapes) return absl::OkStatus();
   if (configs == "all" || configs == "first") {
@@ -704,7 +715,7 @@ int Run() {
       "\"gbps\": %.1f, \"nominal_peak_gbps\": %.0f}\n",
       device.c_str(), copy_gbps, peak);
   absl::StatusOr<std::unique_ptr<FlushedTimer>> timer =
-      FlushedTimer::Create(**gpu, flags.flush);
+      FlushedTimer::Create(**gpu, flags.flush, flags.head_start_us);
   if (!timer.ok()) {
     std::fprintf(stderr, "timer: %s\n", timer.status().ToString().c_str());
     return 1;
@@ -762,6 +773,10 @@ int Run() {
       "timing floor %.2f us (events alone %.2f us)\n",
       device.c_str(), copy_gbps, peak, layer.c_str(), flags.reps,
       FlushName(flags.flush), *floor_kernel, *floor_events);
+  if (flags.head_start_us > 0.0) {
+    std::printf("each run after a %.0f us GPU spin: the host enqueues ahead\n",
+                flags.head_start_us);
+  }
   std::printf("layer cases: the pre backward %s\n",
               flags.keep_projection
                   ? "takes the projection the pre forward kept"

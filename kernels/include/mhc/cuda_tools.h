@@ -21,6 +21,10 @@ absl::StatusOr<double> MeasureCudaCopyBandwidth(int device);
 // An empty one-block kernel: what an event-timed repetition measures when
 // the op itself costs nothing.
 absl::Status EnqueueCudaEmptyKernel(Backend& cuda_backend);
+// One thread that spins for `microseconds` of the GPU's global timer: queued
+// before a timed run, it keeps the GPU busy while the host enqueues the
+// run, so the events time the GPU's work and not the host's launches.
+absl::Status EnqueueCudaSpin(Backend& cuda_backend, double microseconds);
 // Reads `bytes` of that backend's device memory at `buffer` and writes
 // nothing: an L2 flush that leaves only clean lines behind, so the timed op
 // never pays for evicting the flush's dirty lines.
