@@ -27,6 +27,8 @@
 //                 [--flush=write|read]
 //                 [--head_start_us=T]   (a GPU spin before each timed run:
 //                                        the host enqueues ahead of it)
+//                 [--timeline]   (one more run per op, its kernels printed
+//                                 from CUPTI's records)
 //                 [--recompute_projection]  (layer cases: the pre backward
 //                                            recomputes h from x)
 //   mhc_gpu_bench --shapes [--reps=20] [--flush=write|read]
@@ -37,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +60,7 @@
 #include "bench/gpu_cases.h"
 #include "bench/gpu_launches.h"
 #include "bench/gpu_timing.h"
+#include "bench/kernel_timeline.h"
 #include "mhc/backend.h"
 #include "mhc/cuda.h"
 #include "mhc/cuda_tools.h"
@@ -88,6 +92,9 @@ ABSL_FLAG(bool, recompute_projection, false,
           "instead of taking the one the pre forward kept");
 ABSL_FLAG(std::string, flush, "write",
           "L2 flush before each timed run: write or read a 256 MiB buffer");
+ABSL_FLAG(bool, timeline, false,
+          "after each op's timed runs, one more with CUPTI's records of its "
+          "kernels, printed with their starts, durations and gaps");
 ABSL_FLAG(double, head_start_us, 0.0,
           "a GPU spin of this many microseconds before each timed run, so "
           "that the host has enqueued the run before its kernels start (0: "
@@ -193,6 +200,7 @@ struct Options {
   std::vector<bool> cases = std::vector<bool>(kNumCases, true);
   Flush flush = Flush::kWrite;
   double head_start_us = 0.0;
+  bool timeline = false;
   Shape shape;
   bool keep_projection = true;
   bool shapes = false;  // the named cases instead of configs and shape
@@ -260,6 +268,7 @@ absl::Status ParseOptions(Options& flags) {
   } else {
     return absl::InvalidArgumentError("--flush: write or read");
   }
+  flags.timeline = absl::GetFlag(FLAGS_timeline);
   flags.head_start_us = absl::GetFlag(FLAGS_head_start_us);
   if (!(flags.head_start_us >= 0.0 && flags.head_start_us <= 1e6)) {
     return absl::InvalidArgumentError("--head_start_us: 0 to 1e6");
@@ -350,6 +359,10 @@ class Bench {
         case_name_(case_name) {
     dev_.act = shape.act;
   }
+  // After each case's timed runs and checks, one more run with its kernels
+  // recorded and printed (kernel_timeline.h).
+  void PrintTimelines(bool on) { timelines_ = on; }
+
   ~Bench() {
     for (void* p : dev_.p) {
       if (p != nullptr) gpu_.Free(p);
@@ -460,9 +473,39 @@ class Bench {
       absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
       if (!good.ok()) return good.status();
       ok = ok && *good;
+      if (timelines_) {
+        if (st = PrintTimeline(c, cfg, run); !st.ok()) return st;
+      }
       std::fflush(stdout);
     }
     return ok;
+  }
+
+  // One more run of case c, flushed as the timed ones, with its kernels
+  // recorded and printed. Tracing slows the host's launches, so the run
+  // waits behind a spin long enough for the host to have queued all of it:
+  // the spans show the GPU's own gaps and overlaps.
+  absl::Status PrintTimeline(int c, const Config& cfg,
+                             const std::function<absl::Status()>& run) {
+    constexpr double kTracedHeadStartUs = 2000.0;
+    KernelTimeline timeline;
+    if (absl::Status st = timeline.Begin(); !st.ok()) return st;
+    absl::StatusOr<double> us = timer_.MedianUs(0, 1, [&] {
+      absl::Status st = EnqueueCudaSpin(gpu_, kTracedHeadStartUs);
+      return st.ok() ? run() : st;
+    });
+    absl::StatusOr<std::vector<GpuSpan>> spans = timeline.End();
+    if (!us.ok()) return us.status();
+    if (!spans.ok()) return spans.status();
+    // The flush and the spin ran first.
+    const auto spin =
+        std::find_if(spans->begin(), spans->end(), [](const GpuSpan& s) {
+          return s.name.find("spin_kernel") != std::string::npos;
+        });
+    if (spin != spans->end()) spans->erase(spans->begin(), spin + 1);
+    std::printf("timeline: %s %s at %s\n%s", Info(c).op, Info(c).direction,
+                ConfigLabel(cfg).c_str(), FormatTimeline(*spans).c_str());
+    return absl::OkStatus();
   }
 
  private:
@@ -578,6 +621,7 @@ class Bench {
   const Shape shape_;
   const bool keep_projection_;
   const char* const case_name_;  // null outside --shapes
+  bool timelines_ = false;
   Tensors dev_;
 };
 
@@ -746,6 +790,7 @@ int Run() {
   } else {
     Bench bench(**gpu, **timer, copy_gbps, flags.reps, flags.shape,
                 flags.keep_projection, nullptr);
+    bench.PrintTimelines(flags.timeline);
     st = bench.Allocate(flags.configs);
     for (size_t i = 0; st.ok() && i < flags.configs.size(); ++i) {
       rows.emplace_back();
