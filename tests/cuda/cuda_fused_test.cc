@@ -301,6 +301,17 @@ std::vector<float> RandomParams(int64_t K, int64_t N, int64_t C) {
   return params;
 }
 
+// The device copy of RandomParams' values as a layer's weights.
+LayerWeights WeightsIn(Pair w, int64_t N, int64_t K) {
+  LayerWeights lw;
+  lw.phi = w.f(1);
+  lw.alpha = w.f(1) + N * K;
+  lw.beta = w.f(1) + N * K + 3;
+  lw.gamma = w.f(1) + N * K + 3 + N;
+  lw.bias = w.f(1) + N * K + 3 + N + K;
+  return lw;
+}
+
 class CudaDeterminismTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { MHC_SKIP_WITHOUT_GPU(); }
@@ -328,13 +339,8 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   };
   Pair xs = slice(x, K), fs = slice(f, C), gs = slice(dxn, K),
        dys = slice(dy, C);
-  Pair w = h.Input(params.data(), params.size() * 4);
-  LayerWeights lw;
-  lw.phi = w.f(1);
-  lw.alpha = w.f(1) + N * K;
-  lw.beta = w.f(1) + N * K + 3;
-  lw.gamma = w.f(1) + N * K + 3 + N;
-  lw.bias = w.f(1) + N * K + 3 + N + K;
+  const LayerWeights lw =
+      WeightsIn(h.Input(params.data(), params.size() * 4), N, K);
   Pair y = h.Output(count * C * es), hp = h.Output(count * n * 4),
        hq = h.Output(count * n * 4), hr = h.Output(count * n * n * 4),
        xn = h.Output(count * K * es), df = h.Output(count * C * es),
@@ -657,12 +663,8 @@ ForwardRun RunForward(Harness& h, const LayerSpec& spec, DType dt,
   const int64_t K = spec.K(), N = spec.NumLogits(), n = spec.n;
   const size_t es = DTypeSize(dt);
   Pair xs = h.Input(x.bytes.data(), count * K * es);
-  Pair w = h.Input(params.data(), params.size() * 4);
-  LayerWeights lw;
-  lw.phi = w.f(1);
-  lw.alpha = w.f(1) + N * K;
-  lw.beta = w.f(1) + N * K + 3;
-  lw.gamma = w.f(1) + N * K + 3 + N;
+  const LayerWeights lw =
+      WeightsIn(h.Input(params.data(), params.size() * 4), N, K);
   Pair y = h.Output(count * spec.hidden * es), hp = h.Output(count * n * 4),
        hq = h.Output(count * n * 4), hr = h.Output(count * n * n * 4),
        kh = h.Output(count * N * 4), kms = h.Output(count * 4);
