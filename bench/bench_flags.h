@@ -16,7 +16,8 @@
 namespace mhc::bench {
 
 // Parses argv into the absl flags; false (after a message) on positional
-// arguments. `source` is the benchmark's file name, e.g. "gpu_bench.cc".
+// arguments. `source` is the name of the file that defines the benchmark's
+// flags, e.g. "cpu_bench.cc" or "gpu_options.cc".
 inline bool ParseBenchFlags(int argc, char** argv, const char* source,
                             const char* usage) {
   static std::string own;
