@@ -111,13 +111,14 @@ absl::Status KernelTimeline::Begin() {
     }
     g_spans = new std::vector<GpuSpan>();
   }
+  recording_ = true;
   for (CUpti_ActivityKind kind : kKinds) {
     if (absl::Status st = Checked(cuptiActivityEnable(kind), "enable");
         !st.ok()) {
+      (void)End();  // the kinds enabled so far, and the spans, released
       return st;
     }
   }
-  recording_ = true;
   return absl::OkStatus();
 }
 
