@@ -555,10 +555,9 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   dx.dx = a.dx;
   dx.dphi_partial = want_phi ? at(b.dphi) : nullptr;
   dx.wide_scratch = at(b.wide);
-  MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(dx, stream));
   // The repair pass for the tokens the mixing kernel repaired rides on the
-  // dphi reduction, which runs after the dx kernel anyway: no launch of its
-  // own unless no phi / gamma gradient is asked for.
+  // phi / gamma gradients' launch, which runs after dx anyway: no launch of
+  // its own unless no phi / gamma gradient is asked for.
   RepairBackwardArgs fix;
   fix.dtype = a.act_dtype;
   fix.x = a.x;
@@ -574,13 +573,13 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   fix.scaled = rows.scaled;
   fix.flag = rows.flag;
   fix.count = rows.count;
-  if (want_phi) {
-    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(
-        *a.spec, a.tokens, at(b.dphi), a.weights.phi, gamma, a.grads.phi,
-        a.grads.gamma, stream, repair ? &fix : nullptr));
-  } else if (repair) {
-    MHC_RETURN_IF_ERROR(LaunchRepairBackward(*a.spec, a.tokens, fix, stream));
-  }
+  PhiGradArgs grads;
+  grads.phi = a.weights.phi;
+  grads.gamma = gamma;
+  grads.grads_phi = a.grads.phi;
+  grads.grads_gamma = a.grads.gamma;
+  grads.repair = repair ? &fix : nullptr;
+  MHC_RETURN_IF_ERROR(LaunchDxAndPhiGrads(dx, grads, stream));
   if (split) return absl::OkStatus();  // the scale backward summed them
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
                          at(b.col_partial), arrivals, a.grads.beta,

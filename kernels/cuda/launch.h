@@ -177,6 +177,16 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
 // dh[m][g] phi'[g][k] + dms[m] 2 v_k / K, rounded once; and, when
 // dphi_partial is given, the per-chunk partial sums of dh v over fixed token
 // chunks ([NumChunks(M)][N][K] fp32).
+// Where dphi goes: the phi / gamma gradients (null: not asked for) and, in
+// the fused backward of a dynamic layer, the overflow repair's pass.
+struct PhiGradArgs {
+  const float* phi = nullptr;
+  const float* gamma = nullptr;  // null without gamma
+  float* grads_phi = nullptr;
+  float* grads_gamma = nullptr;
+  const RepairBackwardArgs* repair = nullptr;
+};
+
 struct DxArgs {
   const LayerSpec* spec = nullptr;
   int64_t tokens = 0;
@@ -195,9 +205,16 @@ struct DxArgs {
   // WideDxScratchBytes of scratch, for the plan's wide variants
   // (projection/backward/wide.h).
   void* wide_scratch = nullptr;
+  // Set by LaunchDxAndPhiGrads for plans with grads_in_kernel.
+  const PhiGradArgs* grads = nullptr;
 };
-// The plan's variant (projection/plan.h) for these tensors.
-absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream);
+// dx, then the phi / gamma gradients from the chunk partials in
+// a.dphi_partial (null: no gradient asked for) by LaunchPhiGradReduce; or,
+// where the plan has the dx kernel add a single chunk itself
+// (grads_in_kernel), that kernel alone. Without partials, g.repair's pass
+// runs as a kernel of its own.
+absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
+                                 cudaStream_t stream);
 // The mma variant (projection/backward/mma.cu), with the plan's row copies.
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
                                        const ProjectionBackwardPlan& plan,

@@ -434,6 +434,23 @@ TEST(ProjectionPlan, BackwardChunkCtas) {
   EXPECT_EQ(split(1024, 8193, both, BV::kMma), 1);
 }
 
+TEST(ProjectionPlan, BackwardGradsInKernel) {
+  const DxTerms both = Terms(true, true);
+  auto in_kernel = [&](int n, int64_t C, int64_t M, DType dt, DxTerms terms) {
+    return PlanProjectionBackward(Layer(n, C), dt, M, {}, terms)
+        .grads_in_kernel;
+  };
+  // The n = 4 warpgroup kernels while one token chunk holds the batch.
+  EXPECT_TRUE(in_kernel(4, 1024, 512, DType::kBF16, both));
+  EXPECT_TRUE(in_kernel(4, 2560, 1024, DType::kF16, both));
+  EXPECT_TRUE(in_kernel(4, 1024, 1, DType::kBF16, {}));
+  EXPECT_FALSE(in_kernel(4, 1024, 1025, DType::kBF16, both));
+  EXPECT_FALSE(in_kernel(4, 4096, 2048, DType::kBF16, {}));
+  // The other kernels reduce their partials in a launch of their own.
+  EXPECT_FALSE(in_kernel(4, 1024, 512, DType::kF32, both));
+  EXPECT_FALSE(in_kernel(8, 1024, 512, DType::kBF16, both));
+}
+
 TEST(ProjectionPlan, BackwardDxApart) {
   const DxTerms both = Terms(true, true);
   // fp32 layers: 16-bit ones of n = 4 take wgmma_n4_terms.

@@ -228,12 +228,23 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                 p.h, p.mean_square, stream);
 }
 
-absl::Status LaunchDxAndPhiPartials(const DxArgs& a, cudaStream_t stream) {
-  return LaunchDxAndPhiPartials(
-      a,
-      PlanProjectionBackward(*a.spec, a.act_dtype, a.tokens,
-                             BackwardAlignmentOf(a), TermsOf(a)),
-      stream);
+absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
+                                 cudaStream_t stream) {
+  const ProjectionBackwardPlan plan = PlanProjectionBackward(
+      *a.spec, a.act_dtype, a.tokens, BackwardAlignmentOf(a), TermsOf(a));
+  if (a.dphi_partial == nullptr) {
+    MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
+    if (g.repair == nullptr) return absl::OkStatus();
+    return LaunchRepairBackward(*a.spec, a.tokens, *g.repair, stream);
+  }
+  if (plan.grads_in_kernel) {
+    DxArgs in_kernel = a;
+    in_kernel.grads = &g;
+    return LaunchDxAndPhiPartials(in_kernel, plan, stream);
+  }
+  MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
+  return LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial, g.phi, g.gamma,
+                             g.grads_phi, g.grads_gamma, stream, g.repair);
 }
 
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
@@ -262,11 +273,12 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   a.dphi_partial = want_grads ? static_cast<float*>(ws.data) : nullptr;
   a.wide_scratch =
       scratch > 0 ? static_cast<char*>(ws.data) + partial_bytes : nullptr;
-  MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
-  if (!want_grads) return absl::OkStatus();
-  return LaunchPhiGradReduce(*p.spec, p.tokens, a.dphi_partial, p.weights.phi,
-                             p.weights.gamma, p.grads.phi, p.grads.gamma,
-                             stream);
+  PhiGradArgs g;
+  g.phi = p.weights.phi;
+  g.gamma = p.weights.gamma;
+  g.grads_phi = p.grads.phi;
+  g.grads_gamma = p.grads.gamma;
+  return LaunchDxAndPhiGrads(a, g, stream);
 }
 
 }  // namespace mhc::cuda

@@ -259,7 +259,9 @@ const std::vector<BackwardRule>& BackwardRules() {
         "64-token stages, `dx` as the `wgmma` result written over `x` in the "
         "staged tile and stored in whole rows, `dphi^T` on `wgmma`; while "
         "twice the chunks' CTAs fit two per SM, a chunk's stages split over "
-        "a cluster of two CTAs (`chunk_ctas`)",
+        "a cluster of two CTAs (`chunk_ctas`); with one token chunk (`M <= "
+        "1024`) the kernel adds `dphi` into the gradients itself "
+        "(`grads_in_kernel`), with no reduction launch",
         Example(4, 256)},
        [](const BackwardCase& c) {
          return !c.terms.aggregate && !c.terms.residual &&
@@ -274,7 +276,8 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`wgmma_n4`'s tiles with the terms' tiles in one buffer refilled a "
         "stage ahead; each warpgroup's `dx` covers 16 channels of all four "
         "streams, so a thread reads each `dx_next` pair once for four "
-        "outputs; chunks split over two CTAs as `wgmma_n4`'s",
+        "outputs; chunks split over two CTAs, and one chunk's `dphi` (with "
+        "the overflow repair's pass) added in the kernel, as `wgmma_n4`'s",
         WithAggregate(Example(4, 256))},
        [](const BackwardCase& c) {
          const auto& a = c.a;
@@ -572,6 +575,9 @@ ProjectionBackwardPlan PlanProjectionBackward(
         1, std::min({int64_t{proj::kMaxChunkCtas}, fit, stages})));
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
+  plan.grads_in_kernel =
+      (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) &&
+      plan.workspace.phi_chunks == 1;
   return plan;
 }
 

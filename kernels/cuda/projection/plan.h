@@ -181,6 +181,10 @@ struct ProjectionBackwardPlan {
   // chunk's stages, 1 to kMaxChunkCtas; rank 0 adds the others' dphi in
   // rank order (dx keeps its bits).
   int chunk_ctas = 1;
+  // wgmma_n4 / wgmma_n4_terms with one dphi chunk: the dx kernel adds that
+  // chunk's dphi into the phi / gamma gradients itself (and runs the fused
+  // backward's repair pass), as the reduction would, so no second launch.
+  bool grads_in_kernel = false;
   ProjectionBackwardWorkspaceLayout workspace;
 };
 

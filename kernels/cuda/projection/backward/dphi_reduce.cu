@@ -1,6 +1,8 @@
 // The dphi chunk partials of every projection backward variant added in
-// chunk order into the phi and gamma gradients; in the fused backward also
-// the overflow repair's pass for the repaired tokens.
+// chunk order into the phi and gamma gradients (but for the one-chunk
+// launches of the n = 4 warpgroup kernels, which add theirs themselves); in
+// the fused backward also the overflow repair's pass for the repaired
+// tokens.
 #include <type_traits>
 
 #include "common.cuh"
@@ -8,6 +10,7 @@
 #include "launch.h"
 #include "overflow_repair.cuh"
 #include "overflow_repair.h"
+#include "projection/backward/dphi_grads.cuh"
 #include "projection/plan.h"
 
 namespace mhc::cuda {
@@ -28,7 +31,7 @@ namespace {
 // (40: six CTAs per SM, whose loads in flight the reduction needs); uncapped
 // it took 48, and the pass out of line spilled.
 constexpr int kReduceCols = 32;
-constexpr int kReduceRows = 8;
+constexpr int kReduceRows = kPhiGradRows;
 constexpr int kReduceGroup = 8;
 template <typename T>
 inline constexpr int kReduceBlocks = std::is_void_v<T> ? 0 : 6;
@@ -49,6 +52,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows, kReduceBlocks<T>)
   const int repaired = kRepair && row == 0 ? *repair.count : 0;
   float dgamma = 0.0f;
   if (k < s.K) {
+    const float gamma_k = s.has_gamma ? gamma[k] : 1.0f;
     for (int g = row; g < s.N; g += kReduceRows) {
       // phi and the gradient load beside the chunk partials, not after.
       const float phi_gk = phi[g * s.K + k];
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows, kReduceBlocks<T>)
       const float sum =
           OrderedSum<kReduceGroup>(partial + g * s.K + k, plane, chunks);
       if (grads_phi != nullptr) {
-        grads_phi[g * s.K + k] = grad_gk + (s.has_gamma ? sum * gamma[k] : sum);
+        grads_phi[g * s.K + k] = PhiGradAfter(grad_gk, sum, gamma_k);
       }
       dgamma = fmaf(sum, phi_gk, dgamma);
     }

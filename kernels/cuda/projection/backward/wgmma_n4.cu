@@ -30,7 +30,8 @@
 // in rank order). Determinism / batch invariance: a token's
 // dx is the same products in a fixed order whatever M and the token's slot;
 // dphi partials are per (chunk, logit, column), reduced over chunks in
-// order by LaunchPhiGradReduce. No atomics.
+// order by LaunchPhiGradReduce, or with one chunk added into the
+// gradients by the kernel itself in the reduction's order. No atomics.
 #include <cstdint>
 
 #include "common.cuh"
@@ -76,14 +77,15 @@ struct Plan {
       kRing + kStages * kStageBytes + kSwizzleAtomBytes;
 };
 
-template <typename T>
+template <typename T, bool kGradsInKernel>
 __global__ void __launch_bounds__(kThreads, 2)
     dx_rows_wgmma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                          const float* __restrict__ phi,
                          const float* __restrict__ gamma,
                          const float* __restrict__ dh,
                          const float* __restrict__ dms, T* __restrict__ dx,
-                         float* __restrict__ dphi_partial, int chunk_ctas) {
+                         float* __restrict__ dphi_partial, int chunk_ctas,
+                         DphiGrads grads) {
   WaitForPrerequisiteGrid();  // dh and dms
   using P = Plan;
   extern __shared__ __align__(16) char dx_rows_smem[];
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int quad = lane & 3;
   const int wg = warp >> 2;
   const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
-  const bool want_dphi = dphi_partial != nullptr;
+  const bool want_dphi = kGradsInKernel || dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage.
   const RowSlots x_rows(s, tile.c0, tile.chans, tid);
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     x_rows.StoreOut(xs, dx, m0, rows, s.K);
   });
   if (!want_dphi) return;
-  StoreChunkDphi<kLogits, kChans>(dphi, s, tile, col0, lane, chunk_ctas,
-                                  reinterpret_cast<float*>(stage_at(0, 0)),
-                                  dphi_partial);
+  FinishChunkDphi<T, kGradsInKernel, kLogits, kChans>(
+      dphi, s, tokens, tile, col0, lane, chunk_ctas,
+      reinterpret_cast<float*>(stage_at(0, 0)), dphi_partial, grads);
 }
 
 }  // namespace
@@ -196,18 +198,22 @@ absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
                   GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
-  auto go = [&](auto tt) {
+  const DphiGrads grads = DphiGradsOf(a, plan);
+  auto go = [&](auto tt, auto in_kernel_tag) {
     using T = typename decltype(tt)::type;
     err = LaunchLargeSmemClusters(
-        dx_rows_wgmma_kernel<T>, grid, dim3(1, ranks, 1), kThreads, Plan::kSmem,
-        stream, s, a.tokens, static_cast<const T*>(a.x), a.phi, gamma, a.dh,
-        a.dms, static_cast<T*>(a.dx), a.dphi_partial, ranks);
+        dx_rows_wgmma_kernel<T, decltype(in_kernel_tag)::value>, grid,
+        dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
+        static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms,
+        static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);
   };
-  if (a.act_dtype == DType::kBF16) {
-    go(TypeTag<__nv_bfloat16>{});
-  } else {
-    go(TypeTag<__half>{});
-  }
+  DispatchBool(grads.InKernel(), [&](auto in_kernel_tag) {
+    if (a.act_dtype == DType::kBF16) {
+      go(TypeTag<__nv_bfloat16>{}, in_kernel_tag);
+    } else {
+      go(TypeTag<__half>{}, in_kernel_tag);
+    }
+  });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward wgmma_n4",
                            ShapeString(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();

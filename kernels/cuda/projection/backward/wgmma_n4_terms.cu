@@ -33,7 +33,8 @@
 // the same tokens). dphi sums a chunk's tokens in the tensor cores' fp32
 // accumulators, as wgmma_n4 does: deterministic, its bits this kernel's own.
 // dphi partials are per (chunk, logit, column), reduced over chunks in
-// order by LaunchPhiGradReduce. No atomics.
+// order by LaunchPhiGradReduce, or with one chunk added into the
+// gradients by the kernel itself in the reduction's order. No atomics.
 #include <cstdint>
 
 #include "common.cuh"
@@ -90,7 +91,7 @@ __device__ __forceinline__ int PhiRow(int j) {
   return (chan / kGroupChans) * 64 + block * 8 + chan % 8;
 }
 
-template <typename T, bool kResidual>
+template <typename T, bool kResidual, bool kGradsInKernel>
 __global__ void __launch_bounds__(kThreads, 2)
     dx_terms_wgmma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                           const float* __restrict__ phi,
@@ -100,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const float* __restrict__ h_pre,
                           const T* __restrict__ dy, const float* __restrict__ r,
                           const T* __restrict__ dx_next, T* __restrict__ dx,
-                          float* __restrict__ dphi_partial, int chunk_ctas) {
+                          float* __restrict__ dphi_partial, int chunk_ctas,
+                          DphiGrads grads) {
   WaitForPrerequisiteGrid();  // dh, dms, H_pre, R and the upstream gradients
   using P = Plan;
   extern __shared__ __align__(16) char dx_terms_smem[];
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int quad = lane & 3;
   const int wg = warp >> 2;
   const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
-  const bool want_dphi = dphi_partial != nullptr;
+  const bool want_dphi = kGradsInKernel || dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage. x and
   // dx_next: RowSlots; dh and dms: CopyStageDh; dy: token tid / 4, vector
@@ -264,9 +266,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   CpAsyncWait<0>();
   if (!want_dphi) return;
-  StoreChunkDphi<kLogits, kChans>(dphi, s, tile, col0, lane, chunk_ctas,
-                                  reinterpret_cast<float*>(stage_at(0, 0)),
-                                  dphi_partial);
+  FinishChunkDphi<T, kGradsInKernel, kLogits, kChans>(
+      dphi, s, tokens, tile, col0, lane, chunk_ctas,
+      reinterpret_cast<float*>(stage_at(0, 0)), dphi_partial, grads);
 }
 
 }  // namespace
@@ -283,21 +285,25 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
                   GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
-  auto go = [&](auto tt, auto residual_tag) {
+  const DphiGrads grads = DphiGradsOf(a, plan);
+  auto go = [&](auto tt, auto residual_tag, auto in_kernel_tag) {
     using T = typename decltype(tt)::type;
     err = LaunchLargeSmemClusters(
-        dx_terms_wgmma_kernel<T, decltype(residual_tag)::value>, grid,
-        dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
+        dx_terms_wgmma_kernel<T, decltype(residual_tag)::value,
+                              decltype(in_kernel_tag)::value>,
+        grid, dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
         static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms, a.h_pre,
         static_cast<const T*>(a.dy), a.r, static_cast<const T*>(a.dx_next),
-        static_cast<T*>(a.dx), a.dphi_partial, ranks);
+        static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);
   };
   DispatchBool(a.r != nullptr, [&](auto residual_tag) {
-    if (a.act_dtype == DType::kBF16) {
-      go(TypeTag<__nv_bfloat16>{}, residual_tag);
-    } else {
-      go(TypeTag<__half>{}, residual_tag);
-    }
+    DispatchBool(grads.InKernel(), [&](auto in_kernel_tag) {
+      if (a.act_dtype == DType::kBF16) {
+        go(TypeTag<__nv_bfloat16>{}, residual_tag, in_kernel_tag);
+      } else {
+        go(TypeTag<__half>{}, residual_tag, in_kernel_tag);
+      }
+    });
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward wgmma_n4_terms",
                            ShapeString(*a.spec, a.tokens, a.act_dtype));

@@ -2,15 +2,18 @@
 // projection/backward/wgmma_n4*.cu) share: a CTA's tile (kChans channels of
 // every stream, one token chunk or, split over a cluster, a run of its
 // stages), the per-stage rounding of dh into both operand layouts, and the
-// store of the dphi^T accumulators into the chunk's partial rows.
+// dphi^T accumulators into the chunk's partial rows or, for a launch of one
+// chunk, straight into the phi / gamma gradients.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 
 #include <cstdint>
 
 #include "dispatch.cuh"
+#include "overflow_repair.cuh"
 #include "primitives/cluster.cuh"
 #include "primitives/wgmma.cuh"
+#include "projection/backward/dphi_grads.cuh"
 #include "projection/forward/mma.cuh"
 
 namespace mhc::cuda {
@@ -95,25 +98,108 @@ __device__ __forceinline__ void StoreDphiPartial(
   }
 }
 
-// The chunk's dphi partial when chunk_ctas CTAs (one cluster) split it:
-// each leaves its accumulators in `scratch` (kLogits / 2 floats per thread
-// of its own shared memory, free once its last stage is out), and rank 0
-// adds the others' to its own in rank order, which is the chunk's stage
-// order, then stores the sum (partial: [chunks][N][K]). One CTA per chunk
-// stores its own. Every thread of the CTA calls it.
+// Adds this CTA's dphi^T accumulators (StoreDphiPartial's layout), the
+// whole of a one-chunk launch, into the gradients as PhiGradAfter and the
+// reduction's dgamma order (dphi_grads.cuh) say: lane quad holds rows
+// 2 quad and 2 quad + 1 of each of its two columns, every g of them in
+// order, so the column's row sums come together by shuffles. Every lane of
+// the warp calls it.
 template <int kLogits, int kChans, int kStageTokens>
-__device__ __forceinline__ void StoreChunkDphi(float (&dphi)[kLogits / 2],
+__device__ __forceinline__ void AddDphiToGrads(const float (&dphi)[kLogits / 2],
                                                const DevSpec& s,
                                                const DxTile<kStageTokens>& tile,
                                                int col0, int lane,
-                                               int chunk_ctas, float* scratch,
-                                               float* partial) {
+                                               const DphiGrads& grads) {
+  static_assert(kPhiGradRows == 8, "a quad's lanes hold two rows each");
   constexpr int kCount = kLogits / 2;
+  const int grp = lane >> 2, quad = lane & 3;
+  int64_t k[2];
+  bool in[2];
+  float gamma_k[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = col0 + grp + 8 * h;
+    in[h] = j % kChans < tile.chans;
+    k[h] = in[h] ? (j / kChans) * s.C + tile.c0 + j % kChans : 0;
+    gamma_k[h] = in[h] && grads.gamma != nullptr ? grads.gamma[k[h]] : 1.0f;
+  }
+  // Every load before any store: a store may alias them as far as the
+  // compiler knows.
+  float phi_v[kCount], grad_v[kCount];
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int h = (i >> 1) & 1;
+    const int64_t at = (8 * (i >> 2) + 2 * quad + (i & 1)) * s.K + k[h];
+    phi_v[i] = in[h] ? grads.phi[at] : 0.0f;
+    grad_v[i] =
+        in[h] && grads.grads_phi != nullptr ? grads.grads_phi[at] : 0.0f;
+  }
+  float row_sum[2][2] = {};  // [column h][row 2 quad + b]
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int h = (i >> 1) & 1, b = i & 1;
+    const float sum = 0.0f + dphi[i];  // the reduction's sum of one chunk
+    if (in[h] && grads.grads_phi != nullptr) {
+      grads.grads_phi[(8 * (i >> 2) + 2 * quad + b) * s.K + k[h]] =
+          PhiGradAfter(grad_v[i], sum, gamma_k[h]);
+    }
+    row_sum[h][b] = fmaf(sum, phi_v[i], row_sum[h][b]);
+  }
+  if (grads.grads_gamma == nullptr) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float total = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kPhiGradRows; ++r) {
+      total +=
+          __shfl_sync(0xffffffffu, row_sum[h][r & 1], (lane & ~3) | (r >> 1));
+    }
+    if (quad == 0 && in[h]) grads.grads_gamma[k[h]] += total;
+  }
+}
+
+// The overflow repair's pass (RepairColumn) over this thread's columns, once
+// the cluster's dx stores and this warp's gradient stores are visible.
+template <typename T, int kChans, int kStageTokens>
+__device__ __forceinline__ void RepairDxColumns(
+    const DevSpec& s, int64_t tokens, const DxTile<kStageTokens>& tile,
+    int col0, int lane, const RepairBackwardArgs& repair) {
+  if ((lane & 3) != 0) return;
+#pragma unroll 1
+  for (int h = 0; h < 2; ++h) {
+    const int j = col0 + (lane >> 2) + 8 * h;
+    if (j % kChans >= tile.chans) continue;
+    RepairColumn<T>(s, tokens, (j / kChans) * s.C + tile.c0 + j % kChans,
+                    repair);
+  }
+}
+
+// The chunk's dphi when chunk_ctas CTAs (one cluster) split it: each leaves
+// its accumulators in `scratch` (kLogits / 2 floats per thread of its own
+// shared memory, free once its last stage is out), and rank 0 adds the
+// others' to its own in rank order, which is the chunk's stage order. Rank 0
+// (or the chunk's one CTA) then stores the sum into the chunk's partial rows
+// (partial: [chunks][N][K]) or, with grads.InKernel() (a one-chunk launch),
+// adds it into the gradients and runs the repair pass. Every thread of the
+// CTA calls it. kInKernel: the launch's grads.InKernel(), compiled in so
+// that the partials' kernels keep their code.
+template <typename T, bool kInKernel, int kLogits, int kChans, int kStageTokens>
+__device__ __forceinline__ void FinishChunkDphi(
+    float (&dphi)[kLogits / 2], const DevSpec& s, int64_t tokens,
+    const DxTile<kStageTokens>& tile, int col0, int lane, int chunk_ctas,
+    float* scratch, float* partial, const DphiGrads& grads) {
+  constexpr int kCount = kLogits / 2;
+  // Loaded first, so its latency hides under the cluster's sum.
+  [[maybe_unused]] int repaired = 0;
+  if constexpr (kInKernel) {
+    if (grads.repair.count != nullptr) repaired = *grads.repair.count;
+  }
   if (chunk_ctas > 1) {
     const int slot = threadIdx.x, threads = blockDim.x;
     __syncthreads();  // every warp is done with what scratch held
 #pragma unroll
     for (int i = 0; i < kCount; ++i) scratch[i * threads + slot] = dphi[i];
+    // Also: the peers' dx stores are visible to rank 0 after it.
     ClusterSync();
     const unsigned rank = ClusterCtaRank();
     if (rank == 0) {
@@ -132,8 +218,15 @@ __device__ __forceinline__ void StoreChunkDphi(float (&dphi)[kLogits / 2],
     ClusterSync();
     if (rank != 0) return;
   }
-  StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
-                                    partial + tile.chunk * s.N * s.K);
+  if constexpr (!kInKernel) {
+    StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
+                                      partial + tile.chunk * s.N * s.K);
+  } else {
+    AddDphiToGrads<kLogits, kChans>(dphi, s, tile, col0, lane, grads);
+    if (repaired == 0) return;
+    __syncthreads();  // this CTA's dx and gradient stores
+    RepairDxColumns<T, kChans>(s, tokens, tile, col0, lane, grads.repair);
+  }
 }
 
 }  // namespace mhc::cuda
