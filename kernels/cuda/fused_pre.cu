@@ -15,6 +15,8 @@
 // reverse mode is in fused_pre_backward_mix.cu. Parameter
 // gradients go through per-token rows and per-chunk partials in workspace,
 // summed in a fixed order (launch.h), never with atomics.
+#include <algorithm>
+
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "fused_pre_backward_mix.h"
@@ -151,6 +153,14 @@ template <int NT>
 constexpr int PreMixBlock() {
   return 4 * PreMixThreads<NT>();
 }
+// Small batches: blocks of kPreMixFewTokens tokens, PreMixBlock threads
+// still adding their partials, so that the loads spread over more SMs,
+// where blocks of PreMixThreads tokens would fill under a quarter of them.
+inline constexpr int kPreMixFewTokens = 16;
+inline bool PreMixFewTokens(int64_t tokens, int tokens_per_block) {
+  return 4 * ((tokens + tokens_per_block - 1) / tokens_per_block) <=
+         proj::kTunedSms;
+}
 
 // The projection kept for the backward (null: not kept).
 struct KeptOut {
@@ -190,15 +200,15 @@ constexpr int PreMixSumBatch() {
   return NT <= 8 ? 4 : 1;
 }
 
-// kChunkLoads: SumChunks' loads, the layer's chunks at most.
-template <int NT, int kChunkLoads>
+// kChunkLoads: SumChunks' loads, the layer's chunks at most. kTokens:
+// PreMixThreads or kPreMixFewTokens.
+template <int NT, int kChunkLoads, int kTokens>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,
                            ForwardDev a, float* h_pre, KeptOut kept,
                            RepairSource src) {
   WaitForPrerequisiteGrid();  // the units' partials
   AllowDependentLaunch();     // the aggregate waits for this kernel's end
-  constexpr int kTokens = PreMixThreads<NT>();
   constexpr int kBlock = PreMixBlock<NT>();
   constexpr int kBatch = PreMixSumBatch<NT>();
   static_assert(kMmaTokens % kTokens == 0, "a block's tokens share a tile");
@@ -423,14 +433,21 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       MHC_RETURN_IF_ERROR(
           LaunchProjectionPartials(*a.spec, a.tokens, a.act_dtype, a.x,
                                    a.weights.phi, gamma, ws.data, stream));
+      const bool few_chunks = FewChunks(PlanChunks(s.K, s.N).chunks);
       auto mix = [&](auto nt) {
         constexpr int kNT = decltype(nt)::value;
         constexpr int kTokens = PreMixThreads<kNT>();
+        constexpr int kFew = std::min(kTokens, kPreMixFewTokens);
+        const bool few_tokens = PreMixFewTokens(a.tokens, kTokens);
+        const int tokens_per_block = few_tokens ? kFew : kTokens;
         return LaunchAfterPrevious(
-            FewChunks(PlanChunks(s.K, s.N).chunks)
-                ? pre_mix_forward_kernel<kNT, kFewChunks>
-                : pre_mix_forward_kernel<kNT, kMaxChunks>,
-            dim3(GridSize((a.tokens + kTokens - 1) / kTokens)),
+            few_tokens
+                ? (few_chunks ? pre_mix_forward_kernel<kNT, kFewChunks, kFew>
+                              : pre_mix_forward_kernel<kNT, kMaxChunks, kFew>)
+            : few_chunks ? pre_mix_forward_kernel<kNT, kFewChunks, kTokens>
+                         : pre_mix_forward_kernel<kNT, kMaxChunks, kTokens>,
+            dim3(
+                GridSize((a.tokens + tokens_per_block - 1) / tokens_per_block)),
             dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d, h_pre,
             KeptOut{a.h, a.mean_square},
             RepairSource{a.x, a.act_dtype, a.weights.phi, gamma});
