@@ -18,6 +18,7 @@
 #include "common/overflow_cases.h"
 #include "cuda/cuda_harness.h"
 #include "gtest/gtest.h"
+#include "projection/plan.h"
 
 namespace mhc::testing {
 namespace {
@@ -153,6 +154,7 @@ struct FusedCase {
   int64_t hidden = 0;
   std::vector<int> variants;
   bool head = false;
+  int64_t tokens = 13;
 };
 
 void ExpectCase(const FusedCase& c) {
@@ -173,7 +175,7 @@ void ExpectCase(const FusedCase& c) {
                                 kind == LayerKind::kHead ? " head" : "",
                                 bad ? " with inf/NaN tokens" : ""));
       const DType dt = c.dtype;
-      const int64_t m = 13;
+      const int64_t m = c.tokens;
       ActTensor x = RandomAct(dt, m * spec.K(), FreshSeed());
       MakeOverflowRows(spec, m, bad, FreshSeed(), x);
       ActTensor dy = RandomAct(dt, m * c.hidden, FreshSeed());
@@ -247,6 +249,25 @@ INSTANTIATE_TEST_SUITE_P(StreamCount4, CudaOverflowFusedTest,
 INSTANTIATE_TEST_SUITE_P(OtherStreamCounts, CudaOverflowFusedTest,
                          ::testing::ValuesIn(OtherStreamCountCases()),
                          CaseName);
+
+// The pre backward's repair pass inside the n = 4 warpgroup dx kernel of a
+// one-chunk batch, at a token count whose chunk splits over a cluster of two
+// CTAs: the pass of rank 0 rewrites dx rows its peer stored.
+TEST(CudaOverflowTest, RepairInTheClusteredDxKernel) {
+  FusedCase c{"deepseek_v4", 4, DType::kBF16, 1024, {0, 1}};
+  c.tokens = 200;
+  LayerSpec spec = PresetSpec(c.preset, c.n, c.hidden).value();
+  spec.matmul_precision = MatmulPrecision::kTf32;
+  cuda::DxTerms terms;
+  terms.aggregate = terms.residual = true;
+  const cuda::ProjectionBackwardPlan plan =
+      cuda::PlanProjectionBackward(spec, c.dtype, c.tokens, {}, terms);
+  ASSERT_EQ(plan.variant, cuda::ProjectionBackwardVariant::kWgmmaN4Terms);
+  ASSERT_TRUE(plan.grads_in_kernel);
+  ASSERT_EQ(plan.chunk_ctas, 2);
+  MHC_SKIP_WITHOUT_GPU();
+  ExpectCase(c);
+}
 
 // The projection op alone: tokens whose fp32 sum of squares overflows while
 // their mean square fits fp32 (fp32 x near 4e18) get the float64 values,
