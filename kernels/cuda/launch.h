@@ -173,10 +173,6 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
                                  const float* gamma, void* workspace, float* h,
                                  float* mean_square, cudaStream_t stream);
 
-// Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g
-// dh[m][g] phi'[g][k] + dms[m] 2 v_k / K, rounded once; and, when
-// dphi_partial is given, the per-chunk partial sums of dh v over fixed token
-// chunks ([NumChunks(M)][N][K] fp32).
 // Where dphi goes: the phi / gamma gradients (null: not asked for) and, in
 // the fused backward of a dynamic layer, the overflow repair's pass.
 struct PhiGradArgs {
@@ -187,6 +183,10 @@ struct PhiGradArgs {
   const RepairBackwardArgs* repair = nullptr;
 };
 
+// Per token: dx[m][k] = (aggregate + residual terms, when given) + sum_g
+// dh[m][g] phi'[g][k] + dms[m] 2 v_k / K, rounded once; and, when
+// dphi_partial is given, the per-chunk partial sums of dh v over fixed token
+// chunks ([NumChunks(M)][N][K] fp32).
 struct DxArgs {
   const LayerSpec* spec = nullptr;
   int64_t tokens = 0;
