@@ -220,6 +220,9 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
                                    const float* dh_pre, BackwardMixDev a,
                                    RepairSource src, RepairRows rows) {
   WaitForPrerequisiteGrid();  // dh_pre and the zeroed repair count
+  // The dx / dphi kernel may start meanwhile: the warpgroup one fills its
+  // phi'^T tile from the weights, no output of this kernel, before it waits.
+  AllowDependentLaunch();
   __shared__ float4 kept[2 * kLaneMaxIterations * kQuadMixTokens];
   const int token = static_cast<int>(threadIdx.x) / 4;
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kQuadMixTokens + token;

@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const T* __restrict__ dx_next, T* __restrict__ dx,
                           float* __restrict__ dphi_partial, int chunk_ctas,
                           DphiGrads grads) {
-  WaitForPrerequisiteGrid();  // dh, dms, H_pre, R and the upstream gradients
   using P = Plan;
   extern __shared__ __align__(16) char dx_terms_smem[];
   char* smem = AtomAligned(dx_terms_smem);
@@ -166,6 +165,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // phi'^T with each warpgroup's rows in its accumulators' column order.
   FillPhiT(phit, s, tile.c0, tile.chans, phi, gamma, tid, PhiRow);
+  // Only now: phi and gamma are weights no kernel of the pre backward
+  // writes, so the tile fills while the backward mixing kernel, which lets
+  // this kernel launch early, still runs. What follows reads its outputs
+  // (dh, dms, H_pre, R).
+  WaitForPrerequisiteGrid();
 
   const uint64_t dhx_desc = SwizzledDescriptor(dhx);
   const uint64_t dht_desc = SwizzledDescriptor(dht);
