@@ -228,10 +228,13 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                 p.h, p.mean_square, stream);
 }
 
-absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
-                                 cudaStream_t stream) {
-  const ProjectionBackwardPlan plan = PlanProjectionBackward(
-      *a.spec, a.act_dtype, a.tokens, BackwardAlignmentOf(a), TermsOf(a));
+namespace {
+
+// LaunchDxAndPhiGrads for the plan of a's tensors.
+absl::Status LaunchPlannedDxAndPhiGrads(const DxArgs& a,
+                                        const ProjectionBackwardPlan& plan,
+                                        const PhiGradArgs& g,
+                                        cudaStream_t stream) {
   if (a.dphi_partial == nullptr) {
     MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
     if (g.repair == nullptr) return absl::OkStatus();
@@ -245,6 +248,17 @@ absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
   return LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial, g.phi, g.gamma,
                              g.grads_phi, g.grads_gamma, stream, g.repair);
+}
+
+}  // namespace
+
+absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
+                                 cudaStream_t stream) {
+  return LaunchPlannedDxAndPhiGrads(
+      a,
+      PlanProjectionBackward(*a.spec, a.act_dtype, a.tokens,
+                             BackwardAlignmentOf(a), TermsOf(a)),
+      g, stream);
 }
 
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
@@ -278,7 +292,7 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   g.gamma = p.weights.gamma;
   g.grads_phi = p.grads.phi;
   g.grads_gamma = p.grads.gamma;
-  return LaunchDxAndPhiGrads(a, g, stream);
+  return LaunchPlannedDxAndPhiGrads(a, plan, g, stream);
 }
 
 }  // namespace mhc::cuda
