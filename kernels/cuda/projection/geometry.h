@@ -122,7 +122,6 @@ inline constexpr int kWgmmaN8StageTokens = 32;
 
 inline constexpr int kDxCols = 128;  // columns of K per CTA
 inline constexpr int kDxStageTokens = 32;
-inline constexpr int kDxStages = 4;
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
 // A launch of fewer CTAs (128 columns x a token chunk) than kTunedSms runs
@@ -131,6 +130,14 @@ inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
 inline constexpr int kDxApartTokens = 4 * kDxStageTokens;
 inline constexpr int kDxApartCtasPerSm = 1;
 constexpr int DxTilesFor(int N) { return N <= 8 ? 1 : N <= 24 ? 3 : 10; }
+// The n = 4 stream-major kernel with both terms sums each stage's terms
+// once per channel for all four streams; their fp32 sums take the place of
+// a fourth stage in the copy ring.
+constexpr bool DxSumsTerms(int n, bool stream_major, bool aggregate,
+                           bool residual) {
+  return n == 4 && stream_major && aggregate && residual;
+}
+constexpr int DxStages(bool summed_terms) { return summed_terms ? 3 : 4; }
 constexpr int DhAFloats(int tiles) {
   return kDxStageTokens / 16 * tiles * 32 * 4;
 }
@@ -152,18 +159,19 @@ constexpr int DxDyRow(int esize, int n) { return kDxCols / n + 16 / esize; }
 
 // Shared memory of one CTA: the stages of x, dx_next (residual), dy
 // (aggregate), dh, the dh fragments, dms, H_pre (aggregate) and R
-// (residual).
+// (residual), and with summed terms one stage's sums in fp32.
 constexpr int DxSmemBytes(int esize, int n, int N, bool ieee, bool aggregate,
-                          bool residual) {
+                          bool residual, bool summed_terms) {
   const int tiles = DxTilesFor(N);
-  const int rows = kDxStages * kDxStageTokens;
+  const int rows = DxStages(summed_terms) * kDxStageTokens;
   const int xb = rows * DxRowStride(esize, tiles) * esize;
   const int copies = ieee ? 2 : 1;
   return xb + (residual ? xb : 0) +
          (aggregate ? rows * DxDyRow(esize, n) * esize : 0) + rows * N * 4 +
          copies * DhAFloats(tiles) * 4 + copies * DhBFloats(tiles) * 4 +
          rows * 4 + (aggregate ? rows * n * 4 : 0) +
-         (residual ? rows * n * n * 4 : 0);
+         (residual ? rows * n * n * 4 : 0) +
+         (summed_terms ? kDxStageTokens * (kDxCols + 8) * 4 : 0);
 }
 
 // ---- Backward: the two-kernel GEMM form of wide layers (backward/wide.cu).

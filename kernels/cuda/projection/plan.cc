@@ -309,11 +309,13 @@ const std::vector<BackwardRule>& BackwardRules() {
         "tokens or fewer (a CTA per SM where M allows)",
         Example(4, 256, DType::kF32)},
        [](const BackwardCase& c) {
+         const bool summed = proj::DxSumsTerms(
+             c.l.spec.n, c.l.stream_major, c.terms.aggregate, c.terms.residual);
          return MmaDxSuitsLayer(c.l.spec) &&
                 c.l.K <= kInt32Max / proj::kDxStageTokens &&
                 proj::DxSmemBytes(c.l.esize, c.l.spec.n, c.l.N, c.l.ieee,
-                                  c.terms.aggregate,
-                                  c.terms.residual) <= proj::kMaxSmemPerBlock;
+                                  c.terms.aggregate, c.terms.residual,
+                                  summed) <= proj::kMaxSmemPerBlock;
        }},
       {{BV::kWgmmaWide,
         "other dynamic layers, TF32, at least six 32-logit blocks (mHC `n >= "

@@ -14,15 +14,19 @@ using namespace dx_mma;  // NOLINT: this file launches the kernel of those tiles
 namespace {
 
 // The plan's shared-memory check, pinned to the kernel's own plan for
-// every layer shape the variant takes, each dtype and terms case.
+// every layer shape the variant takes, each dtype, terms case and build.
 template <typename T>
 constexpr bool PlanSmemAgrees() {
   for (int n = 1; n <= 16; n *= 2) {
     for (int N = 1; N <= kMaxTiles * 8; ++N) {
       for (int c = 0; c < 8; ++c) {
         const bool ieee = c & 1, aggregate = c & 2, residual = c & 4;
-        if (PlanSmem<T>(n, N, ieee, aggregate, residual).total !=
-            proj::DxSmemBytes(sizeof(T), n, N, ieee, aggregate, residual)) {
+        if (PlanSmem<T, false>(n, N, ieee, aggregate, residual).total !=
+                proj::DxSmemBytes(sizeof(T), n, N, ieee, aggregate, residual,
+                                  false) ||
+            PlanSmem<T, true>(n, N, ieee, aggregate, residual).total !=
+                proj::DxSmemBytes(sizeof(T), n, N, ieee, aggregate, residual,
+                                  true)) {
           return false;
         }
       }
@@ -36,7 +40,9 @@ static_assert(PlanSmemAgrees<float>() && PlanSmemAgrees<__half>() &&
 static_assert(proj::kDxStageTokens == kStageTokens &&
                   proj::kDxMaxTiles == kMaxTiles &&
                   proj::kMaxSmemPerBlock == kMaxSmemPerBlock &&
-                  proj::kDxCols == kCols,
+                  proj::kDxCols == kCols &&
+                  proj::DxStages(false) == RingStages(false) &&
+                  proj::DxStages(true) == RingStages(true),
               "the plan's geometry is the kernel's");
 
 }  // namespace

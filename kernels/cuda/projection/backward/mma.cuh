@@ -61,14 +61,22 @@ namespace mhc::cuda::dx_mma {
 // has it. The vector kernels fit either way and are built with them only;
 // the other modes build the plain projection backward apart, since the
 // terms' registers would otherwise spill into their copy loops.
-template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms>
+// kSummedTerms: built for proj::DxSumsTerms alone (n = 4, stream major,
+// both terms); every thread sums a run of a stage's terms once for all four
+// streams before the epilogue (SumStageTerms), which adds them from shared
+// memory.
+template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms,
+          bool kSummedTerms>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                        MmaDxDev a) {
+  static_assert(!kSummedTerms || (NT == 3 && kTerms),
+                "terms summed ahead: n = 4 layers");
   WaitForPrerequisiteGrid();  // dh and dms; apart, dphi's reads of x
   extern __shared__ __align__(16) char smem[];
   constexpr int RS = RowStride<T>(NT);
   constexpr int kVecElems = 16 / sizeof(T);
+  constexpr int kStages = RingStages(kSummedTerms);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
   constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
   // dphi tiles per pass over the staged x fragments: all of them up to 24
@@ -92,7 +100,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
-  const SmemPlan plan = PlanSmem<T>(n, s.N, kIeee, aggregate, residual);
+  const SmemPlan plan =
+      PlanSmem<T, kSummedTerms>(n, s.N, kIeee, aggregate, residual);
   T* xs = reinterpret_cast<T*>(smem + plan.x);
   T* dxns = reinterpret_cast<T*>(smem + plan.dxn);
   T* dys = reinterpret_cast<T*>(smem + plan.dy);
@@ -102,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   float* dmss = reinterpret_cast<float*>(smem + plan.dms);
   float* hps = reinterpret_cast<float*>(smem + plan.hp);
   float* rs = reinterpret_cast<float*>(smem + plan.r);
+  float* terms_s = reinterpret_cast<float*>(smem + plan.terms);
   const RowCopy copy = kVectorRows ? RowCopy::kVector : a.copy;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
@@ -462,6 +472,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     const int lane_row = buf * kStageTokens + grp;
     T* x_pairs = xt + grp * RS + j0 + 2 * quad;
     const float* dms_rows = dmss + lane_row;
+    [[maybe_unused]] const float* terms_pairs =
+        terms_s + grp * kTermsStride + j0 + 2 * quad;
     [[maybe_unused]] TermLane<T> terms;
     if constexpr (kTermsN > 0) {
       terms = TermLaneOf<T, kTermsN, RS>(Terms::Minor(s.minor), j0, quad,
@@ -523,7 +535,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
           const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
           float out[2] = {dm.Add(v.x, d[mt][nt][2 * h]),
                           dm.Add(v.y, d[mt][nt][2 * h + 1])};
-          if constexpr (kTermsN > 0) {
+          if constexpr (kSummedTerms) {
+            const float2 t = *reinterpret_cast<const float2*>(
+                terms_pairs + dt * kTermsStride + 8 * nt);
+            out[0] += t.x;
+            out[1] += t.y;
+          } else if constexpr (kTermsN > 0) {
             AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
                                      Terms::Residual(residual), terms, dt, nt,
                                      out);
@@ -597,6 +614,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       CpAsyncCommit();
       const int buf = st % kStages;
       convert_dh(buf);
+      if constexpr (kSummedTerms) {
+        // The stage's terms landed before its first barrier: 32 tokens x 8
+        // runs of four channels, a run per thread.
+        static_assert(kStageTokens * (kCols / 16) == kThreads,
+                      "a run of four channels of every stream per thread");
+        SumStageTerms<T, RS>(buf * kStageTokens + tid / 8, tid % 8 * 4, dxns,
+                             dys, hps, rs, terms_s + tid / 8 * kTermsStride);
+      }
       __syncthreads();
       if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
       if (!a.skip_dx) stage_dx(buf, first_token(st), rows_of(st), terms_tag);
@@ -604,7 +629,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   };
   // The residual term comes only with the aggregate one (the fused pre
   // backward), so !aggregate is the plain projection backward.
-  if (!aggregate) {
+  if constexpr (kSummedTerms) {
+    run_stages(TermsTag<4, 0, 1>{});
+  } else if (!aggregate) {
     run_stages(TermsTag<0>{});
   } else if constexpr (kTerms) {
     // n = 4 layers have 24 logits (NT = 3), n = 8 layers 80; heads of n = 4
@@ -677,12 +704,24 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   const unsigned columns = GridSize((s.C + wc - 1) / wc);
   auto launch = [&](MmaDxDev dev, int chunk) {
     dev.token_chunk = chunk;
-    const SmemPlan plan =
-        PlanSmem<T>(s.n, s.N, kIeee, dev.h_pre != nullptr, dev.r != nullptr);
     const dim3 grid(columns, GridSize((tokens + chunk - 1) / chunk));
-    return LaunchLargeSmem(
-        dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms>, grid, kThreads,
-        plan.total, stream, s, tokens, static_cast<const T*>(x), dev);
+    auto with = [&](auto summed_tag) {
+      constexpr bool kSummed = decltype(summed_tag)::value;
+      const SmemPlan plan = PlanSmem<T, kSummed>(
+          s.n, s.N, kIeee, dev.h_pre != nullptr, dev.r != nullptr);
+      return LaunchLargeSmem(
+          dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms, kSummed>, grid,
+          kThreads, plan.total, stream, s, tokens, static_cast<const T*>(x),
+          dev);
+    };
+    if constexpr (NT == 3 && kTerms) {
+      // Not the dphi-only launch of dx apart, which stages no terms.
+      if (proj::DxSumsTerms(s.n, !s.minor, dev.h_pre != nullptr,
+                            dev.r != nullptr)) {
+        return with(std::true_type{});
+      }
+    }
+    return with(std::false_type{});
   };
   if (d.apart_tokens == 0 || d.dphi_partial == nullptr) {
     return launch(d, kTokenChunk);

@@ -11,13 +11,12 @@
 #include "projection/forward/mma.cuh"
 #include "projection/plan.h"
 
-// Named, since kCols, kThreads and kStages mean this kernel's tiles only.
+// Named, since kCols, kThreads and RingStages mean this kernel's tiles only.
 namespace mhc::cuda::dx_mma {
 
 constexpr int kCols = 128;                    // columns of K per CTA
 constexpr int kStageTokens = 32;              // tokens per pipeline stage
 constexpr int kThreads = 256;                 // 8 warps x 16 columns
-constexpr int kStages = 4;                    // stages in flight
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 // Logit tiles of 8 the kernel is built for: N <= 8, N <= 24 (n <= 4 layers,
 // heads up to n = 16) and N <= 80 (n = 8 layers). Up to 24 logits two CTAs
@@ -28,6 +27,12 @@ __host__ __device__ constexpr int TilesFor(int N) {
   return N <= 8 ? 1 : N <= 24 ? 3 : 10;
 }
 constexpr int kDphiGroupTiles = 5;  // dphi tiles accumulated per pass (n = 8)
+// Stages in the copy ring: three in the build that sums each stage's terms
+// ahead (proj::DxSumsTerms), whose fp32 sums take a fourth stage's shared
+// memory, else four.
+__host__ __device__ constexpr int RingStages(bool summed_terms) {
+  return summed_terms ? 3 : 4;
+}
 // dh of the current stage, rounded to tf32 once for all warps and laid out
 // as the mma fragments themselves, so a warp's operand is one conflict-free
 // vector load per lane: the dx product's A as [mt][kt][lane][4] (tokens
@@ -111,15 +116,22 @@ __host__ __device__ constexpr int DyRow(int n) {
 // which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
 // staged.
 struct SmemPlan {
-  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, total;
+  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, terms, total;
   int dy_row;  // elements per staged dy row
 };
 
-template <typename T>
+// Floats per row of the current stage's summed terms (the kSummedTerms
+// build): 128 columns and a pad that keeps the epilogue's pair loads
+// and the summing threads' 16-byte stores free of bank conflicts.
+constexpr int kTermsStride = kCols + 8;
+
+// kSummedTerms: the build that sums a stage's terms ahead (RingStages).
+template <typename T, bool kSummedTerms>
 __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
                                                 bool aggregate, bool residual) {
   SmemPlan p{};
-  const int xb = kStages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
+  constexpr int stages = RingStages(kSummedTerms);
+  const int xb = stages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
   p.dy_row = DyRow<T>(n);
   int at = 0;
   p.x = at;
@@ -127,21 +139,23 @@ __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
   p.dxn = at;
   at += residual ? xb : 0;
   p.dy = at;
-  at += aggregate ? kStages * kStageTokens * p.dy_row * sizeof(T) : 0;
+  at += aggregate ? stages * kStageTokens * p.dy_row * sizeof(T) : 0;
   p.dh_raw = at;
-  at += kStages * kStageTokens * N * 4;  // a multiple of 16 bytes
-  const int copies = ieee ? 2 : 1;       // tf32 high (and low) parts
+  at += stages * kStageTokens * N * 4;  // a multiple of 16 bytes
+  const int copies = ieee ? 2 : 1;      // tf32 high (and low) parts
   const int nt = TilesFor(N);
   p.dh_a = at;
   at += copies * DhAFloats(nt) * 4;
   p.dh_b = at;
   at += copies * DhBFloats(nt) * 4;
   p.dms = at;
-  at += kStages * kStageTokens * 4;
+  at += stages * kStageTokens * 4;
   p.hp = at;
-  at += aggregate ? kStages * kStageTokens * n * 4 : 0;
+  at += aggregate ? stages * kStageTokens * n * 4 : 0;
   p.r = at;
-  at += residual ? kStages * kStageTokens * n * n * 4 : 0;
+  at += residual ? stages * kStageTokens * n * n * 4 : 0;
+  p.terms = at;
+  at += kSummedTerms ? kStageTokens * kTermsStride * 4 : 0;
   p.total = at;
   return p;
 }
@@ -354,6 +368,46 @@ __device__ __forceinline__ void AddTerms(bool minor, bool residual,
   }
   out[0] += acc[0];
   out[1] += acc[1];
+}
+
+// The aggregate and residual terms of one staged token's four channels
+// c .. c + 3 in every stream (n = 4, stream major), into `terms` ([token]
+// [kTermsStride], tile columns): H_pre_i dy_c + sum_q R_iq dx_next_qc, the
+// products and order of AddTerms, so every dx keeps its bits. Each dx_next
+// element is read once here, where the epilogue read it once per stream.
+template <typename T, int kRowStride>
+__device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
+                                              const T* dys, const float* hps,
+                                              const float* rs, float* terms) {
+  constexpr int kWc = kCols / 4;
+  float d[4], g[4][4];
+  auto load4 = [](const T* p, float(&v)[4]) {
+    const float2 a = LoadPair(p), b = LoadPair(p + 2);
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  };
+  load4(dys + row * DyRow<T>(4) + c, d);
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    load4(dxns + row * kRowStride + kWc * q + c, g[q]);
+  const float4 hp = *reinterpret_cast<const float4*>(hps + row * 4);
+  const float hpv[4] = {hp.x, hp.y, hp.z, hp.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 rv4 = *reinterpret_cast<const float4*>(rs + (row * 4 + i) * 4);
+    const float rv[4] = {rv4.x, rv4.y, rv4.z, rv4.w};
+    float acc[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[e] = hpv[i] * d[e];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[e] = fmaf(rv[q], g[q][e], acc[e]);
+    }
+    *reinterpret_cast<float4*>(terms + kWc * i + c) =
+        make_float4(acc[0], acc[1], acc[2], acc[3]);
+  }
 }
 
 }  // namespace mhc::cuda::dx_mma
