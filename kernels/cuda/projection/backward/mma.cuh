@@ -322,6 +322,15 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   };
 
+  // This thread's run of summed terms (kSummedTerms): a half-warp takes two
+  // tokens four rows apart, whose 16-bit rows (16 bytes apart mod 128 per
+  // row) then fall on disjoint banks.
+  static_assert(kStageTokens * (kCols / 16) == kThreads,
+                "a run of four channels of every stream per thread");
+  [[maybe_unused]] const int sum_row =
+      tid / 16 / 4 * 8 + tid / 16 % 4 + tid / 8 % 2 * 4;
+  [[maybe_unused]] const int sum_c = tid % 8 * 4;
+
   // This warp's 16 columns: j0 .. j0 + 15.
   const int j0 = warp * 16;
   // phi' fragments (B of the dx product): rows g = 8 kt + quad (+4), column
@@ -617,10 +626,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       if constexpr (kSummedTerms) {
         // The stage's terms landed before its first barrier: 32 tokens x 8
         // runs of four channels, a run per thread.
-        static_assert(kStageTokens * (kCols / 16) == kThreads,
-                      "a run of four channels of every stream per thread");
-        SumStageTerms<T, RS>(buf * kStageTokens + tid / 8, tid % 8 * 4, dxns,
-                             dys, hps, rs, terms_s + tid / 8 * kTermsStride);
+        SumStageTerms<T, RS>(buf * kStageTokens + sum_row, sum_c, dxns, dys,
+                             hps, rs, terms_s + sum_row * kTermsStride);
       }
       __syncthreads();
       if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
