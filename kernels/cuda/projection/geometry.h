@@ -138,6 +138,10 @@ constexpr bool DxSumsTerms(int n, bool stream_major, bool aggregate,
   return n == 4 && stream_major && aggregate && residual;
 }
 constexpr int DxStages(bool summed_terms) { return summed_terms ? 3 : 4; }
+// Floats per row of the summed terms: 128 columns and a pad that keeps the
+// epilogue's pair loads and the summing threads' 16-byte stores free of bank
+// conflicts.
+inline constexpr int kDxTermsStride = kDxCols + 8;
 constexpr int DhAFloats(int tiles) {
   return kDxStageTokens / 16 * tiles * 32 * 4;
 }
@@ -171,7 +175,7 @@ constexpr int DxSmemBytes(int esize, int n, int N, bool ieee, bool aggregate,
          copies * DhAFloats(tiles) * 4 + copies * DhBFloats(tiles) * 4 +
          rows * 4 + (aggregate ? rows * n * 4 : 0) +
          (residual ? rows * n * n * 4 : 0) +
-         (summed_terms ? kDxStageTokens * (kDxCols + 8) * 4 : 0);
+         (summed_terms ? kDxStageTokens * kDxTermsStride * 4 : 0);
 }
 
 // ---- Backward: the two-kernel GEMM form of wide layers (backward/wide.cu).

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   extern __shared__ __align__(16) char smem[];
   constexpr int RS = RowStride<T>(NT);
   constexpr int kVecElems = 16 / sizeof(T);
-  constexpr int kStages = RingStages(kSummedTerms);
+  constexpr int kStages = proj::DxStages(kSummedTerms);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
   constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
   // dphi tiles per pass over the staged x fragments: all of them up to 24

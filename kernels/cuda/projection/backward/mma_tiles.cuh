@@ -11,7 +11,7 @@
 #include "projection/forward/mma.cuh"
 #include "projection/plan.h"
 
-// Named, since kCols, kThreads and RingStages mean this kernel's tiles only.
+// Named, since kCols and kThreads mean this kernel's tiles only.
 namespace mhc::cuda::dx_mma {
 
 constexpr int kCols = 128;                    // columns of K per CTA
@@ -27,12 +27,6 @@ __host__ __device__ constexpr int TilesFor(int N) {
   return N <= 8 ? 1 : N <= 24 ? 3 : 10;
 }
 constexpr int kDphiGroupTiles = 5;  // dphi tiles accumulated per pass (n = 8)
-// Stages in the copy ring: three in the build that sums each stage's terms
-// ahead (proj::DxSumsTerms), whose fp32 sums take a fourth stage's shared
-// memory, else four.
-__host__ __device__ constexpr int RingStages(bool summed_terms) {
-  return summed_terms ? 3 : 4;
-}
 // dh of the current stage, rounded to tf32 once for all warps and laid out
 // as the mma fragments themselves, so a warp's operand is one conflict-free
 // vector load per lane: the dx product's A as [mt][kt][lane][4] (tokens
@@ -120,17 +114,15 @@ struct SmemPlan {
   int dy_row;  // elements per staged dy row
 };
 
-// Floats per row of the current stage's summed terms (the kSummedTerms
-// build): 128 columns and a pad that keeps the epilogue's pair loads
-// and the summing threads' 16-byte stores free of bank conflicts.
-constexpr int kTermsStride = kCols + 8;
+constexpr int kTermsStride = proj::kDxTermsStride;  // floats a summed row
 
-// kSummedTerms: the build that sums a stage's terms ahead (RingStages).
+// kSummedTerms: the build that sums a stage's terms ahead, on a ring of
+// proj::DxStages.
 template <typename T, bool kSummedTerms>
 __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
                                                 bool aggregate, bool residual) {
   SmemPlan p{};
-  constexpr int stages = RingStages(kSummedTerms);
+  constexpr int stages = proj::DxStages(kSummedTerms);
   const int xb = stages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
   p.dy_row = DyRow<T>(n);
   int at = 0;
