@@ -325,11 +325,13 @@ struct LayerRun {
 // Runs pre forward, post forward, post backward and pre backward (with the
 // residual folded in) on the CUDA backend only, for tokens [first, first +
 // count) of the host inputs; with keep_projection the pre backward takes the
-// projection the pre forward kept.
+// projection the pre forward kept. dx_next_shift: the pre backward's
+// dx_next that many bytes past an allocation's start.
 LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
                   const ActTensor& x, const ActTensor& f, const ActTensor& dxn,
                   const ActTensor& dy, const std::vector<float>& params,
-                  int64_t first, int64_t count, bool keep_projection = false) {
+                  int64_t first, int64_t count, bool keep_projection = false,
+                  size_t dx_next_shift = 0) {
   Backend& cuda = h.cuda();
   const int64_t C = spec.hidden, K = spec.K(), n = spec.n;
   const int64_t N = spec.NumLogits();
@@ -396,6 +398,12 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   pb.dh_res = dhr.f(1);
   pb.grads = lg;
   EXPECT_TRUE(cuda.PostBackward(pb, ws(OpKind::kPostBackward)).ok());
+  void* dx_next = gs.dev;
+  if (dx_next_shift > 0) {
+    Pair shifted = h.Output(gs.bytes + dx_next_shift);
+    dx_next = static_cast<char*>(shifted.dev) + dx_next_shift;
+    EXPECT_TRUE(cuda.CopyToDevice(dx_next, gs.host.data(), gs.bytes).ok());
+  }
   PreBackwardParams qb;
   qb.spec = &spec;
   qb.tokens = count;
@@ -405,7 +413,7 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   qb.dy = dys.dev;
   qb.dh_post = dhq.f(1);
   qb.dh_res = dhr.f(1);
-  qb.dx_next = gs.dev;
+  qb.dx_next = dx_next;
   qb.dx = dx.dev;
   qb.grads = lg;
   qb.h = pf.h;
@@ -505,6 +513,43 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 8));
+
+// The n = 4 pre backward's dx kernel takes its stages by tensor copies where
+// every tensor sits on 16 bytes, else by realigned cp.async slots (here
+// dx_next 8 bytes off, which only this kernel reads): the same dx and
+// gradient bits. A partial channel tile (C = 1032, a last CTA of 8
+// channels) and a partial last stage, IEEE (M = 1100) and TF32 (M = 8200,
+// past the warpgroup kernel's CTAs), bf16 and fp16; the IEEE tensor copies
+// against the reference too.
+TEST(CudaFusedN4Test, DxTensorCopiesMatchSlotCopies) {
+  MHC_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (MatmulPrecision prec :
+         {MatmulPrecision::kIeee, MatmulPrecision::kTf32}) {
+      LayerSpec spec = PresetSpec("deepseek_v4", 4, 1032).value();
+      spec.matmul_precision = prec;
+      spec.has_gamma = true;
+      spec.has_post_bias = true;
+      const int64_t M = prec == MatmulPrecision::kIeee ? 1100 : 8200;
+      SCOPED_TRACE(CaseName(spec, M, dt));
+      if (prec == MatmulPrecision::kIeee) CheckPreLayer(spec, M, dt);
+      const int64_t K = spec.K(), C = spec.hidden, N = spec.NumLogits();
+      ActTensor x = RandomAct(dt, M * K, FreshSeed());
+      ActTensor f = RandomAct(dt, M * C, FreshSeed());
+      ActTensor dxn = RandomAct(dt, M * K, FreshSeed());
+      ActTensor dy = RandomAct(dt, M * C, FreshSeed());
+      const std::vector<float> params = RandomParams(K, N, C);
+      Harness h;
+      const LayerRun tensor =
+          RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, M);
+      const LayerRun slots =
+          RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, M, false, 8);
+      EXPECT_EQ(tensor.dx, slots.dx) << "dx differs between the copy forms";
+      EXPECT_EQ(tensor.dphi, slots.dphi);
+      EXPECT_EQ(tensor.dbeta, slots.dbeta);
+    }
+  }
+}
 
 // The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
 // columns x 1024 tokens) number fewer than an H200's SMs (the plan's

@@ -9,9 +9,9 @@
 
 namespace mhc::cuda {
 
-bool EncodeSwizzledRowTiles(const void* base, CUtensorMapDataType type,
-                            int esize, int64_t cols, int64_t rows, int box_cols,
-                            int box_rows, CUtensorMap* map) {
+bool EncodeTiledMap(const void* base, CUtensorMapDataType type, int rank,
+                    const int64_t* dims, const int64_t* strides, const int* box,
+                    CUtensorMapSwizzle swizzle, CUtensorMap* map) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -23,21 +23,39 @@ bool EncodeSwizzledRowTiles(const void* base, CUtensorMapDataType type,
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  const auto address = reinterpret_cast<uintptr_t>(base);
-  if (encode == nullptr || address % 16 != 0 || (cols * esize) % 16 != 0 ||
-      cols >= INT32_MAX || rows >= INT32_MAX || box_cols * esize != 128) {
+  constexpr int kMaxRank = 5;
+  if (encode == nullptr || rank < 1 || rank > kMaxRank ||
+      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
     return false;
   }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * esize};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols),
-                             static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box,
-                steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  cuuint64_t d[kMaxRank], st[kMaxRank];
+  cuuint32_t b[kMaxRank], steps[kMaxRank];
+  for (int i = 0; i < rank; ++i) {
+    if (dims[i] < 1 || dims[i] >= INT32_MAX || box[i] < 1) return false;
+    if (i + 1 < rank && (strides[i] <= 0 || strides[i] % 16 != 0)) {
+      return false;
+    }
+    d[i] = static_cast<cuuint64_t>(dims[i]);
+    if (i + 1 < rank) st[i] = static_cast<cuuint64_t>(strides[i]);
+    b[i] = static_cast<cuuint32_t>(box[i]);
+    steps[i] = 1;
+  }
+  return encode(map, type, static_cast<cuuint32_t>(rank),
+                const_cast<void*>(base), d, st, b, steps,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool EncodeSwizzledRowTiles(const void* base, CUtensorMapDataType type,
+                            int esize, int64_t cols, int64_t rows, int box_cols,
+                            int box_rows, CUtensorMap* map) {
+  if (box_cols * esize != 128) return false;
+  const int64_t dims[2] = {cols, rows};
+  const int64_t strides[1] = {cols * esize};
+  const int box[2] = {box_cols, box_rows};
+  return EncodeTiledMap(base, type, 2, dims, strides, box,
+                        CU_TENSOR_MAP_SWIZZLE_128B, map);
 }
 
 }  // namespace mhc::cuda

@@ -1,7 +1,5 @@
-// Tensor maps for the tensor copies of primitives/tma.cuh: a row-major
-// [rows, cols] tensor read in boxes of box_rows x box_cols elements that
-// land in wgmma's 128-byte swizzle (primitives/wgmma.cuh), elements past the
-// tensor's end as zeros. Host code: the driver's encoder is looked up once.
+// Tensor maps for the tensor copies of primitives/tma.cuh. Host code: the
+// driver's encoder is looked up once.
 #ifndef MHC_KERNELS_CUDA_PRIMITIVES_TENSOR_MAP_H_
 #define MHC_KERNELS_CUDA_PRIMITIVES_TENSOR_MAP_H_
 
@@ -11,9 +9,19 @@
 
 namespace mhc::cuda {
 
-// False where the driver has no encoder or the tensor does not fit a map:
-// base off 16 bytes, rows (cols * esize bytes) off 16 bytes, coordinates
-// past 32 bits, or a box row other than 128 bytes.
+// A tensor of `rank` (1 to 5) dimensions, dims[0] innermost and contiguous,
+// read in boxes of box[] elements that land densely in shared memory (in the
+// swizzle asked for), elements past the tensor's end as zeros. strides[i]
+// is the byte step of dimension i + 1. False where the driver has no encoder
+// or the tensor does not fit a map: base or a stride off 16 bytes, a
+// dimension past 32 bits, or a box the driver refuses.
+bool EncodeTiledMap(const void* base, CUtensorMapDataType type, int rank,
+                    const int64_t* dims, const int64_t* strides, const int* box,
+                    CUtensorMapSwizzle swizzle, CUtensorMap* map);
+
+// A row-major [rows, cols] tensor read in boxes of box_rows x box_cols
+// elements that land in wgmma's 128-byte swizzle (primitives/wgmma.cuh):
+// as EncodeTiledMap, and false for a box row other than 128 bytes.
 bool EncodeSwizzledRowTiles(const void* base, CUtensorMapDataType type,
                             int esize, int64_t cols, int64_t rows, int box_cols,
                             int box_rows, CUtensorMap* map);

@@ -67,6 +67,26 @@ __device__ __forceinline__ void TmaLoadTile2d(void* dst, const CUtensorMap* map,
       : "memory");
 }
 
+// 1-d and 3-d boxes, as TmaLoadTile2d.
+__device__ __forceinline__ void TmaLoadTile1d(void* dst, const CUtensorMap* map,
+                                              int c0, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_"
+      "tx::bytes [%0], [%1, {%2}], [%3];" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(SharedAddress(bar))
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoadTile3d(void* dst, const CUtensorMap* map,
+                                              int c0, int c1, int c2,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_"
+      "tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(SharedAddress(bar))
+      : "memory");
+}
+
 // `bytes` (a multiple of 16, both ends 16-byte aligned) from src to dst;
 // they complete on bar.
 __device__ __forceinline__ void BulkLoad(void* dst, const void* src,

@@ -37,6 +37,21 @@ constexpr bool PlanSmemAgrees() {
 static_assert(PlanSmemAgrees<float>() && PlanSmemAgrees<__half>() &&
                   PlanSmemAgrees<__nv_bfloat16>(),
               "the plan's shared memory is the kernel's");
+// The tensor-copy form of the summed build fits wherever the plan puts the
+// cp.async one.
+template <typename T>
+constexpr bool TensorCopiesFitTheirPlan() {
+  for (int c = 0; c < 2; ++c) {
+    if (PlanSmem<T, true, true>(4, 24, c, true, true).total >
+        PlanSmem<T, true>(4, 24, c, true, true).total) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(TensorCopiesFitTheirPlan<__half>() &&
+                  TensorCopiesFitTheirPlan<__nv_bfloat16>(),
+              "the tensor-copy build fits the plan's shared memory");
 static_assert(proj::kDxStageTokens == kStageTokens &&
                   proj::kDxMaxTiles == kMaxTiles &&
                   proj::kMaxSmemPerBlock == kMaxSmemPerBlock &&

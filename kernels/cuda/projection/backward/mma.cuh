@@ -48,6 +48,9 @@
 #include "dispatch.cuh"
 #include "primitives/kernel_fit.h"
 #include "primitives/staged_slots.cuh"
+#include "primitives/tensor_map.h"
+#include "primitives/tma.cuh"
+#include "primitives/wgmma.cuh"
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/backward/ms_term.cuh"
 #include "projection/forward/mma.cuh"
@@ -64,17 +67,30 @@ namespace mhc::cuda::dx_mma {
 // kSummedTerms: built for proj::DxSumsTerms alone (n = 4, stream major,
 // both terms); every thread sums a run of a stage's terms once for all four
 // streams before the epilogue (SumStageTerms), which adds them from shared
-// memory.
+// memory. kTensorCopies: the summed build's 16-bit vector-row form whose
+// stages land by tensor copies into swizzled tiles (mma_tiles.cuh), one
+// thread issuing them on the ring's barriers.
 template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms,
-          bool kSummedTerms>
+          bool kSummedTerms, bool kTensorCopies>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
-                       MmaDxDev a) {
+                       MmaDxDev a, const __grid_constant__ DxTensorMaps maps) {
   static_assert(!kSummedTerms || (NT == 3 && kTerms),
                 "terms summed ahead: n = 4 layers");
+  static_assert(
+      !kTensorCopies || (kSummedTerms && kVectorRows && sizeof(T) == 2),
+      "tensor copies: the summed build's 16-bit vector rows");
   WaitForPrerequisiteGrid();  // dh and dms; apart, dphi's reads of x
-  extern __shared__ __align__(16) char smem[];
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = kTensorCopies ? AtomAligned(smem_raw) : smem_raw;
   constexpr int RS = RowStride<T>(NT);
+  // Elements of one staged activation tile, and between its rows r and
+  // r + 8 (which share their swizzle).
+  constexpr int kTileElems = kStageTokens * (kTensorCopies ? kCols : RS);
+  constexpr int kRowElems = kTensorCopies ? kCols / 4 : RS;
+  auto tile_at = [](int row, int j) {
+    return TileOffset<kTensorCopies, RS>(row, j);
+  };
   constexpr int kVecElems = 16 / sizeof(T);
   constexpr int kStages = proj::DxStages(kSummedTerms);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
@@ -100,8 +116,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
-  const SmemPlan plan =
-      PlanSmem<T, kSummedTerms>(n, s.N, kIeee, aggregate, residual);
+  const SmemPlan plan = PlanSmem<T, kSummedTerms, kTensorCopies>(
+      n, s.N, kIeee, aggregate, residual);
   T* xs = reinterpret_cast<T*>(smem + plan.x);
   T* dxns = reinterpret_cast<T*>(smem + plan.dxn);
   T* dys = reinterpret_cast<T*>(smem + plan.dy);
@@ -112,6 +128,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   float* hps = reinterpret_cast<float*>(smem + plan.hp);
   float* rs = reinterpret_cast<float*>(smem + plan.r);
   float* terms_s = reinterpret_cast<float*>(smem + plan.terms);
+  CopyRing<kStages> ring{reinterpret_cast<uint64_t*>(smem + plan.bars)};
+  if constexpr (kTensorCopies) {
+    if (tid == 0) ring.Init();
+    __syncthreads();
+  }
   const RowCopy copy = kVectorRows ? RowCopy::kVector : a.copy;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
@@ -264,14 +285,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     const int buf = st % kStages;
     const int64_t m0 = first_token(st);
     const int rows = rows_of(st);
-    load_rows(x, xs + buf * kStageTokens * RS, m0, rows, x_plans);
+    load_rows(x, xs + buf * kTileElems, m0, rows, x_plans);
     load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows,
              FirstThread::kDh);
     load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, FirstThread::kDms);
     if constexpr (kTermsN == 0) return;
     const int tn = kTermsN > 0 ? kTermsN : n;
     if (Terms::Residual(residual)) {
-      load_rows(dx_next, dxns + buf * kStageTokens * RS, m0, rows, xn_plans);
+      load_rows(dx_next, dxns + buf * kTileElems, m0, rows, xn_plans);
       load_run(rs + buf * kStageTokens * tn * tn, a.r, tn * tn, m0, rows,
                FirstThread::kR);
     }
@@ -312,8 +333,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         RealignSlot(drow, vec_j, x_slot, ok, RowPlan(plans, i));
       });
     };
-    realign_rows(xs + buf * kStageTokens * RS, x_plans);
-    if (residual) realign_rows(dxns + buf * kStageTokens * RS, xn_plans);
+    realign_rows(xs + buf * kTileElems, x_plans);
+    if (residual) realign_rows(dxns + buf * kTileElems, xn_plans);
     if (aggregate) {
       for_dy_slots(dys + buf * kStageTokens * plan.dy_row, m0, rows,
                    [&](int i, T* drow, const T*, bool ok) {
@@ -322,13 +343,41 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   };
 
+  // Stage st's tiles and runs by tensor copies (kTensorCopies), all on the
+  // barrier of its slot: rows past the tensor land as zeros.
+  auto issue_stage = [&](int st) {
+    if constexpr (kTensorCopies) {
+      if (st >= stages || tid != 0) return;
+      const int buf = st % kStages;
+      const int m0 = static_cast<int>(first_token(st));
+      const int cx = static_cast<int>(c0);
+      constexpr int kStageBytes =
+          kStageTokens * (2 * kCols * sizeof(T) + kCols / 4 * sizeof(T) +
+                          (24 + 1 + 4 + 16) * 4);
+      uint64_t* bar = ring.Barrier(st);
+      MbarrierArriveExpectBytes(bar, kStageBytes);
+      TmaLoadTile3d(xs + buf * kTileElems, &maps.x, cx, m0, 0, bar);
+      TmaLoadTile3d(dxns + buf * kTileElems, &maps.dx_next, cx, m0, 0, bar);
+      TmaLoadTile2d(dys + buf * kStageTokens * plan.dy_row, &maps.dy, cx, m0,
+                    bar);
+      TmaLoadTile2d(dh_raw + buf * kStageTokens * s.N, &maps.dh, 0, m0, bar);
+      TmaLoadTile1d(dmss + buf * kStageTokens, &maps.dms, m0, bar);
+      TmaLoadTile2d(hps + buf * kStageTokens * 4, &maps.h_pre, 0, m0, bar);
+      TmaLoadTile2d(rs + buf * kStageTokens * 16, &maps.r, 0, m0, bar);
+    }
+  };
+
   // This thread's run of summed terms (kSummedTerms): a half-warp takes two
-  // tokens four rows apart, whose 16-bit rows (16 bytes apart mod 128 per
-  // row) then fall on disjoint banks.
+  // tokens whose staged runs fall on disjoint banks: four rows apart in the
+  // padded tiles (16-bit rows 16 bytes apart mod 128), rows a and a ^ 5 in
+  // the swizzled ones (their dense 64-byte dy rows and their dx_next runs
+  // in opposite halves of the banks).
   static_assert(kStageTokens * (kCols / 16) == kThreads,
                 "a run of four channels of every stream per thread");
-  [[maybe_unused]] const int sum_row =
-      tid / 16 / 4 * 8 + tid / 16 % 4 + tid / 8 % 2 * 4;
+  [[maybe_unused]] const int sum_row_first = tid / 16 / 4 * 8 + tid / 16 % 4;
+  [[maybe_unused]] const int sum_row = kTensorCopies
+                                           ? sum_row_first ^ (tid / 8 % 2 * 5)
+                                           : sum_row_first + tid / 8 % 2 * 4;
   [[maybe_unused]] const int sum_c = tid % 8 * 4;
 
   // This warp's 16 columns: j0 .. j0 + 15.
@@ -360,10 +409,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   constexpr int kStoreLanes = kVectorRows ? 16 / kVecElems : 16;
   constexpr int kStoreRows = 32 / kStoreLanes;
   const int quarter = lane >> 3;
-  const int store_row = kVectorRows ? (lane & 7) / kStoreLanes * kStoreLanes +
-                                          quarter % kStoreLanes +
-                                          quarter / kStoreLanes * 8
-                                    : lane >> 4;
+  // Swizzled tiles: a quarter's rows {0, 1, 4, 5} (+ 2, 8, 10), whose
+  // chunk pairs fill all eight 16-byte bank groups.
+  const int store_row =
+      kTensorCopies ? (lane & 7) / 2 % 2 + (lane & 7) / 4 * 4 +
+                          quarter % 2 * 2 + quarter / 2 * 8
+      : kVectorRows ? (lane & 7) / kStoreLanes * kStoreLanes +
+                          quarter % kStoreLanes + quarter / kStoreLanes * 8
+                    : lane >> 4;
   const int store_j =
       j0 + (kVectorRows ? lane % kStoreLanes * kVecElems : lane & 15);
   const int store_k = ColumnOf(s, log_n, c0, store_j).k;
@@ -430,7 +483,16 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     uint32_t xa[2][2][4];
     [[maybe_unused]] uint32_t xl[2][2][4];
     auto load_x = [&](int half) {
-      LoadXTransposed<kSplitX>(lane, xt, RS, half * 16, j0, xa[half], xl[half]);
+      if constexpr (kTensorCopies) {
+        const int mat = lane >> 3;
+        LoadXTransposedAt(
+            xt + tile_at((mat >> 1) * 8 + (lane & 7), j0 + (mat & 1) * 8) +
+                half * 16 * kRowElems,
+            xa[half]);
+      } else {
+        LoadXTransposed<kSplitX>(lane, xt, RS, half * 16, j0, xa[half],
+                                 xl[half]);
+      }
     };
 #pragma unroll
     for (int t0 = 0; t0 < NT; t0 += kAccTiles) {
@@ -477,9 +539,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
     using Terms = decltype(terms_tag);
     constexpr int kTermsN = Terms::value;
-    T* xt = xs + buf * kStageTokens * RS;
+    T* xt = xs + buf * kTileElems;
     const int lane_row = buf * kStageTokens + grp;
-    T* x_pairs = xt + grp * RS + j0 + 2 * quad;
+    T* x_pairs = xt + tile_at(grp, j0 + 2 * quad);
+    // The pair 8 columns right: the next chunk, which the swizzle puts one
+    // chunk left or right.
+    const int nt_step = tile_at(grp, j0 + 8) - tile_at(grp, j0);
     const float* dms_rows = dmss + lane_row;
     [[maybe_unused]] const float* terms_pairs =
         terms_s + grp * kTermsStride + j0 + 2 * quad;
@@ -541,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         const MsTerm dm = MsTermOf(dms_rows[dt], ms_scale);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const float2 v = LoadPair(x_pairs + dt * RS + 8 * nt);
+          const float2 v = LoadPair(x_pairs + dt * kRowElems + nt * nt_step);
           float out[2] = {dm.Add(v.x, d[mt][nt][2 * h]),
                           dm.Add(v.y, d[mt][nt][2 * h + 1])};
           if constexpr (kSummedTerms) {
@@ -587,7 +652,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const float out[2] = {d[mt][nt][2 * h], d[mt][nt][2 * h + 1]};
-          StoreVec<T, 2>(x_pairs + (mt * 16 + 8 * h) * RS + 8 * nt, out);
+          StoreVec<T, 2>(x_pairs + (mt * 16 + 8 * h) * kRowElems + nt * nt_step,
+                         out);
         }
       }
     }
@@ -595,42 +661,62 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     // Whole rows of the warp's columns per instruction, so each writes whole
     // sectors (vector rows) or at least never pairs of 2-byte halves.
     T* out = dx + (m0 + store_row) * s.K + store_k;
+    static_assert(kStoreRows % 8 == 0 || !kTensorCopies, "rows keep swizzle");
+    const T* staged = xt + tile_at(store_row, store_j);
 #pragma unroll
     for (int i = 0; i < kStageTokens / kStoreRows; ++i) {
       const int t = store_row + i * kStoreRows;
       if (t < rows && store_k >= 0) {
         if constexpr (kVectorRows) {
           *reinterpret_cast<uint4*>(out + i * store_step) =
-              *reinterpret_cast<const uint4*>(xt + t * RS + store_j);
+              *reinterpret_cast<const uint4*>(staged +
+                                              i * kStoreRows * kRowElems);
         } else {
-          out[i * store_step] = xt[t * RS + store_j];
+          out[i * store_step] = staged[i * kStoreRows * kRowElems];
         }
       }
     }
+    // The slot's next tensor copies follow these generic accesses.
+    if constexpr (kTensorCopies) FenceProxyAsyncShared();
   };
 
   auto run_stages = [&](auto terms_tag) {
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      load_stage(st, terms_tag);
-      CpAsyncCommit();
+      if constexpr (kTensorCopies) {
+        issue_stage(st);
+      } else {
+        load_stage(st, terms_tag);
+        CpAsyncCommit();
+      }
     }
     for (int st = 0; st < stages; ++st) {
-      CpAsyncWait<kStages - 2>();
-      realign_stage(st);
-      __syncthreads();
-      load_stage(st + kStages - 1, terms_tag);
-      CpAsyncCommit();
+      if constexpr (kTensorCopies) {
+        // Every thread is past stage st - 1, whose slot the copies refill.
+        __syncthreads();
+        issue_stage(st + kStages - 1);
+        ring.Wait(st);
+      } else {
+        CpAsyncWait<kStages - 2>();
+        realign_stage(st);
+        __syncthreads();
+        load_stage(st + kStages - 1, terms_tag);
+        CpAsyncCommit();
+      }
       const int buf = st % kStages;
       convert_dh(buf);
       if constexpr (kSummedTerms) {
         // The stage's terms landed before its first barrier: 32 tokens x 8
         // runs of four channels, a run per thread.
-        SumStageTerms<T, RS>(buf * kStageTokens + sum_row, sum_c, dxns, dys,
-                             hps, rs, terms_s + sum_row * kTermsStride);
+        SumStageTerms<T, kTensorCopies, RS,
+                      kTensorCopies ? kCols / 4 : DyRow<T>(4)>(
+            sum_row, sum_c, dxns + buf * kTileElems,
+            dys + buf * kStageTokens * plan.dy_row,
+            hps + buf * kStageTokens * 4, rs + buf * kStageTokens * 16,
+            terms_s + sum_row * kTermsStride);
       }
       __syncthreads();
-      if (want_dphi) stage_dphi(xs + buf * kStageTokens * RS);
+      if (want_dphi) stage_dphi(xs + buf * kTileElems);
       if (!a.skip_dx) stage_dx(buf, first_token(st), rows_of(st), terms_tag);
     }
   };
@@ -698,6 +784,43 @@ static_assert(kTokenChunk % proj::kDxApartTokens == 0 &&
                   proj::kDxStageTokens == kStageTokens,
               "stages tile every dx chunk");
 
+// The summed build's maps (mma_tiles.cuh) for 16-bit vector rows and runs on
+// 16 bytes; false where the driver has no encoder.
+inline bool EncodeDxTensorMaps(const DevSpec& s, int64_t tokens, const void* x,
+                               const MmaDxDev& d, DxTensorMaps* maps) {
+  if (s.n != 4 || s.minor || s.N != 24) return false;
+  const CUtensorMapDataType act = CU_TENSOR_MAP_DATA_TYPE_UINT16;
+  const CUtensorMapDataType f32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  constexpr CUtensorMapSwizzle kPlain = CU_TENSOR_MAP_SWIZZLE_NONE;
+  const int wc = kCols / 4;
+  // {channels, tokens, streams}: a stream's run of a token is its innermost
+  // box row, so the tile lands stream by stream.
+  const int64_t tile_dims[3] = {s.C, tokens, 4};
+  const int64_t tile_strides[2] = {s.K * 2, s.C * 2};
+  const int tile_box[3] = {wc, kStageTokens, 4};
+  const int64_t dy_dims[2] = {s.C, tokens};
+  const int64_t dy_strides[1] = {s.C * 2};
+  const int dy_box[2] = {wc, kStageTokens};
+  auto run = [&](const float* base, int width, CUtensorMap* map) {
+    const int64_t dims[2] = {width, tokens};
+    const int64_t strides[1] = {int64_t{width} * 4};
+    const int box[2] = {width, kStageTokens};
+    return EncodeTiledMap(base, f32, 2, dims, strides, box, kPlain, map);
+  };
+  const int64_t dms_dims[1] = {tokens};
+  const int dms_box[1] = {kStageTokens};
+  return EncodeTiledMap(x, act, 3, tile_dims, tile_strides, tile_box,
+                        CU_TENSOR_MAP_SWIZZLE_64B, &maps->x) &&
+         EncodeTiledMap(d.dx_next, act, 3, tile_dims, tile_strides, tile_box,
+                        CU_TENSOR_MAP_SWIZZLE_64B, &maps->dx_next) &&
+         EncodeTiledMap(d.dy, act, 2, dy_dims, dy_strides, dy_box, kPlain,
+                        &maps->dy) &&
+         run(d.dh, s.N, &maps->dh) && run(d.h_pre, 4, &maps->h_pre) &&
+         run(d.r, 16, &maps->r) &&
+         EncodeTiledMap(d.dms, f32, 1, dms_dims, nullptr, dms_box, kPlain,
+                        &maps->dms);
+}
+
 // A CTA walks its token chunk in order, which fixes each column's dphi sum,
 // so a small batch leaves most SMs idle. With the plan's dx_apart_tokens the
 // launch runs dphi alone (the same walk and bits, without the dx epilogue),
@@ -712,23 +835,35 @@ cudaError_t LaunchTyped(const DevSpec& s, int64_t tokens, const void* x,
   auto launch = [&](MmaDxDev dev, int chunk) {
     dev.token_chunk = chunk;
     const dim3 grid(columns, GridSize((tokens + chunk - 1) / chunk));
-    auto with = [&](auto summed_tag) {
+    DxTensorMaps maps{};
+    auto with = [&](auto summed_tag, auto tensor_tag) {
       constexpr bool kSummed = decltype(summed_tag)::value;
-      const SmemPlan plan = PlanSmem<T, kSummed>(
+      constexpr bool kTensor = decltype(tensor_tag)::value;
+      const SmemPlan plan = PlanSmem<T, kSummed, kTensor>(
           s.n, s.N, kIeee, dev.h_pre != nullptr, dev.r != nullptr);
-      return LaunchLargeSmem(
-          dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows, kTerms, kSummed>, grid,
-          kThreads, plan.total, stream, s, tokens, static_cast<const T*>(x),
-          dev);
+      return LaunchLargeSmem(dx_dphi_mma_kernel<T, NT, kIeee, kVectorRows,
+                                                kTerms, kSummed, kTensor>,
+                             grid, kThreads, plan.total, stream, s, tokens,
+                             static_cast<const T*>(x), dev, maps);
     };
     if constexpr (NT == 3 && kTerms) {
       // Not the dphi-only launch of dx apart, which stages no terms.
       if (proj::DxSumsTerms(s.n, !s.minor, dev.h_pre != nullptr,
                             dev.r != nullptr)) {
-        return with(std::true_type{});
+        if constexpr (kVectorRows && sizeof(T) == 2) {
+          // Every tensor on 16 bytes, so only a driver without the encoder
+          // (which cannot run these kernels either) fails the maps.
+          if (dev.runs16) {
+            if (!EncodeDxTensorMaps(s, tokens, x, dev, &maps)) {
+              return cudaErrorNotSupported;
+            }
+            return with(std::true_type{}, std::true_type{});
+          }
+        }
+        return with(std::true_type{}, std::false_type{});
       }
     }
-    return with(std::false_type{});
+    return with(std::false_type{}, std::false_type{});
   };
   if (d.apart_tokens == 0 || d.dphi_partial == nullptr) {
     return launch(d, kTokenChunk);

@@ -5,6 +5,8 @@
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_TILES_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_TILES_CUH_
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "common.cuh"
@@ -110,21 +112,55 @@ __host__ __device__ constexpr int DyRow(int n) {
 // which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
 // staged.
 struct SmemPlan {
-  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, terms, total;
+  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, terms, bars, total;
   int dy_row;  // elements per staged dy row
 };
 
 constexpr int kTermsStride = proj::kDxTermsStride;  // floats a summed row
 
+// The tensor-copy build (n = 4, stream major, 16-bit, both terms summed):
+// every per-stage tile and run lands by the tensor memory accelerator, so a
+// stage is nine copies by one thread instead of every thread's 16-byte
+// copies, which cost the shared-memory pipe several times their ideal
+// wavefronts (each warp's copy gathered eight 64-byte runs). An activation
+// tile (x, dx_next) is a [stream][token][32 channels] box in the 64-byte
+// swizzle: 16-byte chunk q of token t's run sits at chunk q ^ (t / 2 % 4),
+// so any eight consecutive tokens of one chunk fall on distinct banks. dy
+// lands as dense 64-byte rows, the float runs as they are in memory.
+// Needs the smem base on the swizzle's 512-byte repeat: the plan reserves
+// an atom for the kernel to align it.
+inline constexpr int kTileAlignBytes = 1024;
+// Element offset of (token row, tile column j) in a 16-bit staged tile.
+template <bool kSwizzled, int kRowStride>
+__device__ __forceinline__ int TileOffset(int row, int j) {
+  if constexpr (kSwizzled) {
+    constexpr int kWc = kCols / 4;  // channels per stream run
+    const int chunk = (j % kWc / 8) ^ (row / 2 % 4);
+    return j / kWc * (kStageTokens * kWc) + row * kWc + chunk * 8 + j % 8;
+  } else {
+    return row * kRowStride + j;
+  }
+}
+
+// The tensor-copy build's maps (DxTensorMaps in mma.cuh's launch): the
+// activation tiles as 3-d boxes {32 channels, 32 tokens, 4 streams}, dy as
+// {32 channels, 32 tokens}, dh, H_pre and R as {width, 32 tokens}, dms as
+// {32 tokens}.
+struct DxTensorMaps {
+  CUtensorMap x, dx_next, dy, dh, dms, h_pre, r;
+};
+
 // kSummedTerms: the build that sums a stage's terms ahead, on a ring of
-// proj::DxStages.
-template <typename T, bool kSummedTerms>
+// proj::DxStages. kTensorCopies: its tensor-copy build (dense tiles, the
+// ring's barriers, an alignment atom).
+template <typename T, bool kSummedTerms, bool kTensorCopies = false>
 __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
                                                 bool aggregate, bool residual) {
   SmemPlan p{};
   constexpr int stages = proj::DxStages(kSummedTerms);
-  const int xb = stages * kStageTokens * RowStride<T>(TilesFor(N)) * sizeof(T);
-  p.dy_row = DyRow<T>(n);
+  const int row = kTensorCopies ? kCols : RowStride<T>(TilesFor(N));
+  const int xb = stages * kStageTokens * row * sizeof(T);
+  p.dy_row = kTensorCopies ? kCols / n : DyRow<T>(n);
   int at = 0;
   p.x = at;
   at += xb;
@@ -148,7 +184,9 @@ __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
   at += residual ? stages * kStageTokens * n * n * 4 : 0;
   p.terms = at;
   at += kSummedTerms ? kStageTokens * kTermsStride * 4 : 0;
-  p.total = at;
+  p.bars = at;
+  at += kTensorCopies ? stages * 8 : 0;
+  p.total = at + (kTensorCopies ? kTileAlignBytes : 0);
   return p;
 }
 
@@ -193,25 +231,35 @@ __device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
 // ldmatrix.trans, which hands each lane tokens 2 quad and 2 quad + 1: they
 // are the mma's k slots quad and quad + 4, for the B operand as well. fp32
 // x is rounded, or split into lo as well under kSplit.
+// 16-bit x from the lane's ldmatrix row: token (lane & 7) + 8 (mat >> 1)
+// and column (mat & 1) * 8 of the 16 x 16 block, mat = lane >> 3.
+template <typename T>
+__device__ __forceinline__ void LoadXTransposedAt(const T* lane_row,
+                                                  uint32_t (&hi)[2][4]) {
+  static_assert(sizeof(T) == 2, "ldmatrix of 16-bit rows");
+  uint32_t r[4];
+  LdMatrixX4Trans(r, lane_row);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    const float2 c = Unpack(r[2 * step], T{});
+    const float2 d = Unpack(r[2 * step + 1], T{});
+    hi[step][0] = __float_as_uint(c.x);
+    hi[step][1] = __float_as_uint(d.x);
+    hi[step][2] = __float_as_uint(c.y);
+    hi[step][3] = __float_as_uint(d.y);
+  }
+}
+
 template <bool kSplit, typename T>
 __device__ __forceinline__ void LoadXTransposed(int lane, const T* tile,
                                                 int stride, int row0, int col,
                                                 uint32_t (&hi)[2][4],
                                                 uint32_t (&lo)[2][4]) {
   if constexpr (sizeof(T) == 2) {
-    uint32_t r[4];
     const int mat = lane >> 3;
-    LdMatrixX4Trans(r, tile + (row0 + (mat >> 1) * 8 + (lane & 7)) * stride +
-                           col + (mat & 1) * 8);
-#pragma unroll
-    for (int step = 0; step < 2; ++step) {
-      const float2 c = Unpack(r[2 * step], T{});
-      const float2 d = Unpack(r[2 * step + 1], T{});
-      hi[step][0] = __float_as_uint(c.x);
-      hi[step][1] = __float_as_uint(d.x);
-      hi[step][2] = __float_as_uint(c.y);
-      hi[step][3] = __float_as_uint(d.y);
-    }
+    LoadXTransposedAt(tile + (row0 + (mat >> 1) * 8 + (lane & 7)) * stride +
+                          col + (mat & 1) * 8,
+                      hi);
   } else {
     const int grp = lane >> 2, quad = lane & 3;
 #pragma unroll
@@ -367,7 +415,8 @@ __device__ __forceinline__ void AddTerms(bool minor, bool residual,
 // [kTermsStride], tile columns): H_pre_i dy_c + sum_q R_iq dx_next_qc, the
 // products and order of AddTerms, so every dx keeps its bits. Each dx_next
 // element is read once here, where the epilogue read it once per stream.
-template <typename T, int kRowStride>
+// dxns, dys, hps, rs: the stage's tiles and runs; row: the token in it.
+template <typename T, bool kSwizzled, int kRowStride, int kDyRow>
 __device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
                                               const T* dys, const float* hps,
                                               const float* rs, float* terms) {
@@ -380,10 +429,10 @@ __device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
     v[2] = b.x;
     v[3] = b.y;
   };
-  load4(dys + row * DyRow<T>(4) + c, d);
+  load4(dys + row * kDyRow + c, d);
 #pragma unroll
   for (int q = 0; q < 4; ++q)
-    load4(dxns + row * kRowStride + kWc * q + c, g[q]);
+    load4(dxns + TileOffset<kSwizzled, kRowStride>(row, kWc * q + c), g[q]);
   const float4 hp = *reinterpret_cast<const float4*>(hps + row * 4);
   const float hpv[4] = {hp.x, hp.y, hp.z, hp.w};
 #pragma unroll
