@@ -422,12 +422,22 @@ __device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
                                               const float* rs, float* terms) {
   constexpr int kWc = kCols / 4;
   float d[4], g[4][4];
+  // One 8-byte (16-bit) or 16-byte (fp32) load per run.
   auto load4 = [](const T* p, float(&v)[4]) {
-    const float2 a = LoadPair(p), b = LoadPair(p + 2);
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = b.x;
-    v[3] = b.y;
+    if constexpr (sizeof(T) == 2) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      const float2 a = Unpack(u.x, T{}), b = Unpack(u.y, T{});
+      v[0] = a.x;
+      v[1] = a.y;
+      v[2] = b.x;
+      v[3] = b.y;
+    } else {
+      const float4 f = *reinterpret_cast<const float4*>(p);
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
+    }
   };
   load4(dys + row * kDyRow + c, d);
 #pragma unroll
