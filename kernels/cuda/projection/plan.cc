@@ -304,7 +304,9 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`n`), the tile fits shared memory",
         "kernels/cuda/projection/backward/mma.cu",
         "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
-        "registers; rows off 16 bytes through realigned `cp.async` slots; "
+        "registers; the `n = 4` stream-major layer's stages (both terms, "
+        "16-bit rows and runs on 16 bytes) by tensor copies into swizzled "
+        "tiles, rows off 16 bytes through realigned `cp.async` slots; "
         "fewer CTAs than SMs: `dphi` alone, then `dx` over chunks of 128 "
         "tokens or fewer (a CTA per SM where M allows)",
         Example(4, 256, DType::kF32)},
