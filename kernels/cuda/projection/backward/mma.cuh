@@ -4,8 +4,9 @@
 //
 // A CTA owns the channels [c0, c0 + 128 / n) of every stream (128 columns
 // of K) and one fixed chunk of kTokenChunk tokens, which it walks in stages
-// of kStageTokens tokens through a cp.async pipeline (small batches run dx
-// and dphi apart: LaunchTyped). Owning whole channels keeps the residual
+// of kStageTokens tokens through a cp.async pipeline, or for the n = 4
+// layer's 16-bit rows a ring of tensor copies (small batches run dx and dphi
+// apart: LaunchTyped). Owning whole channels keeps the residual
 // term's reads of dx_next (all streams of a channel) inside the CTA's own
 // tile. Each warp owns 16 of the columns and runs two
 // mma.m16n8k8 tf32 products per stage on the staged tile:
@@ -351,9 +352,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       const int buf = st % kStages;
       const int m0 = static_cast<int>(first_token(st));
       const int cx = static_cast<int>(c0);
+      // x, dx_next, dy, then the runs of dh, dms, H_pre and R.
       constexpr int kStageBytes =
           kStageTokens * (2 * kCols * sizeof(T) + kCols / 4 * sizeof(T) +
-                          (24 + 1 + 4 + 16) * 4);
+                          (kSummedLogits + 1 + 4 + 16) * 4);
       uint64_t* bar = ring.Barrier(st);
       MbarrierArriveExpectBytes(bar, kStageBytes);
       TmaLoadTile3d(xs + buf * kTileElems, &maps.x, cx, m0, 0, bar);
@@ -788,7 +790,7 @@ static_assert(kTokenChunk % proj::kDxApartTokens == 0 &&
 // 16 bytes; false where the driver has no encoder.
 inline bool EncodeDxTensorMaps(const DevSpec& s, int64_t tokens, const void* x,
                                const MmaDxDev& d, DxTensorMaps* maps) {
-  if (s.n != 4 || s.minor || s.N != 24) return false;
+  if (s.n != 4 || s.minor || s.N != kSummedLogits) return false;
   const CUtensorMapDataType act = CU_TENSOR_MAP_DATA_TYPE_UINT16;
   const CUtensorMapDataType f32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   constexpr CUtensorMapSwizzle kPlain = CU_TENSOR_MAP_SWIZZLE_NONE;

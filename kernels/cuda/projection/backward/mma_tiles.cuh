@@ -142,10 +142,11 @@ __device__ __forceinline__ int TileOffset(int row, int j) {
   }
 }
 
-// The tensor-copy build's maps (DxTensorMaps in mma.cuh's launch): the
+// The tensor-copy build's maps (EncodeDxTensorMaps in mma.cuh): the
 // activation tiles as 3-d boxes {32 channels, 32 tokens, 4 streams}, dy as
 // {32 channels, 32 tokens}, dh, H_pre and R as {width, 32 tokens}, dms as
-// {32 tokens}.
+// {32 tokens}. The n = 4 layer's logits: 4 + 4 + 16.
+inline constexpr int kSummedLogits = 24;
 struct DxTensorMaps {
   CUtensorMap x, dx_next, dy, dh, dms, h_pre, r;
 };
