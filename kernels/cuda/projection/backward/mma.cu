@@ -42,8 +42,8 @@ static_assert(PlanSmemAgrees<float>() && PlanSmemAgrees<__half>() &&
 template <typename T>
 constexpr bool TensorCopiesFitTheirPlan() {
   for (int c = 0; c < 2; ++c) {
-    if (PlanSmem<T, true, true>(4, 24, c, true, true).total >
-        PlanSmem<T, true>(4, 24, c, true, true).total) {
+    if (PlanSmem<T, true, true>(4, kSummedLogits, c, true, true).total >
+        PlanSmem<T, true>(4, kSummedLogits, c, true, true).total) {
       return false;
     }
   }

@@ -782,6 +782,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
 }
 
+static_assert(kTileAlignBytes == kSwizzleAtomBytes,
+              "the plan's alignment atom is AtomAligned's");
 static_assert(kTokenChunk % proj::kDxApartTokens == 0 &&
                   proj::kDxStageTokens == kStageTokens,
               "stages tile every dx chunk");

@@ -226,12 +226,6 @@ __device__ __forceinline__ void SplitTf32(float v, uint32_t& hi, uint32_t& lo) {
   if constexpr (kSplit) lo = __float_as_uint(RoundTf32(v - h));
 }
 
-// The tf32 A fragments of x^T (dphi^T = x^T dh) for the two k steps of 16
-// staged tokens, rows row0.. of a tile of `stride` elements per row, columns
-// col.. col + 15 (col + grp and + 8 per lane). 16-bit x goes through
-// ldmatrix.trans, which hands each lane tokens 2 quad and 2 quad + 1: they
-// are the mma's k slots quad and quad + 4, for the B operand as well. fp32
-// x is rounded, or split into lo as well under kSplit.
 // 16-bit x from the lane's ldmatrix row: token (lane & 7) + 8 (mat >> 1)
 // and column (mat & 1) * 8 of the 16 x 16 block, mat = lane >> 3.
 template <typename T>
@@ -251,6 +245,12 @@ __device__ __forceinline__ void LoadXTransposedAt(const T* lane_row,
   }
 }
 
+// The tf32 A fragments of x^T (dphi^T = x^T dh) for the two k steps of 16
+// staged tokens, rows row0.. of a tile of `stride` elements per row, columns
+// col.. col + 15 (col + grp and + 8 per lane). 16-bit x goes through
+// ldmatrix.trans, which hands each lane tokens 2 quad and 2 quad + 1: they
+// are the mma's k slots quad and quad + 4, for the B operand as well. fp32
+// x is rounded, or split into lo as well under kSplit.
 template <bool kSplit, typename T>
 __device__ __forceinline__ void LoadXTransposed(int lane, const T* tile,
                                                 int stride, int row0, int col,
