@@ -1,5 +1,5 @@
 // The tensor-core dx / dphi kernel built for f16 activations.
-#include "projection/backward/mma.cuh"
+#include "projection/backward/mma_launch.cuh"
 
 namespace mhc::cuda::dx_mma {
 

@@ -94,8 +94,8 @@ struct MmaDxDev {
   bool skip_dx = false;
 };
 
-// Launches the kernel for T activations (projection/backward/mma.cuh, built
-// by backward/mma_<dtype>.cu).
+// Launches the kernel for T activations (projection/backward/
+// mma_launch.cuh, built by backward/mma_<dtype>.cu).
 template <typename T>
 cudaError_t LaunchDxMmaFor(const DevSpec& s, int64_t tokens, const void* x,
                            const MmaDxDev& d, bool ieee, cudaStream_t stream);
