@@ -7,6 +7,8 @@
 // workspace partials, then over chunks in order: deterministic for any M.
 // bf16 stream-major rows at n = 3 and 5..16 run on the tensor cores instead
 // (post_mma.cu); the post plan (plans/post.h) says where.
+#include <type_traits>
+
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -31,10 +33,10 @@ template <int NT>
 inline constexpr int kPostBackwardSlices = NT >= 16 ? 4 : (NT >= 8 ? 2 : 1);
 
 // Threads per slice group of the backward: n = 4 on vector rows runs 64
-// (eight CTAs per SM at the same register cap as four of 128), which hides
-// a CTA's fixed costs (the mixing values, the sums' reduction and stores)
-// where C is small and a CTA has few channel steps; strided rows (odd C) and
-// the other row kernels measured slower that way (docs/decisions.md).
+// (more CTAs per SM than of 128 at the same registers), which hides a CTA's
+// fixed costs (the mixing values, the sums' reduction and stores) where C is
+// small and a CTA has few channel steps; strided rows (odd C) and the other
+// row kernels measured slower that way (docs/decisions.md).
 template <int NT, bool kStrided>
 inline constexpr int kPostBackwardGroup =
     NT == 4 && !kStrided ? 64 : kRowThreads;
@@ -52,17 +54,25 @@ __device__ __forceinline__ PostSlice SliceOfThread() {
                    int(threadIdx.x) % kGroup};
 }
 
+// The n = 4 backward on 16-byte vector rows keeps two channel steps of
+// loads in flight (PipelinedBackwardSteps).
+template <typename T, int NT, int V, bool kStrided>
+inline constexpr bool kPipelinedBackward =
+    NT == 4 && !kStrided && V * sizeof(T) == 16;
+
 // Resident CTAs per SM the post kernels are compiled for (kRowThreads says
 // why). The n = 4 backward holds 20 sums and 2 x 4 streams of loads:
 // uncapped the compiler leaves three CTAs of 128 threads per SM, which
 // leaves HBM idle (docs/decisions.md); capped at five or six such CTAs it
-// spills, so its 64-thread CTAs are capped at eight. The strided forward
-// (odd C) gains from five likewise.
+// spills, so its strided 128-thread CTAs are capped at four. Its vector
+// rows' 64-thread CTAs, with two steps of loads, hold 168 registers at six
+// (eight spill). The strided forward (odd C) gains from five likewise.
 template <int NT, bool kStrided>
 inline constexpr int kPostForwardBlocks = NT == 4 && kStrided ? 5 : 0;
 template <int NT, bool kStrided>
-inline constexpr int kPostBackwardBlocks =
-    NT == 4 ? 4 * kRowThreads / kPostBackwardGroup<NT, kStrided> : 0;
+inline constexpr int kPostBackwardBlocks = NT != 4    ? 0
+                                           : kStrided ? 4
+                                                      : 6;
 
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
@@ -111,6 +121,115 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   }
 }
 
+// The four 16-byte words of one channel step of a token row (the thread's V
+// channels of every stream), kept as loaded until its step computes.
+struct StepWords {
+  uint4 w[4];
+};
+
+// Value of stream i, channel slot v of a step's words: element v of word i
+// in stream-major rows; in the stream-minor block (each channel's four
+// streams together) element v * 4 + i of the four words in turn.
+template <typename T, bool kMinor>
+__device__ __forceinline__ float StepValue(const StepWords& s, int i, int v) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int flat = kMinor ? v * 4 + i : i * kPer + v;
+  return ToFloat(reinterpret_cast<const T*>(&s.w[flat / kPer])[flat % kPer]);
+}
+template <typename T, bool kMinor>
+__device__ __forceinline__ void SetStepValue(StepWords& s, int i, int v,
+                                             float value) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int flat = kMinor ? v * 4 + i : i * kPer + v;
+  reinterpret_cast<T*>(&s.w[flat / kPer])[flat % kPer] = FromFloat<T>(value);
+}
+// The word q of a step at channel c of a token row.
+template <typename T, bool kMinor>
+__device__ __forceinline__ int64_t StepWordAt(int64_t C, int64_t c, int q) {
+  return kMinor ? c * 4 + q * (16 / sizeof(T)) : q * C + c;
+}
+
+// The n = 4 backward's channel loop on 16-byte vector rows (kPipelinedBackward)
+// in either layout: each step's loads go out before the step before it
+// computes, held as loaded words and converted channel by channel, so every
+// thread keeps two steps of loads in flight (with one, HBM idled between
+// steps; docs/decisions.md). Every sum adds its terms in the order of the
+// general loop below (per sum, channel slots in order): the same bits.
+// acc: dH_post[4], then dH_res[4][4]; publish() once the first loads are out.
+template <typename T, bool kMinor, typename Publish>
+__device__ __forceinline__ void PipelinedBackwardSteps(
+    const DevSpec& s, const T* g_row, const T* x_row, const T* f_row,
+    const float* bias, const float* r, const float* hp, T* df_row, T* dx_row,
+    int thread, float (&acc)[20], Publish&& publish) {
+  constexpr int kN = 4, V = 16 / sizeof(T);
+  constexpr int kStep = kPostBackwardGroup<kN, false> * V;
+  struct Words {
+    StepWords g, x;
+    uint4 f;
+  };
+  auto load = [&](int64_t c, Words& w) {
+#pragma unroll
+    for (int q = 0; q < kN; ++q) {
+      const int64_t at = StepWordAt<T, kMinor>(s.C, c, q);
+      w.g.w[q] = *reinterpret_cast<const uint4*>(g_row + at);
+      w.x.w[q] = *reinterpret_cast<const uint4*>(x_row + at);
+    }
+    w.f = *reinterpret_cast<const uint4*>(f_row + c);
+  };
+  int64_t c = FirstChannel<V, false>(thread);
+  Words cur;
+  if (c < s.C) load(c, cur);
+  publish();
+  for (; c < s.C; c += kStep) {
+    Words next;
+    if (c + kStep < s.C) load(c + kStep, next);
+    uint4 df_word;
+    StepWords dx_words;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float g[kN], xv[kN];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        g[i] = StepValue<T, kMinor>(cur.g, i, v);
+        xv[i] = StepValue<T, kMinor>(cur.x, i, v);
+      }
+      float fv = ToFloat(reinterpret_cast<const T*>(&cur.f)[v]);
+      if (s.has_bias) fv += bias[c + v];
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) d = fmaf(hp[j], g[j], d);
+      reinterpret_cast<T*>(&df_word)[v] = FromFloat<T>(d);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) acc[j] = fmaf(g[j], fv, acc[j]);
+#pragma unroll
+      for (int a = 0; a < kN; ++a) {
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          acc[kN + a * kN + j] = fmaf(xv[a], g[j], acc[kN + a * kN + j]);
+        }
+      }
+      if (dx_row != nullptr) {
+#pragma unroll
+        for (int a = 0; a < kN; ++a) {
+          float e = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kN; ++j) e = fmaf(r[a * kN + j], g[j], e);
+          SetStepValue<T, kMinor>(dx_words, a, v, e);
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(df_row + c) = df_word;
+    if (dx_row != nullptr) {
+#pragma unroll
+      for (int q = 0; q < kN; ++q) {
+        *reinterpret_cast<uint4*>(dx_row + StepWordAt<T, kMinor>(s.C, c, q)) =
+            dx_words.w[q];
+      }
+    }
+    cur = next;
+  }
+}
+
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(
     kPostBackwardGroup<NT, kStrided>* kPostBackwardSlices<NT>,
@@ -142,73 +261,87 @@ __global__ void __launch_bounds__(
   float acc[kW];
 #pragma unroll
   for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
-  struct Loaded {
-    float g[NT][V];
-    float x[kS][V];
-    float f[V];
-  };
-  ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
-      s.C, slice.thread,
-      [&](int64_t c, Loaded& l) {
-        LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
-        LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
-                                                l.x);
-        if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
-      },
-      [&] { mixing.Publish(mix); },
-      [&](int64_t c, Loaded& l) {
-        if (first_group) {
-          if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
-          float dfv[V];
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            float d = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              if (j >= n) break;
-              d = fmaf(hp[j], l.g[j][v], d);
-            }
-            dfv[v] = d;
-          }
-          StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int v = 0; v < V; ++v) {
-              acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
-            }
-          }
-        }
-#pragma unroll
-        for (int a = 0; a < kS; ++a) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
+  if constexpr (kPipelinedBackward<T, NT, V, kStrided>) {
+    auto steps = [&](auto minor_tag) {
+      PipelinedBackwardSteps<T, decltype(minor_tag)::value>(
+          s, g_row, x_row, f_row, bias, r, hp, df + m * s.C,
+          dx == nullptr ? nullptr : dx + m * s.K, slice.thread, acc,
+          [&] { mixing.Publish(mix); });
+    };
+    if (s.minor) {
+      steps(std::true_type{});
+    } else {
+      steps(std::false_type{});
+    }
+  } else {
+    struct Loaded {
+      float g[NT][V];
+      float x[kS][V];
+      float f[V];
+    };
+    ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
+        s.C, slice.thread,
+        [&](int64_t c, Loaded& l) {
+          LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
+          LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
+                                                  l.x);
+          if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
+        },
+        [&] { mixing.Publish(mix); },
+        [&](int64_t c, Loaded& l) {
+          if (first_group) {
+            if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
+            float dfv[V];
 #pragma unroll
             for (int v = 0; v < V; ++v) {
-              acc[NT + a * NT + j] =
-                  fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+              float d = 0.0f;
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                if (j >= n) break;
+                d = fmaf(hp[j], l.g[j][v], d);
+              }
+              dfv[v] = d;
             }
-          }
-        }
-        if (dx == nullptr) return;
-        float out[kS][V];
-#pragma unroll
-        for (int a = 0; a < kS; ++a) {
-          const int i = slice.first + a;
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            float d = 0.0f;
+            StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-              if (j >= n) break;
-              d = fmaf(r[i * NT + j], l.g[j][v], d);
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
+              }
             }
-            out[a][v] = d;
           }
-        }
-        StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
-                                                 slice.first, c, out);
-      });
+#pragma unroll
+          for (int a = 0; a < kS; ++a) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                acc[NT + a * NT + j] =
+                    fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+              }
+            }
+          }
+          if (dx == nullptr) return;
+          float out[kS][V];
+#pragma unroll
+          for (int a = 0; a < kS; ++a) {
+            const int i = slice.first + a;
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+              float d = 0.0f;
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                if (j >= n) break;
+                d = fmaf(r[i * NT + j], l.g[j][v], d);
+              }
+              out[a][v] = d;
+            }
+          }
+          StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
+                                                   slice.first, c, out);
+        });
+  }
   GroupSum<kW>(acc, kGroup, red, total);
   const float* sums = total + slice.first / kS * kW;
   for (int t = slice.thread; t < kS * NT; t += kGroup) {
