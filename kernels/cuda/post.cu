@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "post_backward_steps.cuh"
 #include "post_mixing.cuh"
 #include "primitives/row_access.cuh"
 
@@ -55,7 +56,7 @@ __device__ __forceinline__ PostSlice SliceOfThread() {
 }
 
 // The n = 4 backward on 16-byte vector rows keeps two channel steps of
-// loads in flight (PipelinedBackwardSteps).
+// loads in flight (post_backward_steps.cuh).
 template <typename T, int NT, int V, bool kStrided>
 inline constexpr bool kPipelinedBackward =
     NT == 4 && !kStrided && V * sizeof(T) == 16;
@@ -121,115 +122,6 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   }
 }
 
-// The four 16-byte words of one channel step of a token row (the thread's V
-// channels of every stream), kept as loaded until its step computes.
-struct StepWords {
-  uint4 w[4];
-};
-
-// Value of stream i, channel slot v of a step's words: element v of word i
-// in stream-major rows; in the stream-minor block (each channel's four
-// streams together) element v * 4 + i of the four words in turn.
-template <typename T, bool kMinor>
-__device__ __forceinline__ float StepValue(const StepWords& s, int i, int v) {
-  constexpr int kPer = 16 / sizeof(T);
-  const int flat = kMinor ? v * 4 + i : i * kPer + v;
-  return ToFloat(reinterpret_cast<const T*>(&s.w[flat / kPer])[flat % kPer]);
-}
-template <typename T, bool kMinor>
-__device__ __forceinline__ void SetStepValue(StepWords& s, int i, int v,
-                                             float value) {
-  constexpr int kPer = 16 / sizeof(T);
-  const int flat = kMinor ? v * 4 + i : i * kPer + v;
-  reinterpret_cast<T*>(&s.w[flat / kPer])[flat % kPer] = FromFloat<T>(value);
-}
-// The word q of a step at channel c of a token row.
-template <typename T, bool kMinor>
-__device__ __forceinline__ int64_t StepWordAt(int64_t C, int64_t c, int q) {
-  return kMinor ? c * 4 + q * (16 / sizeof(T)) : q * C + c;
-}
-
-// The n = 4 backward's channel loop on 16-byte vector rows (kPipelinedBackward)
-// in either layout: each step's loads go out before the step before it
-// computes, held as loaded words and converted channel by channel, so every
-// thread keeps two steps of loads in flight (with one, HBM idled between
-// steps; docs/decisions.md). Every sum adds its terms in the order of the
-// general loop below (per sum, channel slots in order): the same bits.
-// acc: dH_post[4], then dH_res[4][4]; publish() once the first loads are out.
-template <typename T, bool kMinor, typename Publish>
-__device__ __forceinline__ void PipelinedBackwardSteps(
-    const DevSpec& s, const T* g_row, const T* x_row, const T* f_row,
-    const float* bias, const float* r, const float* hp, T* df_row, T* dx_row,
-    int thread, float (&acc)[20], Publish&& publish) {
-  constexpr int kN = 4, V = 16 / sizeof(T);
-  constexpr int kStep = kPostBackwardGroup<kN, false> * V;
-  struct Words {
-    StepWords g, x;
-    uint4 f;
-  };
-  auto load = [&](int64_t c, Words& w) {
-#pragma unroll
-    for (int q = 0; q < kN; ++q) {
-      const int64_t at = StepWordAt<T, kMinor>(s.C, c, q);
-      w.g.w[q] = *reinterpret_cast<const uint4*>(g_row + at);
-      w.x.w[q] = *reinterpret_cast<const uint4*>(x_row + at);
-    }
-    w.f = *reinterpret_cast<const uint4*>(f_row + c);
-  };
-  int64_t c = FirstChannel<V, false>(thread);
-  Words cur;
-  if (c < s.C) load(c, cur);
-  publish();
-  for (; c < s.C; c += kStep) {
-    Words next;
-    if (c + kStep < s.C) load(c + kStep, next);
-    uint4 df_word;
-    StepWords dx_words;
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float g[kN], xv[kN];
-#pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        g[i] = StepValue<T, kMinor>(cur.g, i, v);
-        xv[i] = StepValue<T, kMinor>(cur.x, i, v);
-      }
-      float fv = ToFloat(reinterpret_cast<const T*>(&cur.f)[v]);
-      if (s.has_bias) fv += bias[c + v];
-      float d = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kN; ++j) d = fmaf(hp[j], g[j], d);
-      reinterpret_cast<T*>(&df_word)[v] = FromFloat<T>(d);
-#pragma unroll
-      for (int j = 0; j < kN; ++j) acc[j] = fmaf(g[j], fv, acc[j]);
-#pragma unroll
-      for (int a = 0; a < kN; ++a) {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          acc[kN + a * kN + j] = fmaf(xv[a], g[j], acc[kN + a * kN + j]);
-        }
-      }
-      if (dx_row != nullptr) {
-#pragma unroll
-        for (int a = 0; a < kN; ++a) {
-          float e = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kN; ++j) e = fmaf(r[a * kN + j], g[j], e);
-          SetStepValue<T, kMinor>(dx_words, a, v, e);
-        }
-      }
-    }
-    *reinterpret_cast<uint4*>(df_row + c) = df_word;
-    if (dx_row != nullptr) {
-#pragma unroll
-      for (int q = 0; q < kN; ++q) {
-        *reinterpret_cast<uint4*>(dx_row + StepWordAt<T, kMinor>(s.C, c, q)) =
-            dx_words.w[q];
-      }
-    }
-    cur = next;
-  }
-}
-
 template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(
     kPostBackwardGroup<NT, kStrided>* kPostBackwardSlices<NT>,
@@ -263,7 +155,7 @@ __global__ void __launch_bounds__(
   for (int w = 0; w < kW; ++w) acc[w] = 0.0f;
   if constexpr (kPipelinedBackward<T, NT, V, kStrided>) {
     auto steps = [&](auto minor_tag) {
-      PipelinedBackwardSteps<T, decltype(minor_tag)::value>(
+      PipelinedBackwardSteps<T, decltype(minor_tag)::value, kGroup>(
           s, g_row, x_row, f_row, bias, r, hp, df + m * s.C,
           dx == nullptr ? nullptr : dx + m * s.K, slice.thread, acc,
           [&] { mixing.Publish(mix); });

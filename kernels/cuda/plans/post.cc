@@ -44,7 +44,8 @@ const std::vector<PlanRule<PV, PostCase>>& Rules() {
         "kernels/cuda/post.cu",
         "FFMA, a CTA per token; the backward splits a token's streams over 2 "
         "or 4 thread groups at `n >= 5` (the forward at `n >= 9`), and runs "
-        "64-thread CTAs at `n = 4`",
+        "64-thread CTAs at `n = 4`, each thread with two channel steps of "
+        "loads in flight",
         Example(4)},
        [](const PostCase& c) { return c.rows == RowAccess::kVector; }},
       {{PV::kStrided, "otherwise, `strided` rows", "kernels/cuda/post.cu",
