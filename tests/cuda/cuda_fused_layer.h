@@ -48,15 +48,20 @@ inline std::vector<float> RandomParams(int64_t K, int64_t N, int64_t C) {
   return params;
 }
 
-// The device copy of RandomParams' values as a layer's weights.
+// A device buffer laid out as RandomParams' values (phi, alpha, beta, gamma,
+// bias) as a layer's weights (LayerWeights) or their gradients (LayerGrads).
+template <typename Params>
+inline Params ParamsIn(Pair w, int64_t N, int64_t K) {
+  Params p;
+  p.phi = w.f(1);
+  p.alpha = w.f(1) + N * K;
+  p.beta = w.f(1) + N * K + 3;
+  p.gamma = w.f(1) + N * K + 3 + N;
+  p.bias = w.f(1) + N * K + 3 + N + K;
+  return p;
+}
 inline LayerWeights WeightsIn(Pair w, int64_t N, int64_t K) {
-  LayerWeights lw;
-  lw.phi = w.f(1);
-  lw.alpha = w.f(1) + N * K;
-  lw.beta = w.f(1) + N * K + 3;
-  lw.gamma = w.f(1) + N * K + 3 + N;
-  lw.bias = w.f(1) + N * K + 3 + N + K;
-  return lw;
+  return ParamsIn<LayerWeights>(w, N, K);
 }
 
 }  // namespace mhc::testing

@@ -306,12 +306,7 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
        kept_h = h.Output(count * N * 4), kept_ms = h.Output(count * 4);
   std::vector<float> zeros(N * K + 3 + N + K + C, 0.0f);
   Pair g = h.Input(zeros.data(), zeros.size() * 4);
-  LayerGrads lg;
-  lg.phi = g.f(1);
-  lg.alpha = g.f(1) + N * K;
-  lg.beta = g.f(1) + N * K + 3;
-  lg.gamma = g.f(1) + N * K + 3 + N;
-  lg.bias = g.f(1) + N * K + 3 + N + K;
+  const LayerGrads lg = ParamsIn<LayerGrads>(g, N, K);
   auto ws = [&](OpKind op) { return h.Scratch(1, op, spec, count, dt); };
 
   PreForwardParams pf;
