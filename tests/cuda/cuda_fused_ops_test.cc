@@ -138,28 +138,11 @@ ForwardRun RunForward(Harness& h, const LayerSpec& spec, DType dt,
   const OpKind op = head ? OpKind::kHeadForward : OpKind::kPreForward;
   const Workspace ws = h.Scratch(1, op, spec, count, dt);
   if (head) {
-    HeadForwardParams p;
-    p.spec = &spec;
-    p.tokens = count;
-    p.act_dtype = dt;
-    p.x = xs.dev;
-    p.weights = lw;
-    p.y = y.dev;
-    p.mix = hp.f(1);
+    const HeadForwardParams p{&spec, count, dt, xs.dev, lw, y.dev, hp.f(1)};
     EXPECT_TRUE(h.cuda().HeadForward(p, ws).ok());
   } else {
-    PreForwardParams p;
-    p.spec = &spec;
-    p.tokens = count;
-    p.act_dtype = dt;
-    p.x = xs.dev;
-    p.weights = lw;
-    p.y = y.dev;
-    p.h_pre = hp.f(1);
-    p.h_post = hq.f(1);
-    p.h_res = hr.f(1);
-    p.h = kh.f(1);
-    p.mean_square = kms.f(1);
+    const PreForwardParams p{&spec,   count,   dt,      xs.dev,  lw,      y.dev,
+                             hp.f(1), hq.f(1), hr.f(1), kh.f(1), kms.f(1)};
     EXPECT_TRUE(h.cuda().PreForward(p, ws).ok());
   }
   EXPECT_TRUE(h.cuda().Synchronize().ok());

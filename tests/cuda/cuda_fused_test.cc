@@ -309,16 +309,8 @@ LayerRun RunLayer(Harness& h, const LayerSpec& spec, DType dt,
   const LayerGrads lg = ParamsIn<LayerGrads>(g, N, K);
   auto ws = [&](OpKind op) { return h.Scratch(1, op, spec, count, dt); };
 
-  PreForwardParams pf;
-  pf.spec = &spec;
-  pf.tokens = count;
-  pf.act_dtype = dt;
-  pf.x = xs.dev;
-  pf.weights = lw;
-  pf.y = y.dev;
-  pf.h_pre = hp.f(1);
-  pf.h_post = hq.f(1);
-  pf.h_res = hr.f(1);
+  PreForwardParams pf{&spec, count,   dt,      xs.dev, lw,
+                      y.dev, hp.f(1), hq.f(1), hr.f(1)};
   if (keep_projection) pf.h = kept_h.f(1), pf.mean_square = kept_ms.f(1);
   EXPECT_TRUE(cuda.PreForward(pf, ws(OpKind::kPreForward)).ok());
   PostForwardParams po;
