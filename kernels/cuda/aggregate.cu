@@ -7,6 +7,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "primitives/row_access.cuh"
+#include "primitives/staged_windows.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -18,7 +19,7 @@ __device__ __forceinline__ void FetchHPre(CtaValues<NT>& hp, int n,
   hp.Fetch([&](int i) { return i < n ? h_pre[m * n + i] : 0.0f; });
 }
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
   WaitForPrerequisiteGrid();  // h_pre (the fused pre forward's mixing)
@@ -30,10 +31,10 @@ __global__ void __launch_bounds__(kRowThreads)
   const T* row = x + m * s.K;
   T* out = y + m * s.C;
   mixing.Publish(hp);
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-       c += kRowThreads * V) {
-    float xv[NT][V];
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+  struct Loaded {
+    float x[NT][V];
+  };
+  auto step = [&](int64_t c, const Loaded& l) {
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -41,9 +42,25 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int i = 0; i < NT; ++i) {
       if (i >= n) break;
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], xv[i][v], acc[v]);
+      for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], l.x[i][v], acc[v]);
     }
     StoreChannels<T, V, kStrided>(out, c, s.C, acc);
+  };
+  const T* x_end = x + int64_t{gridDim.x} * s.K;  // a CTA per token
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, x_end, l.x[i]);
+  };
+  if (ForEachStagedStep<Loaded, T, V, kStaged, kRowThreads, kRowThreads / 32,
+                        NT>(
+          s.C, threadIdx.x, rows, [] {}, step)) {
+    return;
+  }
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
+    Loaded l;
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+    step(c, l);
   }
 }
 
@@ -53,7 +70,7 @@ __global__ void __launch_bounds__(kRowThreads)
 template <int NT, bool kStrided>
 inline constexpr int kAggregateBackwardBlocks = NT == 4 && kStrided ? 5 : 0;
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads,
                                   kAggregateBackwardBlocks<NT, kStrided>)
     aggregate_backward_kernel(DevSpec s, const T* x, const float* h_pre,
@@ -76,25 +93,35 @@ __global__ void __launch_bounds__(kRowThreads,
     float x[NT][V];
     float dy[V];
   };
-  ForEachChannelStep<Loaded, V, kStrided, !kStrided>(
-      s.C, threadIdx.x,
-      [&](int64_t c, Loaded& l) {
-        LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
-        LoadChannels<T, V, kStrided>(dy_row, c, s.C, l.dy);
-      },
-      [&] { mixing.Publish(hp); },
-      [&](int64_t c, const Loaded& l) {
-        float out[NT][V];
+  auto publish = [&] { mixing.Publish(hp); };
+  auto step = [&](int64_t c, const Loaded& l) {
+    float out[NT][V];
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
+    for (int i = 0; i < NT; ++i) {
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            acc[i] = fmaf(l.dy[v], l.x[i][v], acc[i]);
-            out[i][v] = hp[i] * l.dy[v];
-          }
-        }
-        StoreStreams<T, NT, V, kStrided>(s, n, dx_row, c, out);
-      });
+      for (int v = 0; v < V; ++v) {
+        acc[i] = fmaf(l.dy[v], l.x[i][v], acc[i]);
+        out[i][v] = hp[i] * l.dy[v];
+      }
+    }
+    StoreStreams<T, NT, V, kStrided>(s, n, dx_row, c, out);
+  };
+  const int64_t tokens = gridDim.x;  // a CTA per token
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, x + tokens * s.K, l.x[i]);
+    visit(dy_row, dy + tokens * s.C, l.dy);
+  };
+  if (!ForEachStagedStep<Loaded, T, V, kStaged, kRowThreads, kRowThreads / 32,
+                         NT + 1>(s.C, threadIdx.x, rows, publish, step)) {
+    ForEachChannelStep<Loaded, V, kStrided, !kStrided>(
+        s.C, threadIdx.x,
+        [&](int64_t c, Loaded& l) {
+          LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+          LoadChannels<T, V, kStrided>(dy_row, c, s.C, l.dy);
+        },
+        publish, step);
+  }
   BlockSum<NT>(acc, red, total);
   if (threadIdx.x < n) dh_pre[m * n + threadIdx.x] = total[threadIdx.x];
 }
@@ -118,11 +145,12 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kAggregateForward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         err = LaunchAfterPrevious(
             aggregate_forward_kernel<T, decltype(nt)::value,
-                                     decltype(vt)::value, decltype(rt)::value>,
+                                     decltype(vt)::value, decltype(rt)::value,
+                                     decltype(st)::value>,
             dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
             static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
       });
@@ -139,11 +167,12 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kAggregateBackward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         err = LaunchAfterPrevious(
             aggregate_backward_kernel<T, decltype(nt)::value,
-                                      decltype(vt)::value, decltype(rt)::value>,
+                                      decltype(vt)::value, decltype(rt)::value,
+                                      decltype(st)::value>,
             dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
             static_cast<const T*>(p.x), p.h_pre, static_cast<const T*>(p.dy),
             static_cast<T*>(p.dx), p.dh_pre);

@@ -74,9 +74,10 @@ RowAccessPlan RowAccessOf(const LayerSpec& spec, DType dtype, P... tensors) {
                        LeastAlignment({static_cast<const void*>(tensors)...}));
 }
 
-// f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>) with the plan's
-// stream count NT and channels V: NT == 4 means n == 4 exactly, and so does
-// V > 1 for every NT. Builds, per dtype, the shapes the plan gives
+// f(TypeTag<T>, IntTag<NT>, IntTag<V>, BoolTag<kStrided>, BoolTag<kStaged>)
+// with the plan's stream count NT and channels V: NT == 4 means n == 4
+// exactly, and so does V > 1 for every NT; kStaged, strided rows the plan
+// stages. Builds, per dtype, the shapes the plan gives
 // `kKernel`: the vector and strided paths at n = 2, 4, 8 and (not for
 // kQuadratic kernels) 16, at n = 8 and 16 with 8-byte accesses, or 16-byte
 // ones on the vector path of kLinearWide kernels; the element path at every
@@ -90,7 +91,14 @@ bool DispatchRows(DType dtype, const RowAccessPlan& plan, F&& f) {
     constexpr int kV = 16 / sizeof(T);
     auto run = [&](auto nt, auto vt, auto strided) {
       if (decltype(vt)::value != plan.channels) return;
-      f(type_tag, nt, vt, strided);
+      if constexpr (decltype(strided)::value && StagesRows(kKernel)) {
+        if (plan.staged) {
+          f(type_tag, nt, vt, strided, BoolTag<true>{});
+          built = true;
+          return;
+        }
+      }
+      f(type_tag, nt, vt, strided, BoolTag<false>{});
       built = true;
     };
     auto half_or_wide = [&](auto nt, auto strided) {

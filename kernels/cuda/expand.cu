@@ -5,11 +5,12 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "primitives/row_access.cuh"
+#include "primitives/staged_windows.cuh"
 
 namespace mhc::cuda {
 namespace {
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads)
     expand_forward_kernel(DevSpec s, const T* e, T* x) {
   const int n = NT == 4 ? 4 : s.n;
@@ -30,27 +31,43 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads)
     expand_backward_kernel(DevSpec s, const T* dx, T* de) {
   const int n = NT == 4 ? 4 : s.n;
   const int64_t m = blockIdx.x;
   const T* row = dx + m * s.K;
   T* out = de + m * s.C;
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-       c += kRowThreads * V) {
-    float xv[NT][V];
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+  struct Loaded {
+    float x[NT][V];
+  };
+  auto step = [&](int64_t c, const Loaded& l) {
     float acc[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = xv[0][v];
+    for (int v = 0; v < V; ++v) acc[v] = l.x[0][v];
 #pragma unroll
     for (int i = 1; i < NT; ++i) {
       if (i >= n) break;
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += xv[i][v];
+      for (int v = 0; v < V; ++v) acc[v] += l.x[i][v];
     }
     StoreChannels<T, V, kStrided>(out, c, s.C, acc);
+  };
+  const T* dx_end = dx + int64_t{gridDim.x} * s.K;  // a CTA per token
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, dx_end, l.x[i]);
+  };
+  if (ForEachStagedStep<Loaded, T, V, kStaged, kRowThreads, kRowThreads / 32,
+                        NT>(
+          s.C, threadIdx.x, rows, [] {}, step)) {
+    return;
+  }
+  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+       c += kRowThreads * V) {
+    Loaded l;
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+    step(c, l);
   }
 }
 
@@ -71,10 +88,10 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
   const RowAccessPlan plan = PlanOf(p);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   const bool built = DispatchRows<RowKernel::kExpandForward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                              decltype(rt)::value>
+                              decltype(rt)::value, decltype(st)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
       });
@@ -89,10 +106,10 @@ absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
   const RowAccessPlan plan = PlanOf(p);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   const bool built = DispatchRows<RowKernel::kExpandBackward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt) {
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         expand_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                               decltype(rt)::value>
+                               decltype(rt)::value, decltype(st)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.dx), static_cast<T*>(p.de));
       });

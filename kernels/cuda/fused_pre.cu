@@ -27,6 +27,7 @@
 #include "overflow_repair.h"
 #include "plans/fused.h"
 #include "primitives/row_access.cuh"
+#include "primitives/staged_windows.cuh"
 #include "projection/backward/wide.h"
 #include "projection/forward/mma.cuh"
 #include "sinkhorn4.cuh"
@@ -98,7 +99,7 @@ __device__ __forceinline__ void ForwardMixToken(const DevSpec& s, int64_t m,
 
 // A static layer (z = beta for every token, no projection): the mixing
 // values of kTileTokens tokens, then their aggregate.
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kTileThreads)
     static_forward_kernel(DevSpec s, int64_t tokens, const T* x, T* y,
                           ForwardDev a) {
@@ -121,10 +122,10 @@ __global__ void __launch_bounds__(kTileThreads)
     if (m >= tokens) break;
     const T* row = x + m * s.K;
     T* out = y + m * s.C;
-    for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-         c += kTileThreads * V) {
-      float xv[NT][V];
-      LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
+    struct Loaded {
+      float x[NT][V];
+    };
+    auto step = [&](int64_t c, const Loaded& l) {
       float acc[V];
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] = 0.0f;
@@ -132,9 +133,27 @@ __global__ void __launch_bounds__(kTileThreads)
       for (int i = 0; i < NT; ++i) {
         if (i >= n) break;
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = fmaf(hp_s[t][i], xv[i][v], acc[v]);
+        for (int v = 0; v < V; ++v) {
+          acc[v] = fmaf(hp_s[t][i], l.x[i][v], acc[v]);
+        }
       }
       StoreChannels<T, V, kStrided>(out, c, s.C, acc);
+    };
+    auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+        visit(row + i * s.C, x + tokens * s.K, l.x[i]);
+    };
+    if (ForEachStagedStep<Loaded, T, V, kStaged, kTileThreads,
+                          kTileThreads / 32, NT>(
+            s.C, threadIdx.x, rows, [] {}, step)) {
+      continue;
+    }
+    for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
+         c += kTileThreads * V) {
+      Loaded l;
+      LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+      step(c, l);
     }
   }
 }
@@ -271,7 +290,7 @@ constexpr int kDhPreWarps = 4;
 // (docs/decisions.md).
 template <int NT, bool kStrided>
 inline constexpr int kDhPreBlocks = NT == 4 && kStrided ? 8 : 0;
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
     dh_pre_kernel(DevSpec s, int64_t tokens, const T* x, const T* dy,
                   float* dh_pre, int* repair_count, unsigned* arrivals) {
@@ -292,16 +311,30 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
   float acc[NT];
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i] = 0.0f;
-#pragma unroll 2
-  for (int64_t c = FirstChannel<V, kStrided>(lane); c < s.C; c += 32 * V) {
-    float xv[NT][V];
-    float d[V];
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
-    LoadChannels<T, V, kStrided>(dy_row, c, s.C, d);
+  struct Loaded {
+    float x[NT][V];
+    float dy[V];
+  };
+  auto step = [&](int64_t, const Loaded& l) {
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[i] = fmaf(d[v], xv[i][v], acc[i]);
+      for (int v = 0; v < V; ++v) acc[i] = fmaf(l.dy[v], l.x[i][v], acc[i]);
+    }
+  };
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, x + tokens * s.K, l.x[i]);
+    visit(dy_row, dy + tokens * s.C, l.dy);
+  };
+  if (!ForEachStagedStep<Loaded, T, V, kStaged, 32, kDhPreWarps, NT + 1>(
+          s.C, lane, rows, [] {}, step)) {
+#pragma unroll 2
+    for (int64_t c = FirstChannel<V, kStrided>(lane); c < s.C; c += 32 * V) {
+      Loaded l;
+      LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+      LoadChannels<T, V, kStrided>(dy_row, c, s.C, l.dy);
+      step(c, l);
     }
   }
 #pragma unroll
@@ -473,10 +506,10 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.y);
   const unsigned grid = GridSize((a.tokens + kTileTokens - 1) / kTileTokens);
   DispatchRows<RowKernel::kPre>(
-      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt) {
+      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         static_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                              decltype(rt)::value>
+                              decltype(rt)::value, decltype(st)::value>
             <<<grid, kTileThreads, 0, stream>>>(s, a.tokens,
                                                 static_cast<const T*>(a.x),
                                                 static_cast<T*>(a.y), d);
@@ -532,11 +565,11 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   const unsigned grid = GridSize((a.tokens + kDhPreWarps - 1) / kDhPreWarps);
   cudaError_t err = cudaSuccess;
   DispatchRows<RowKernel::kPre>(
-      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt) {
+      a.act_dtype, access, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         err = LaunchAfterPrevious(
             dh_pre_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                          decltype(rt)::value>,
+                          decltype(rt)::value, decltype(st)::value>,
             dim3(grid), dim3(kDhPreWarps * 32), 0, stream, s, a.tokens,
             static_cast<const T*>(a.x), static_cast<const T*>(a.dy),
             at(b.dh_pre), repair ? rows.count : nullptr, arrivals);

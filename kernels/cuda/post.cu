@@ -15,6 +15,7 @@
 #include "post_backward_steps.cuh"
 #include "post_mixing.cuh"
 #include "primitives/row_access.cuh"
+#include "primitives/staged_windows.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -75,7 +76,7 @@ inline constexpr int kPostBackwardBlocks = NT != 4    ? 0
                                            : kStrided ? 4
                                                       : 6;
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
                                   kPostForwardBlocks<NT, kStrided>)
     post_forward_kernel(DevSpec s, const T* f, const T* x, const float* h_post,
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   constexpr int kSlices = kPostForwardSlices<NT>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
-  const int64_t m = blockIdx.x;
+  const int64_t m = blockIdx.x, tokens = gridDim.x;  // a CTA per token
   const PostSlice slice = SliceOfThread<NT, kSlices>();
   __shared__ float mix[kMixingSlots<NT>];
   const float* r = mix;
@@ -95,34 +96,50 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   const T* f_row = f + m * s.C;
   T* out_row = x_next + m * s.K;
   mixing.Publish(mix);
-  for (int64_t c = FirstChannel<V, kStrided>(slice.thread); c < s.C;
-       c += kRowThreads * V) {
-    float xv[NT][V];
-    float fv[V];
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, xv);
-    LoadChannels<T, V, kStrided>(f_row, c, s.C, fv);
-    if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, fv);
+  struct Loaded {
+    float x[NT][V];
+    float f[V];
+  };
+  auto step = [&](int64_t c, Loaded& l) {
+    if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
     float out[kS][V];
 #pragma unroll
     for (int a = 0; a < kS; ++a) {
       const int j = slice.first + a;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        float acc = hp[j] * fv[v];
+        float acc = hp[j] * l.f[v];
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           if (i >= n) break;
-          acc = fmaf(r[i * NT + j], xv[i][v], acc);
+          acc = fmaf(r[i * NT + j], l.x[i][v], acc);
         }
         out[a][v] = acc;
       }
     }
     StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, out_row, slice.first, c,
                                              out);
+  };
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, x + tokens * s.K, l.x[i]);
+    visit(f_row, f + tokens * s.C, l.f);
+  };
+  if (ForEachStagedStep<Loaded, T, V, kStaged, kRowThreads,
+                        kRowThreads * kSlices / 32, NT + 1>(
+          s.C, slice.thread, rows, [] {}, step)) {
+    return;
+  }
+  for (int64_t c = FirstChannel<V, kStrided>(slice.thread); c < s.C;
+       c += kRowThreads * V) {
+    Loaded l;
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+    LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
+    step(c, l);
   }
 }
 
-template <typename T, int NT, int V, bool kStrided>
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(
     kPostBackwardGroup<NT, kStrided>* kPostBackwardSlices<NT>,
     kPostBackwardBlocks<NT, kStrided>)
@@ -135,7 +152,7 @@ __global__ void __launch_bounds__(
   constexpr int kGroup = kPostBackwardGroup<NT, kStrided>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
-  const int64_t m = blockIdx.x;
+  const int64_t m = blockIdx.x, tokens = gridDim.x;  // a CTA per token
   const PostSlice slice = SliceOfThread<NT, kSlices, kGroup>();
   const bool first_group = slice.first == 0;
   // acc[j] = dH_post[j] (group 0), acc[NT + a*NT + j] = dR[first + a][j].
@@ -171,68 +188,84 @@ __global__ void __launch_bounds__(
       float x[kS][V];
       float f[V];
     };
-    ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
-        s.C, slice.thread,
-        [&](int64_t c, Loaded& l) {
-          LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
-          LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
-                                                  l.x);
-          if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
-        },
-        [&] { mixing.Publish(mix); },
-        [&](int64_t c, Loaded& l) {
-          if (first_group) {
-            if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
-            float dfv[V];
+    auto publish = [&] { mixing.Publish(mix); };
+    auto step = [&](int64_t c, Loaded& l) {
+      if (first_group) {
+        if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
+        float dfv[V];
 #pragma unroll
-            for (int v = 0; v < V; ++v) {
-              float d = 0.0f;
+        for (int v = 0; v < V; ++v) {
+          float d = 0.0f;
 #pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                if (j >= n) break;
-                d = fmaf(hp[j], l.g[j][v], d);
-              }
-              dfv[v] = d;
-            }
-            StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
-              }
-            }
+          for (int j = 0; j < NT; ++j) {
+            if (j >= n) break;
+            d = fmaf(hp[j], l.g[j][v], d);
           }
+          dfv[v] = d;
+        }
+        StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
 #pragma unroll
-          for (int a = 0; a < kS; ++a) {
+        for (int j = 0; j < NT; ++j) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                acc[NT + a * NT + j] =
-                    fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
-              }
-            }
+          for (int v = 0; v < V; ++v) {
+            acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
           }
-          if (dx == nullptr) return;
-          float out[kS][V];
+        }
+      }
 #pragma unroll
-          for (int a = 0; a < kS; ++a) {
-            const int i = slice.first + a;
+      for (int a = 0; a < kS; ++a) {
 #pragma unroll
-            for (int v = 0; v < V; ++v) {
-              float d = 0.0f;
+        for (int j = 0; j < NT; ++j) {
 #pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                if (j >= n) break;
-                d = fmaf(r[i * NT + j], l.g[j][v], d);
-              }
-              out[a][v] = d;
-            }
+          for (int v = 0; v < V; ++v) {
+            acc[NT + a * NT + j] =
+                fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
           }
-          StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
-                                                   slice.first, c, out);
-        });
+        }
+      }
+      if (dx == nullptr) return;
+      float out[kS][V];
+#pragma unroll
+      for (int a = 0; a < kS; ++a) {
+        const int i = slice.first + a;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          float d = 0.0f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if (j >= n) break;
+            d = fmaf(r[i * NT + j], l.g[j][v], d);
+          }
+          out[a][v] = d;
+        }
+      }
+      StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K, slice.first,
+                                               c, out);
+    };
+    auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        visit(g_row + j * s.C, dx_next + tokens * s.K, l.g[j]);
+      }
+#pragma unroll
+      for (int a = 0; a < kS; ++a) {
+        visit(x_row + (slice.first + a) * s.C, x + tokens * s.K, l.x[a]);
+      }
+      if (first_group) visit(f_row, f + tokens * s.C, l.f);
+    };
+    if (!ForEachStagedStep<Loaded, T, V, kStaged, kGroup, kGroup * kSlices / 32,
+                           NT + kS + 1>(s.C, slice.thread, rows, publish,
+                                        step)) {
+      ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
+          s.C, slice.thread,
+          [&](int64_t c, Loaded& l) {
+            LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
+            LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
+                                                    l.x);
+            if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
+          },
+          publish, step);
+    }
   }
   GroupSum<kW>(acc, kGroup, red, total);
   const float* sums = total + slice.first / kS * kW;
@@ -312,11 +345,11 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kPost>(
-      p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
+      p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
         err = LaunchAfterPrevious(
             post_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                decltype(rt)::value>,
+                                decltype(rt)::value, decltype(st)::value>,
             dim3(GridSize(p.tokens)),
             dim3(kRowThreads * kPostForwardSlices<decltype(nt)::value>), 0,
             stream, s, static_cast<const T*>(p.f), static_cast<const T*>(p.x),
@@ -339,11 +372,12 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
     MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
   } else {
     const bool built = DispatchRows<RowKernel::kPost>(
-        p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt) {
+        p.act_dtype, plan.rows,
+        [&](auto tt, auto nt, auto vt, auto rt, auto st) {
           using T = typename decltype(tt)::type;
           err = LaunchAfterPrevious(
               post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                   decltype(rt)::value>,
+                                   decltype(rt)::value, decltype(st)::value>,
               dim3(GridSize(p.tokens)),
               dim3(
                   kPostBackwardGroup<decltype(nt)::value, decltype(rt)::value> *

@@ -9,7 +9,11 @@
 // float64 reference is in cuda_ops_test and cuda_projection_test. Where the
 // aligned run takes the post's tensor-core path (bf16, stream-major, n = 3
 // or more but 4) and the shifted one the FFMA path, the post's outputs are
-// compared within bf16 rounding instead. Skips without a GPU.
+// compared within bf16 rounding instead. At odd C the strided rows of
+// tensors on 16 bytes are staged through shared memory
+// (primitives/staged_windows.cuh) and those one element off are loaded by
+// elements: the same slots, so every row kernel output, channel sums
+// included, matches bit for bit. Skips without a GPU.
 #include <cstring>
 #include <map>
 #include <set>
@@ -207,6 +211,28 @@ const std::set<std::string> kPostRows = {"post x_next", "post df", "post dx"};
 // ones per stage in fp32 (projection/backward/mma.cuh).
 const std::set<std::string> kPhiSums = {"projection dphi", "projection dgamma"};
 
+// The inputs of RunRowOps for a layer, every tensor fresh random data.
+RowInputs RandomRowInputs(Harness& h, const LayerSpec& spec, DType dt,
+                          int64_t M) {
+  const int64_t n = spec.n, C = spec.hidden, K = spec.K();
+  RowInputs in;
+  in.x = h.Act(dt, M * K, FreshSeed());
+  in.f = h.Act(dt, M * C, FreshSeed());
+  in.dy = h.Act(dt, M * C, FreshSeed());
+  in.dxn = h.Act(dt, M * K, FreshSeed());
+  in.hpre = h.Floats(M * n, FreshSeed(), 0.0f, 1.0f);
+  in.hpost = h.Floats(M * n, FreshSeed(), 0.0f, 2.0f);
+  in.hres = h.Floats(M * n * n, FreshSeed(), 0.0f, 1.0f);
+  in.bias = h.Floats(C, FreshSeed());
+  in.dbias_init = RandomFloats(C, FreshSeed());
+  const int64_t N = spec.NumLogits();
+  in.phi = h.Floats(N * K, FreshSeed(), -0.05f, 0.05f);
+  in.gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
+  in.dh = h.Floats(M * N, FreshSeed());
+  in.dms = h.Floats(M, FreshSeed());
+  return in;
+}
+
 TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
   MHC_SKIP_WITHOUT_GPU();
   // C = 1040 is a multiple of every vector width, so the unshifted run takes
@@ -222,25 +248,11 @@ TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
         spec.has_post_bias = true;
         spec.has_gamma = true;
         spec.layout = layout;
-        const int64_t M = kTokens, C = kHidden, K = spec.K();
+        const int64_t M = kTokens;
         SCOPED_TRACE(
             absl::StrCat("n=", n, " ", DTypeName(dt), " ", LayoutName(layout)));
         Harness h;
-        RowInputs in;
-        in.x = h.Act(dt, M * K, FreshSeed());
-        in.f = h.Act(dt, M * C, FreshSeed());
-        in.dy = h.Act(dt, M * C, FreshSeed());
-        in.dxn = h.Act(dt, M * K, FreshSeed());
-        in.hpre = h.Floats(M * n, FreshSeed(), 0.0f, 1.0f);
-        in.hpost = h.Floats(M * n, FreshSeed(), 0.0f, 2.0f);
-        in.hres = h.Floats(M * n * n, FreshSeed(), 0.0f, 1.0f);
-        in.bias = h.Floats(C, FreshSeed());
-        in.dbias_init = RandomFloats(C, FreshSeed());
-        const int64_t N = spec.NumLogits();
-        in.phi = h.Floats(N * K, FreshSeed(), -0.05f, 0.05f);
-        in.gamma = h.Floats(K, FreshSeed(), 0.5f, 1.5f);
-        in.dh = h.Floats(M * N, FreshSeed());
-        in.dms = h.Floats(M, FreshSeed());
+        RowInputs in = RandomRowInputs(h, spec, dt, M);
 
         Placed aligned(h, dt, 0, 0);
         const auto want = RunRowOps(h, spec, dt, M, in, aligned);
@@ -270,6 +282,56 @@ TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
             } else {
               EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaRowAccessTest, StagedRowsMatchElementRows) {
+  MHC_SKIP_WITHOUT_GPU();
+  // Odd C: every row but the first starts off 16 bytes, a row's last window
+  // is partial, and with M odd the last row's last chunk runs past the
+  // tensor's end, which the copies must not read. Stream-major only: the
+  // stream-minor rows never stage.
+  constexpr int64_t kTokens = 37;
+  for (int64_t hidden : {1041, 5129}) {
+    for (int n : {2, 4, 8, 16}) {
+      for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+        LayerSpec spec = PresetSpec("deepseek_v4", n, hidden).value();
+        spec.has_post_bias = true;
+        spec.has_gamma = true;
+        const int64_t M = kTokens;
+        SCOPED_TRACE(absl::StrCat("C=", hidden, " n=", n, " ", DTypeName(dt)));
+        Harness h;
+        RowInputs in = RandomRowInputs(h, spec, dt, M);
+        Placed staged(h, dt, 0, 0);
+        const auto want = RunRowOps(h, spec, dt, M, in, staged);
+        Placed by_elements(h, dt, 1, 2);
+        const auto got = RunRowOps(h, spec, dt, M, in, by_elements);
+        // As in UnalignedRowsMatchVectorRows: the post may run on the tensor
+        // cores at 16-byte tensors, and the phi gradients sum in another
+        // order there.
+        const bool tensor_cores = dt == DType::kBF16 && n != 2 && n != 4;
+        const bool wgmma_dphi = dt != DType::kF32 && (n == 4 || n == 8);
+        for (const auto& [name, bytes] : want) {
+          const bool post_rows = kPostRows.count(name) > 0 ||
+                                 name == "post dh_post" ||
+                                 name == "post dh_res";
+          if (tensor_cores && post_rows) {
+            const DType rows_dt = kPostRows.count(name) > 0 ? dt : DType::kF32;
+            const int64_t count =
+                static_cast<int64_t>(bytes.size() / DTypeSize(rows_dt));
+            EXPECT_LE(RelativeError(got.at(name), bytes, rows_dt, count), 8e-3)
+                << name;
+          } else if (wgmma_dphi && kPhiSums.count(name) > 0) {
+            const int64_t count = static_cast<int64_t>(bytes.size() / 4);
+            EXPECT_LE(RelativeError(got.at(name), bytes, DType::kF32, count),
+                      1e-5)
+                << name;
+          } else {
+            EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
           }
         }
       }

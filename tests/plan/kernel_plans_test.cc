@@ -415,6 +415,16 @@ TEST(KernelPlans, RowAccessKeepsTheChoices) {
                           ? plan.channels * static_cast<int>(DTypeSize(dtype))
                           : static_cast<int>(DTypeSize(dtype)))
                 << what;
+            // Strided rows stage where every tensor sits on 16 bytes, and
+            // never in the stream-minor layout or the expand forward.
+            EXPECT_EQ(plan.staged, plan.access == RowAccess::kStrided &&
+                                       alignment >= 16 &&
+                                       kernel != RowKernel::kExpandForward)
+                << what;
+            LayerSpec minor = spec;
+            minor.layout = Layout::kStreamMinor;
+            EXPECT_FALSE(PlanRowAccess(kernel, minor, dtype, alignment).staged)
+                << what;
           }
         }
       }

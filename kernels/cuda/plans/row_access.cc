@@ -63,9 +63,13 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
        }},
       {{RA::kStrided, "`n = 2, 4, 8, 16` (the post: not 16) otherwise",
         "kernels/cuda/primitives/row_access.cuh",
-        "the vector path's `V` channels per stream, 32 apart, by element "
-        "accesses: a warp still reads 32 consecutive elements, a thread keeps "
-        "`V` loads per stream in flight",
+        "the vector path's `V` channels per stream, 32 apart: stream-major "
+        "rows of tensors on 16 bytes staged, each warp copying the 16-byte "
+        "chunks around its 32 `V` channels into shared memory "
+        "(`primitives/staged_windows.cuh`; not the expand forward, which "
+        "mostly writes), else element accesses, a warp reading 32 "
+        "consecutive elements and a thread keeping `V` loads per stream in "
+        "flight",
         Example(4, 8)},
        [](const RowCase& c) { return VectorStreams(c); }},
       {{RA::kElement, "every other `n`, and `n = 16` in the post",
@@ -113,6 +117,9 @@ RowAccessPlan PlanRowAccess(RowKernel kernel, const LayerSpec& spec,
     return plan;
   }
   plan.streams = n;
+  plan.staged = plan.access == RA::kStrided &&
+                spec.layout == Layout::kStreamMajor && alignment >= 16 &&
+                StagesRows(kernel);
   const bool wide = plan.access == RA::kVector && Wide(c);
   plan.channels =
       n == 2 || n == 4 || wide ? VectorWidth(dtype) : VectorWidth(dtype) / 2;

@@ -64,6 +64,12 @@ constexpr StreamState StateOf(RowKernel kernel) {
   return StreamState::kLinear;
 }
 
+// Whether a kernel's strided rows may be staged: its loads are most of its
+// bytes (not the expand forward, which reads one row and writes n).
+constexpr bool StagesRows(RowKernel kernel) {
+  return kernel != RowKernel::kExpandForward;
+}
+
 struct RowAccessPlan {
   RowAccess access = RowAccess::kElement;
   int row = -1;  // of RowAccessRows()
@@ -74,6 +80,10 @@ struct RowAccessPlan {
   int channels = 1;  // V: per thread and stream, per step
   // Bytes per access: V elements on the vector path, one element otherwise.
   int access_bytes = 0;
+  // Strided rows read through shared memory (primitives/staged_windows.cuh):
+  // stream-major, every tensor on 16 bytes, a kernel that StagesRows. The
+  // slots, and so every result, are the element loads'.
+  bool staged = false;
 };
 
 // `alignment`: the least of the kernel's activation tensors.

@@ -1,0 +1,129 @@
+// Strided rows (row_access.cuh) staged through shared memory. Rows that
+// start anywhere (odd C) keep the strided slots, lane l of a warp holding
+// channels cw + l + 32 v of a window of 32 V channels, but the warp copies
+// the 16-byte chunks that enclose the window with cp.async and each lane
+// then reads its slots from the copy. Element loads hold a register per
+// element until it lands, which kept too few CTAs per SM for the loads HBM
+// needs in flight; the copies hold none. The slots and their values are the
+// element loads', so every result keeps its bits.
+//
+// For stream-major rows of tensors that start on 16 bytes (the row access
+// plan's `staged`, plans/row_access.h): a window's first chunk may begin in
+// the row before, never before the tensor, and no copy reads past the
+// tensor's end.
+#ifndef MHC_KERNELS_CUDA_PRIMITIVES_STAGED_WINDOWS_CUH_
+#define MHC_KERNELS_CUDA_PRIMITIVES_STAGED_WINDOWS_CUH_
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace mhc::cuda {
+
+// A warp's copy of one row's window: kChunks 16-byte chunks, one more than
+// the window's span since it may start off 16 bytes.
+template <typename T, int V>
+struct StagedWindow {
+  static constexpr int kPerChunk = 16 / sizeof(T);
+  static constexpr int kChunks = 32 * V / kPerChunk + 1;
+  static constexpr int kElems = kChunks * kPerChunk;
+  static_assert(32 * V % kPerChunk == 0, "whole chunks per window");
+};
+
+// Copies the chunks holding channels [cw, cw + 32 V) of a row of C channels,
+// in a tensor that ends before `end`, into `stage` (StagedWindow::kElems
+// elements, 16-byte aligned). Chunks past the row's end are skipped and a
+// chunk across it may copy the next row's first elements: ReadWindow reads
+// neither. Only a chunk across the tensor's end (its last row's last chunk)
+// is copied by its elements, since a cp.async reads all 16 bytes; the rest
+// stay asynchronous, so no row waits for another's copies.
+template <typename T, int V>
+__device__ __forceinline__ void CopyWindow(const T* row, const T* end,
+                                           int64_t cw, int64_t C, int lane,
+                                           T* stage) {
+  using W = StagedWindow<T, V>;
+  const T* row_end = row + C;
+  const T* base = reinterpret_cast<const T*>(
+      reinterpret_cast<uintptr_t>(row + cw) & ~uintptr_t{15});
+  for (int k = lane; k < W::kChunks; k += 32) {
+    const T* src = base + k * W::kPerChunk;
+    T* dst = stage + k * W::kPerChunk;
+    if (src >= row_end) continue;
+    if (src + W::kPerChunk <= end) {
+      const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
+                   "l"(src));
+    } else {
+#pragma unroll
+      for (int e = 0; e < W::kPerChunk; ++e) {
+        if (src + e < row_end) dst[e] = src[e];
+      }
+    }
+  }
+}
+
+// The lane's slots of a landed window that CopyWindow copied from row + cw;
+// slots past C read as zero, as the element loads make them.
+template <typename T, int V>
+__device__ __forceinline__ void ReadWindow(const T* stage, const T* row,
+                                           int64_t cw, int64_t C, int lane,
+                                           float (&out)[V]) {
+  const int shift = static_cast<int>(
+      (reinterpret_cast<uintptr_t>(row + cw) & uintptr_t{15}) / sizeof(T));
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    out[v] =
+        cw + lane + 32 * v < C ? ToFloat(stage[shift + lane + 32 * v]) : 0.0f;
+  }
+}
+
+// The strided channel loop (ForEachChannelStep's) on staged windows where
+// kStaged (the row access plan's `staged`); returns false, running
+// nothing, otherwise. Thread `thread` of kThreads striding a token's channels
+// belongs to the warp that takes the windows from 32 V (thread / 32), kThreads
+// V apart; its CTA holds kCtaWarps warps. rows(loaded, visit) calls visit(row,
+// end, slots) for each of at most kRows rows, always in the same order: row is
+// where the row's channel 0 lies, end the end of its tensor, slots the Loaded's
+// V floats that its slots fill. After publish(), per window: the copies of
+// every row, and once they have landed the lane's slots; step(c, loaded) then
+// runs for the lanes whose first slot c lies inside the row, as on element
+// loads. The stage is the warp's own, so warp barriers alone order it.
+template <typename Loaded, typename T, int V, bool kStaged, int kThreads,
+          int kCtaWarps, int kRows, typename Rows, typename Publish,
+          typename Step>
+__device__ __forceinline__ bool ForEachStagedStep(int64_t C, int thread,
+                                                  Rows rows, Publish publish,
+                                                  Step step) {
+  if constexpr (!kStaged) {
+    return false;
+  } else {
+    using W = StagedWindow<T, V>;
+    __shared__ alignas(16) T stage[kCtaWarps][kRows][W::kElems];
+    T(&mine)[kRows][W::kElems] = stage[threadIdx.x / 32];
+    const int lane = thread & 31;
+    publish();
+    for (int64_t cw = int64_t{thread >> 5} * 32 * V; cw < C;
+         cw += int64_t{kThreads} * V) {
+      Loaded loaded;
+      int k = 0;
+      rows(loaded, [&](const T* row, const T* end, float(&)[V]) {
+        CopyWindow<T, V>(row, end, cw, C, lane, mine[k++]);
+      });
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      __syncwarp();
+      k = 0;
+      rows(loaded, [&](const T* row, const T*, float(&slots)[V]) {
+        ReadWindow<T, V>(mine[k++], row, cw, C, lane, slots);
+      });
+      __syncwarp();  // every lane has read the stage before the next copies
+      const int64_t c = cw + lane;
+      if (c < C) step(c, loaded);
+    }
+    return true;
+  }
+}
+
+}  // namespace mhc::cuda
+
+#endif  // MHC_KERNELS_CUDA_PRIMITIVES_STAGED_WINDOWS_CUH_
