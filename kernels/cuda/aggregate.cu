@@ -31,37 +31,21 @@ __global__ void __launch_bounds__(kRowThreads)
   const T* row = x + m * s.K;
   T* out = y + m * s.C;
   mixing.Publish(hp);
-  struct Loaded {
-    float x[NT][V];
-  };
-  auto step = [&](int64_t c, const Loaded& l) {
-    float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      if (i >= n) break;
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], l.x[i][v], acc[v]);
-    }
-    StoreChannels<T, V, kStrided>(out, c, s.C, acc);
-  };
   const T* x_end = x + int64_t{gridDim.x} * s.K;  // a CTA per token
-  auto rows = [&](Loaded& l, auto&& visit) {
+  ForEachStreamsStep<T, NT, V, kStrided, kStaged, kRowThreads,
+                     kRowThreads / 32>(
+      s, n, row, x_end, threadIdx.x, [&](int64_t c, const float(&xv)[NT][V]) {
+        float acc[V];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) visit(row + i * s.C, x_end, l.x[i]);
-  };
-  if (ForEachStagedStep<Loaded, T, V, kStaged, kRowThreads, kRowThreads / 32,
-                        NT>(
-          s.C, threadIdx.x, rows, [] {}, step)) {
-    return;
-  }
-  for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-       c += kRowThreads * V) {
-    Loaded l;
-    LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
-    step(c, l);
-  }
+        for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          if (i >= n) break;
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] = fmaf(hp[i], xv[i][v], acc[v]);
+        }
+        StoreChannels<T, V, kStrided>(out, c, s.C, acc);
+      });
 }
 
 // Odd C at n = 4 (strided rows): the compiler's choice fits four CTAs per

@@ -120,41 +120,24 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int t = 0; t < kTileTokens; ++t) {
     const int64_t m = m0 + t;
     if (m >= tokens) break;
-    const T* row = x + m * s.K;
     T* out = y + m * s.C;
-    struct Loaded {
-      float x[NT][V];
-    };
-    auto step = [&](int64_t c, const Loaded& l) {
-      float acc[V];
+    ForEachStreamsStep<T, NT, V, kStrided, kStaged, kTileThreads,
+                       kTileThreads / 32>(
+        s, n, x + m * s.K, x + tokens * s.K, threadIdx.x,
+        [&](int64_t c, const float(&xv)[NT][V]) {
+          float acc[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+          for (int v = 0; v < V; ++v) acc[v] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        if (i >= n) break;
+          for (int i = 0; i < NT; ++i) {
+            if (i >= n) break;
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[v] = fmaf(hp_s[t][i], l.x[i][v], acc[v]);
-        }
-      }
-      StoreChannels<T, V, kStrided>(out, c, s.C, acc);
-    };
-    auto rows = [&](Loaded& l, auto&& visit) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-        visit(row + i * s.C, x + tokens * s.K, l.x[i]);
-    };
-    if (ForEachStagedStep<Loaded, T, V, kStaged, kTileThreads,
-                          kTileThreads / 32, NT>(
-            s.C, threadIdx.x, rows, [] {}, step)) {
-      continue;
-    }
-    for (int64_t c = FirstChannel<V, kStrided>(threadIdx.x); c < s.C;
-         c += kTileThreads * V) {
-      Loaded l;
-      LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
-      step(c, l);
-    }
+            for (int v = 0; v < V; ++v) {
+              acc[v] = fmaf(hp_s[t][i], xv[i][v], acc[v]);
+            }
+          }
+          StoreChannels<T, V, kStrided>(out, c, s.C, acc);
+        });
   }
 }
 

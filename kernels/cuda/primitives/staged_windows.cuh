@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "primitives/row_access.cuh"
 
 namespace mhc::cuda {
 
@@ -147,6 +148,34 @@ __device__ __forceinline__ bool ForEachStagedStep(int64_t C, int thread,
     }
     if constexpr (kWindows == 2) asm volatile("cp.async.wait_group 0;\n" ::);
     return true;
+  }
+}
+
+// The channel loop of kernels that read a token's NT streams alone (`row`
+// its first, `end` the end of the tensor): step(c, x) with x[NT][V] the
+// slots from c, staged where kStaged, else by LoadStreams.
+template <typename T, int NT, int V, bool kStrided, bool kStaged, int kThreads,
+          int kCtaWarps, typename Step>
+__device__ __forceinline__ void ForEachStreamsStep(const DevSpec& s, int n,
+                                                   const T* row, const T* end,
+                                                   int thread, Step step) {
+  struct Loaded {
+    float x[NT][V];
+  };
+  auto rows = [&](Loaded& l, auto&& visit) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) visit(row + i * s.C, end, l.x[i]);
+  };
+  auto step_loaded = [&](int64_t c, const Loaded& l) { step(c, l.x); };
+  if (ForEachStagedStep<Loaded, T, V, kStaged, kThreads, kCtaWarps, NT>(
+          s.C, thread, rows, [] {}, step_loaded)) {
+    return;
+  }
+  for (int64_t c = FirstChannel<V, kStrided>(thread); c < s.C;
+       c += int64_t{kThreads} * V) {
+    Loaded l;
+    LoadStreams<T, NT, V, kStrided>(s, n, row, c, l.x);
+    step(c, l.x);
   }
 }
 
