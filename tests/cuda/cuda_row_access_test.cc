@@ -211,6 +211,26 @@ const std::set<std::string> kPostRows = {"post x_next", "post df", "post dx"};
 // ones per stage in fp32 (projection/backward/mma.cuh).
 const std::set<std::string> kPhiSums = {"projection dphi", "projection dgamma"};
 
+// Relative error bounds of outputs that another path rounds or sums
+// differently: at most a bf16 ulp (2^-7) at the largest output, and fp32
+// sums in another order.
+constexpr double kBf16Ulp = 8e-3;
+constexpr double kSumOrder = 1e-5;
+
+// `got` against `want`, elements of `dt`: bit for bit where tolerance is 0,
+// else within that relative error.
+void ExpectOutputMatches(const std::string& name,
+                         const std::vector<uint8_t>& got,
+                         const std::vector<uint8_t>& want, DType dt,
+                         double tolerance) {
+  if (tolerance == 0.0) {
+    EXPECT_TRUE(got == want) << name << " differs";
+    return;
+  }
+  const int64_t count = static_cast<int64_t>(want.size() / DTypeSize(dt));
+  EXPECT_LE(RelativeError(got, want, dt, count), tolerance) << name;
+}
+
 // The inputs of RunRowOps for a layer, every tensor fresh random data.
 RowInputs RandomRowInputs(Harness& h, const LayerSpec& spec, DType dt,
                           int64_t M) {
@@ -269,18 +289,13 @@ TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
                                   (n == 4 || n == 8);
           for (const auto& [name, bytes] : want) {
             if (tensor_cores && kPostRows.count(name) > 0) {
-              const int64_t count = static_cast<int64_t>(bytes.size() / 2);
-              // At most a bf16 ulp (2^-7 relative) at the largest output.
-              EXPECT_LE(RelativeError(got.at(name), bytes, dt, count), 8e-3)
-                  << name;
+              ExpectOutputMatches(name, got.at(name), bytes, dt, kBf16Ulp);
             } else if (kChannelSums.count(name) > 0 ||
                        (wgmma_dphi && kPhiSums.count(name) > 0)) {
-              const int64_t count = static_cast<int64_t>(bytes.size() / 4);
-              EXPECT_LE(RelativeError(got.at(name), bytes, DType::kF32, count),
-                        1e-5)
-                  << name;
+              ExpectOutputMatches(name, got.at(name), bytes, DType::kF32,
+                                  kSumOrder);
             } else {
-              EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+              ExpectOutputMatches(name, got.at(name), bytes, dt, 0.0);
             }
           }
         }
@@ -316,22 +331,17 @@ TEST(CudaRowAccessTest, StagedRowsMatchElementRows) {
         const bool tensor_cores = dt == DType::kBF16 && n != 2 && n != 4;
         const bool wgmma_dphi = dt != DType::kF32 && (n == 4 || n == 8);
         for (const auto& [name, bytes] : want) {
-          const bool post_rows = kPostRows.count(name) > 0 ||
-                                 name == "post dh_post" ||
-                                 name == "post dh_res";
-          if (tensor_cores && post_rows) {
-            const DType rows_dt = kPostRows.count(name) > 0 ? dt : DType::kF32;
-            const int64_t count =
-                static_cast<int64_t>(bytes.size() / DTypeSize(rows_dt));
-            EXPECT_LE(RelativeError(got.at(name), bytes, rows_dt, count), 8e-3)
-                << name;
+          if (tensor_cores && kPostRows.count(name) > 0) {
+            ExpectOutputMatches(name, got.at(name), bytes, dt, kBf16Ulp);
+          } else if (tensor_cores &&
+                     (name == "post dh_post" || name == "post dh_res")) {
+            ExpectOutputMatches(name, got.at(name), bytes, DType::kF32,
+                                kBf16Ulp);
           } else if (wgmma_dphi && kPhiSums.count(name) > 0) {
-            const int64_t count = static_cast<int64_t>(bytes.size() / 4);
-            EXPECT_LE(RelativeError(got.at(name), bytes, DType::kF32, count),
-                      1e-5)
-                << name;
+            ExpectOutputMatches(name, got.at(name), bytes, DType::kF32,
+                                kSumOrder);
           } else {
-            EXPECT_TRUE(got.at(name) == bytes) << name << " differs";
+            ExpectOutputMatches(name, got.at(name), bytes, dt, 0.0);
           }
         }
       }
