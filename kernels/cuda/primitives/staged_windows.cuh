@@ -95,11 +95,13 @@ inline constexpr int kStagedWindows =
 // calls visit(row, end, slots) for each of at most kRows rows, always in the
 // same order: row is where the row's channel 0 lies, end the end of its
 // tensor, slots the Loaded's V floats that its slots fill. After publish(),
-// the first windows' copies are issued; per window, the next one's copies
-// (kStagedWindows = 2), then once this one's have landed the lane's slots,
-// and step(c, loaded) for the lanes whose first slot c lies inside the row,
-// as on element loads. The stages are the warp's own, so warp barriers
-// alone order them.
+// the first window's copies are issued; per window, once its copies have
+// landed, the lane's slots are read and step(c, loaded) runs for the lanes
+// whose first slot c lies inside the row, as on element loads. The next
+// window's copies are issued before this one's wait where two stages fit
+// (kStagedWindows), else once its slots are read, so they land while step
+// computes. The stages are the warp's own, so warp barriers alone order
+// them.
 template <typename Loaded, typename T, int V, bool kStaged, int kThreads,
           int kCtaWarps, int kRows, typename Rows, typename Publish,
           typename Step>
@@ -143,6 +145,7 @@ __device__ __forceinline__ bool ForEachStagedStep(int64_t C, int thread,
         ReadWindow<T, V>(mine[buf][k++], row, cw, C, lane, slots);
       });
       __syncwarp();  // every lane has read this stage before it is refilled
+      if constexpr (kWindows == 1) copy(cw + kWindowStep, 0);
       const int64_t c = cw + lane;
       if (c < C) step(c, loaded);
     }
