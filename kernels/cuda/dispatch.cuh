@@ -91,7 +91,8 @@ bool DispatchRows(DType dtype, const RowAccessPlan& plan, F&& f) {
     constexpr int kV = 16 / sizeof(T);
     auto run = [&](auto nt, auto vt, auto strided) {
       if (decltype(vt)::value != plan.channels) return;
-      if constexpr (decltype(strided)::value && StagesRows(kKernel)) {
+      if constexpr (decltype(strided)::value && StagesRows(kKernel) &&
+                    sizeof(T) == 2) {
         if (plan.staged) {
           f(type_tag, nt, vt, strided, BoolTag<true>{});
           built = true;

@@ -9,8 +9,8 @@
 // float64 reference is in cuda_ops_test and cuda_projection_test. Where the
 // aligned run takes the post's tensor-core path (bf16, stream-major, n = 3
 // or more but 4) and the shifted one the FFMA path, the post's outputs are
-// compared within bf16 rounding instead. At odd C the strided rows of
-// tensors on 16 bytes are staged through shared memory
+// compared within bf16 rounding instead. At odd C the 16-bit strided rows
+// of tensors on 16 bytes are staged through shared memory
 // (primitives/staged_windows.cuh) and those one element off are loaded by
 // elements: the same slots, so every row kernel output, channel sums
 // included, matches bit for bit. Skips without a GPU.
@@ -309,7 +309,8 @@ TEST(CudaRowAccessTest, StagedRowsMatchElementRows) {
   // Odd C: every row but the first starts off 16 bytes, a row's last window
   // is partial, and with M odd the last row's last chunk runs past the
   // tensor's end, which the copies must not read. Stream-major only: the
-  // stream-minor rows never stage.
+  // stream-minor rows never stage; nor do fp32 ones, whose two runs both
+  // load elements.
   constexpr int64_t kTokens = 37;
   for (int64_t hidden : {1041, 5129}) {
     for (int n : {2, 4, 8, 16}) {

@@ -415,10 +415,12 @@ TEST(KernelPlans, RowAccessKeepsTheChoices) {
                           ? plan.channels * static_cast<int>(DTypeSize(dtype))
                           : static_cast<int>(DTypeSize(dtype)))
                 << what;
-            // Strided rows stage where every tensor sits on 16 bytes, and
-            // never in the stream-minor layout or the expand forward.
+            // Strided 16-bit rows stage where every tensor sits on 16
+            // bytes, and never in the stream-minor layout or the expand
+            // forward.
             EXPECT_EQ(plan.staged, plan.access == RowAccess::kStrided &&
                                        alignment >= 16 &&
+                                       DTypeSize(dtype) == 2 &&
                                        kernel != RowKernel::kExpandForward)
                 << what;
             LayerSpec minor = spec;

@@ -63,8 +63,9 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
        }},
       {{RA::kStrided, "`n = 2, 4, 8, 16` (the post: not 16) otherwise",
         "kernels/cuda/primitives/row_access.cuh",
-        "the vector path's `V` channels per stream, 32 apart: stream-major "
-        "rows of tensors on 16 bytes staged, each warp copying the 16-byte "
+        "the vector path's `V` channels per stream, 32 apart: 16-bit "
+        "stream-major rows of tensors on 16 bytes staged, each warp copying "
+        "the 16-byte "
         "chunks around its 32 `V` channels into shared memory "
         "(`primitives/staged_windows.cuh`; not the expand forward, which "
         "mostly writes), else element accesses, a warp reading 32 "
@@ -119,7 +120,7 @@ RowAccessPlan PlanRowAccess(RowKernel kernel, const LayerSpec& spec,
   plan.streams = n;
   plan.staged = plan.access == RA::kStrided &&
                 spec.layout == Layout::kStreamMajor && alignment >= 16 &&
-                StagesRows(kernel);
+                esize == 2 && StagesRows(kernel);
   const bool wide = plan.access == RA::kVector && Wide(c);
   plan.channels =
       n == 2 || n == 4 || wide ? VectorWidth(dtype) : VectorWidth(dtype) / 2;

@@ -7,10 +7,10 @@
 // needs in flight; the copies hold none. The slots and their values are the
 // element loads', so every result keeps its bits.
 //
-// For stream-major rows of tensors that start on 16 bytes (the row access
-// plan's `staged`, plans/row_access.h): a window's first chunk may begin in
-// the row before, never before the tensor, and no copy reads past the
-// tensor's end.
+// For 16-bit stream-major rows of tensors that start on 16 bytes (the row
+// access plan's `staged`, plans/row_access.h): a window's first chunk may
+// begin in the row before, never before the tensor, and no copy reads past
+// the tensor's end.
 #ifndef MHC_KERNELS_CUDA_PRIMITIVES_STAGED_WINDOWS_CUH_
 #define MHC_KERNELS_CUDA_PRIMITIVES_STAGED_WINDOWS_CUH_
 
@@ -78,30 +78,17 @@ __device__ __forceinline__ void ReadWindow(const T* stage, const T* row,
   }
 }
 
-// Windows a warp keeps in flight: two where their stages fit the 48 KB of
-// static shared memory a CTA may hold, so that the next window's copies
-// land while this one computes.
-template <typename T, int V, int kCtaWarps, int kRows>
-inline constexpr int kStagedWindows =
-    2 * kCtaWarps* kRows* StagedWindow<T, V>::kElems * sizeof(T) <= 48 * 1024
-        ? 2
-        : 1;
-
 // The strided channel loop (ForEachChannelStep's) on staged windows where
 // kStaged (the row access plan's `staged`); returns false, running
-// nothing, otherwise. Thread `thread` of kThreads striding a token's
-// channels belongs to the warp that takes the windows from 32 V (thread /
-// 32), kThreads V apart; its CTA holds kCtaWarps warps. rows(loaded, visit)
-// calls visit(row, end, slots) for each of at most kRows rows, always in the
-// same order: row is where the row's channel 0 lies, end the end of its
-// tensor, slots the Loaded's V floats that its slots fill. After publish(),
-// the first window's copies are issued; per window, once its copies have
-// landed, the lane's slots are read and step(c, loaded) runs for the lanes
-// whose first slot c lies inside the row, as on element loads. The next
-// window's copies are issued before this one's wait where two stages fit
-// (kStagedWindows), else once its slots are read, so they land while step
-// computes. The stages are the warp's own, so warp barriers alone order
-// them.
+// nothing, otherwise. Thread `thread` of kThreads striding a token's channels
+// belongs to the warp that takes the windows from 32 V (thread / 32), kThreads
+// V apart; its CTA holds kCtaWarps warps. rows(loaded, visit) calls visit(row,
+// end, slots) for each of at most kRows rows, always in the same order: row is
+// where the row's channel 0 lies, end the end of its tensor, slots the Loaded's
+// V floats that its slots fill. After publish(), per window: the copies of
+// every row, and once they have landed the lane's slots; step(c, loaded) then
+// runs for the lanes whose first slot c lies inside the row, as on element
+// loads. The stage is the warp's own, so warp barriers alone order it.
 template <typename Loaded, typename T, int V, bool kStaged, int kThreads,
           int kCtaWarps, int kRows, typename Rows, typename Publish,
           typename Step>
@@ -112,44 +99,28 @@ __device__ __forceinline__ bool ForEachStagedStep(int64_t C, int thread,
     return false;
   } else {
     using W = StagedWindow<T, V>;
-    constexpr int kWindows = kStagedWindows<T, V, kCtaWarps, kRows>;
-    constexpr int64_t kWindowStep = int64_t{kThreads} * V;
-    __shared__ alignas(16) T stage[kCtaWarps][kWindows][kRows][W::kElems];
-    T(&mine)[kWindows][kRows][W::kElems] = stage[threadIdx.x / 32];
+    __shared__ alignas(16) T stage[kCtaWarps][kRows][W::kElems];
+    T(&mine)[kRows][W::kElems] = stage[threadIdx.x / 32];
     const int lane = thread & 31;
-    auto copy = [&](int64_t cw, int buf) {
-      if (cw < C) {
-        Loaded unused;
-        int k = 0;
-        rows(unused, [&](const T* row, const T* end, float(&)[V]) {
-          CopyWindow<T, V>(row, end, cw, C, lane, mine[buf][k++]);
-        });
-      }
-      // An empty group past the last window keeps the wait's count.
-      asm volatile("cp.async.commit_group;\n" ::);
-    };
     publish();
-    int64_t cw = int64_t{thread >> 5} * 32 * V;
-    copy(cw, 0);
-    for (int buf = 0; cw < C; cw += kWindowStep, buf = (buf + 1) % kWindows) {
-      if constexpr (kWindows == 2) {
-        copy(cw + kWindowStep, buf ^ 1);
-        asm volatile("cp.async.wait_group 1;\n" ::);
-      } else {
-        asm volatile("cp.async.wait_group 0;\n" ::);
-      }
-      __syncwarp();
+    for (int64_t cw = int64_t{thread >> 5} * 32 * V; cw < C;
+         cw += int64_t{kThreads} * V) {
       Loaded loaded;
       int k = 0;
-      rows(loaded, [&](const T* row, const T*, float(&slots)[V]) {
-        ReadWindow<T, V>(mine[buf][k++], row, cw, C, lane, slots);
+      rows(loaded, [&](const T* row, const T* end, float(&)[V]) {
+        CopyWindow<T, V>(row, end, cw, C, lane, mine[k++]);
       });
-      __syncwarp();  // every lane has read this stage before it is refilled
-      if constexpr (kWindows == 1) copy(cw + kWindowStep, 0);
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      __syncwarp();
+      k = 0;
+      rows(loaded, [&](const T* row, const T*, float(&slots)[V]) {
+        ReadWindow<T, V>(mine[k++], row, cw, C, lane, slots);
+      });
+      __syncwarp();  // every lane has read the stage before the next copies
       const int64_t c = cw + lane;
       if (c < C) step(c, loaded);
     }
-    if constexpr (kWindows == 2) asm volatile("cp.async.wait_group 0;\n" ::);
     return true;
   }
 }
