@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   }
 }
 
-template <typename T, int NT, int V, bool kStrided, bool kStaged>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(
     kPostBackwardGroup<NT, kStrided>* kPostBackwardSlices<NT>,
     kPostBackwardBlocks<NT, kStrided>)
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(
   constexpr int kGroup = kPostBackwardGroup<NT, kStrided>;
   constexpr int kS = NT / kSlices;
   const int n = NT == 4 ? 4 : s.n;
-  const int64_t m = blockIdx.x, tokens = gridDim.x;  // a CTA per token
+  const int64_t m = blockIdx.x;
   const PostSlice slice = SliceOfThread<NT, kSlices, kGroup>();
   const bool first_group = slice.first == 0;
   // acc[j] = dH_post[j] (group 0), acc[NT + a*NT + j] = dR[first + a][j].
@@ -188,84 +188,68 @@ __global__ void __launch_bounds__(
       float x[kS][V];
       float f[V];
     };
-    auto publish = [&] { mixing.Publish(mix); };
-    auto step = [&](int64_t c, Loaded& l) {
-      if (first_group) {
-        if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
-        float dfv[V];
+    ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
+        s.C, slice.thread,
+        [&](int64_t c, Loaded& l) {
+          LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
+          LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
+                                                  l.x);
+          if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
+        },
+        [&] { mixing.Publish(mix); },
+        [&](int64_t c, Loaded& l) {
+          if (first_group) {
+            if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
+            float dfv[V];
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          float d = 0.0f;
+            for (int v = 0; v < V; ++v) {
+              float d = 0.0f;
 #pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            if (j >= n) break;
-            d = fmaf(hp[j], l.g[j][v], d);
+              for (int j = 0; j < NT; ++j) {
+                if (j >= n) break;
+                d = fmaf(hp[j], l.g[j][v], d);
+              }
+              dfv[v] = d;
+            }
+            StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
+              }
+            }
           }
-          dfv[v] = d;
-        }
-        StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+          for (int a = 0; a < kS; ++a) {
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                acc[NT + a * NT + j] =
+                    fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+              }
+            }
           }
-        }
-      }
+          if (dx == nullptr) return;
+          float out[kS][V];
 #pragma unroll
-      for (int a = 0; a < kS; ++a) {
+          for (int a = 0; a < kS; ++a) {
+            const int i = slice.first + a;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+            for (int v = 0; v < V; ++v) {
+              float d = 0.0f;
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            acc[NT + a * NT + j] =
-                fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+              for (int j = 0; j < NT; ++j) {
+                if (j >= n) break;
+                d = fmaf(r[i * NT + j], l.g[j][v], d);
+              }
+              out[a][v] = d;
+            }
           }
-        }
-      }
-      if (dx == nullptr) return;
-      float out[kS][V];
-#pragma unroll
-      for (int a = 0; a < kS; ++a) {
-        const int i = slice.first + a;
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          float d = 0.0f;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            if (j >= n) break;
-            d = fmaf(r[i * NT + j], l.g[j][v], d);
-          }
-          out[a][v] = d;
-        }
-      }
-      StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K, slice.first,
-                                               c, out);
-    };
-    auto rows = [&](Loaded& l, auto&& visit) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        visit(g_row + j * s.C, dx_next + tokens * s.K, l.g[j]);
-      }
-#pragma unroll
-      for (int a = 0; a < kS; ++a) {
-        visit(x_row + (slice.first + a) * s.C, x + tokens * s.K, l.x[a]);
-      }
-      if (first_group) visit(f_row, f + tokens * s.C, l.f);
-    };
-    if (!ForEachStagedStep<Loaded, T, V, kStaged, kGroup, kGroup * kSlices / 32,
-                           NT + kS + 1>(s.C, slice.thread, rows, publish,
-                                        step)) {
-      ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
-          s.C, slice.thread,
-          [&](int64_t c, Loaded& l) {
-            LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
-            LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
-                                                    l.x);
-            if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
-          },
-          publish, step);
-    }
+          StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
+                                                   slice.first, c, out);
+        });
   }
   GroupSum<kW>(acc, kGroup, red, total);
   const float* sums = total + slice.first / kS * kW;
@@ -331,7 +315,12 @@ PostPlan PlanOf(const PostBackwardParams& p) {
   PostAlignment a;
   a.rows = LeastAlignment({p.dx_next, p.f, p.x, p.df, p.dx});
   a.bias = AddressAlignment(BiasOf(*p.spec, p.weights));
-  return PlanPost(*p.spec, p.act_dtype, a);
+  PostPlan plan = PlanPost(*p.spec, p.act_dtype, a);
+  // Every thread group reads all n gradient rows, so staged windows copy
+  // them once per group: element loads, which share them through L1, were
+  // faster.
+  plan.rows.staged = false;
+  return plan;
 }
 
 absl::Status LaunchPostForward(const PostForwardParams& p,
@@ -372,12 +361,11 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
     MHC_RETURN_IF_ERROR(LaunchPostBackwardMma(p, stream));
   } else {
     const bool built = DispatchRows<RowKernel::kPost>(
-        p.act_dtype, plan.rows,
-        [&](auto tt, auto nt, auto vt, auto rt, auto st) {
+        p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt, auto) {
           using T = typename decltype(tt)::type;
           err = LaunchAfterPrevious(
               post_backward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                                   decltype(rt)::value, decltype(st)::value>,
+                                   decltype(rt)::value>,
               dim3(GridSize(p.tokens)),
               dim3(
                   kPostBackwardGroup<decltype(nt)::value, decltype(rt)::value> *

@@ -82,9 +82,10 @@ struct RowAccessPlan {
   int access_bytes = 0;
   // Strided rows read through shared memory (primitives/staged_windows.cuh):
   // 16-bit, stream-major, every tensor on 16 bytes, a kernel that
-  // StagesRows. 4-byte element loads hold no more registers than the vector
-  // path's, so staging them only adds the copy. The slots, and so every
-  // result, are the element loads'.
+  // StagesRows; the post backward sets it false (kernels/cuda/post.cu).
+  // 4-byte element loads hold no more registers than the vector path's, so
+  // staging them only adds the copy. The slots, and so every result, are
+  // the element loads'.
   bool staged = false;
 };
 

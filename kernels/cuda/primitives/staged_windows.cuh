@@ -78,6 +78,15 @@ __device__ __forceinline__ void ReadWindow(const T* stage, const T* row,
   }
 }
 
+// Windows a warp keeps in flight: two where their stages fit the 48 KB of
+// static shared memory a CTA may hold, so that the next window's copies
+// land while this one computes; else one, copied, awaited and read in turn.
+template <typename T, int V, int kCtaWarps, int kRows>
+inline constexpr int kStagedWindows =
+    2 * kCtaWarps* kRows* StagedWindow<T, V>::kElems * sizeof(T) <= 48 * 1024
+        ? 2
+        : 1;
+
 // The strided channel loop (ForEachChannelStep's) on staged windows where
 // kStaged (the row access plan's `staged`); returns false, running
 // nothing, otherwise. Thread `thread` of kThreads striding a token's channels
@@ -86,9 +95,10 @@ __device__ __forceinline__ void ReadWindow(const T* stage, const T* row,
 // end, slots) for each of at most kRows rows, always in the same order: row is
 // where the row's channel 0 lies, end the end of its tensor, slots the Loaded's
 // V floats that its slots fill. After publish(), per window: the copies of
-// every row, and once they have landed the lane's slots; step(c, loaded) then
-// runs for the lanes whose first slot c lies inside the row, as on element
-// loads. The stage is the warp's own, so warp barriers alone order it.
+// every row (issued a window ahead where kStagedWindows is two), and once
+// they have landed the lane's slots; step(c, loaded) then runs for the lanes
+// whose first slot c lies inside the row, as on element loads. The stages
+// are the warp's own, so warp barriers alone order them.
 template <typename Loaded, typename T, int V, bool kStaged, int kThreads,
           int kCtaWarps, int kRows, typename Rows, typename Publish,
           typename Step>
@@ -99,25 +109,40 @@ __device__ __forceinline__ bool ForEachStagedStep(int64_t C, int thread,
     return false;
   } else {
     using W = StagedWindow<T, V>;
-    __shared__ alignas(16) T stage[kCtaWarps][kRows][W::kElems];
-    T(&mine)[kRows][W::kElems] = stage[threadIdx.x / 32];
+    constexpr int kWindows = kStagedWindows<T, V, kCtaWarps, kRows>;
+    constexpr int64_t kWindowStep = int64_t{kThreads} * V;
+    __shared__ alignas(16) T stage[kCtaWarps][kWindows][kRows][W::kElems];
+    T(&mine)[kWindows][kRows][W::kElems] = stage[threadIdx.x / 32];
     const int lane = thread & 31;
+    auto copy = [&](int64_t cw, int buf) {
+      if (cw < C) {
+        Loaded unused;
+        int k = 0;
+        rows(unused, [&](const T* row, const T* end, float(&)[V]) {
+          CopyWindow<T, V>(row, end, cw, C, lane, mine[buf][k++]);
+        });
+      }
+      // An empty group past the last window keeps the wait's count.
+      asm volatile("cp.async.commit_group;\n" ::);
+    };
     publish();
-    for (int64_t cw = int64_t{thread >> 5} * 32 * V; cw < C;
-         cw += int64_t{kThreads} * V) {
+    int64_t cw = int64_t{thread >> 5} * 32 * V;
+    if constexpr (kWindows == 2) copy(cw, 0);
+    for (int buf = 0; cw < C; cw += kWindowStep, buf = (buf + 1) % kWindows) {
+      if constexpr (kWindows == 2) {
+        copy(cw + kWindowStep, buf ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+      } else {
+        copy(cw, 0);
+        asm volatile("cp.async.wait_group 0;\n" ::);
+      }
+      __syncwarp();
       Loaded loaded;
       int k = 0;
-      rows(loaded, [&](const T* row, const T* end, float(&)[V]) {
-        CopyWindow<T, V>(row, end, cw, C, lane, mine[k++]);
-      });
-      asm volatile("cp.async.commit_group;\n" ::);
-      asm volatile("cp.async.wait_group 0;\n" ::);
-      __syncwarp();
-      k = 0;
       rows(loaded, [&](const T* row, const T*, float(&slots)[V]) {
-        ReadWindow<T, V>(mine[k++], row, cw, C, lane, slots);
+        ReadWindow<T, V>(mine[buf][k++], row, cw, C, lane, slots);
       });
-      __syncwarp();  // every lane has read the stage before the next copies
+      __syncwarp();  // every lane has read this stage before it is refilled
       const int64_t c = cw + lane;
       if (c < C) step(c, loaded);
     }
