@@ -316,9 +316,8 @@ PostPlan PlanOf(const PostBackwardParams& p) {
   a.rows = LeastAlignment({p.dx_next, p.f, p.x, p.df, p.dx});
   a.bias = AddressAlignment(BiasOf(*p.spec, p.weights));
   PostPlan plan = PlanPost(*p.spec, p.act_dtype, a);
-  // Every thread group reads all n gradient rows, so staged windows copy
-  // them once per group: element loads, which share them through L1, were
-  // faster.
+  // Staged rows measured slower here than element loads, unlike in the
+  // other row kernels (docs/decisions.md).
   plan.rows.staged = false;
   return plan;
 }

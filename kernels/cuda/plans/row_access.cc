@@ -68,8 +68,8 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
         "the 16-byte "
         "chunks around its 32 `V` channels into shared memory "
         "(`primitives/staged_windows.cuh`; not the expand forward, which "
-        "mostly writes, nor the post backward, whose thread groups each "
-        "read every gradient row), else element accesses, a warp reading 32 "
+        "mostly writes, nor the post backward, which measured slower "
+        "staged), else element accesses, a warp reading 32 "
         "consecutive elements and a thread keeping `V` loads per stream in "
         "flight",
         Example(4, 8)},
