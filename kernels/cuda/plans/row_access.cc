@@ -65,13 +65,11 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
         "kernels/cuda/primitives/row_access.cuh",
         "the vector path's `V` channels per stream, 32 apart: 16-bit "
         "stream-major rows of tensors on 16 bytes staged, each warp copying "
-        "the 16-byte "
-        "chunks around its 32 `V` channels into shared memory "
+        "the 16-byte chunks around its 32 `V` channels into shared memory "
         "(`primitives/staged_windows.cuh`; not the expand forward, which "
         "mostly writes, nor the post backward, which measured slower "
-        "staged), else element accesses, a warp reading 32 "
-        "consecutive elements and a thread keeping `V` loads per stream in "
-        "flight",
+        "staged), else element accesses, a warp reading 32 consecutive "
+        "elements and a thread keeping `V` loads per stream in flight",
         Example(4, 8)},
        [](const RowCase& c) { return VectorStreams(c); }},
       {{RA::kElement, "every other `n`, and `n = 16` in the post",
