@@ -10,7 +10,7 @@
 namespace mhc::cuda {
 namespace {
 
-template <typename T, int NT, int V, bool kStrided, bool kStaged>
+template <typename T, int NT, int V, bool kStrided>
 __global__ void __launch_bounds__(kRowThreads)
     expand_forward_kernel(DevSpec s, const T* e, T* x) {
   const int n = NT == 4 ? 4 : s.n;
@@ -72,10 +72,11 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
   const RowAccessPlan plan = PlanOf(p);
   const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
   const bool built = DispatchRows<RowKernel::kExpandForward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto) {
         using T = typename decltype(tt)::type;
+        // Never staged (StagesRows).
         expand_forward_kernel<T, decltype(nt)::value, decltype(vt)::value,
-                              decltype(rt)::value, decltype(st)::value>
+                              decltype(rt)::value>
             <<<GridSize(p.tokens), kRowThreads, 0, stream>>>(
                 s, static_cast<const T*>(p.e), static_cast<T*>(p.x));
       });
