@@ -231,6 +231,30 @@ TEST(ProjectionPlan, ForwardUnitCtas) {
   }
 }
 
+// Odd C at n = 4 leaves bf16 rows 8 bytes off 16 every other token: with x
+// on 16 bytes and an even batch, tensor copies of token pairs take them.
+TEST(ProjectionPlan, ForwardPairRows) {
+  auto pairs = [](int64_t C, int64_t M, int x_alignment = 16,
+                  DType dtype = DType::kBF16) {
+    ProjectionForwardAlignment a;
+    a.x = x_alignment;
+    return PlanProjectionForward(Layer(4, C), dtype, M, a);
+  };
+  const ProjectionForwardPlan odd_c = pairs(5129, 8192);
+  EXPECT_EQ(odd_c.variant, FV::kWgmmaBf16);
+  EXPECT_EQ(odd_c.x_copy_bytes, 8);
+  EXPECT_TRUE(odd_c.pair_rows);
+  EXPECT_TRUE(pairs(1025, 2).pair_rows);
+  EXPECT_FALSE(pairs(5129, 8191).pair_rows);     // a token without a pair
+  EXPECT_FALSE(pairs(5129, 8192, 8).pair_rows);  // even tokens off 16 bytes
+  EXPECT_FALSE(pairs(5120, 8192).pair_rows);     // every row on 16 bytes
+  ProjectionForwardAlignment on16;
+  on16.x = 16;  // n = 2: rows 4 bytes off, pairs still off 16
+  EXPECT_FALSE(PlanProjectionForward(Layer(2, 5129), DType::kBF16, 8192, on16)
+                   .pair_rows);
+  EXPECT_FALSE(pairs(5129, 8192, 16, DType::kF16).pair_rows);
+}
+
 TEST(ProjectionPlan, ForwardWorkspace) {
   // n = 4, C = 4096: 8 chunks of 2048 k, 25 partials per token and chunk;
   // bf16 splits phi' once (256 stages of 6 KB) at every M > 0.

@@ -194,6 +194,30 @@ MHC_WGMMA_BF16(24, MHC_WGMMA_R12, MHC_WGMMA_D12, "%12", "%13", "%14")
 MHC_WGMMA_BF16(80, MHC_WGMMA_R40, MHC_WGMMA_D40, "%40", "%41", "%42")
 #undef MHC_WGMMA_BF16
 
+// d (64 x kN, fp32) += A (64 x 16 bf16) * B (16 x kN bf16), A from registers
+// (warp w of the warpgroup: rows 16 w .. 16 w + 15 in the m16n8k16 A
+// fragment layout), B from a swizzled shared-memory tile.
+template <int kN>
+__device__ __forceinline__ void WgmmaBf16RegA(float (&d)[kN / 2],
+                                              const uint32_t (&a)[4],
+                                              uint64_t b);
+
+#define MHC_WGMMA_BF16_REG_A(kN, kRegs, kOperands, kA, kB, kP)              \
+  template <>                                                               \
+  __device__ __forceinline__ void WgmmaBf16RegA<kN>(                        \
+      float(&d)[kN / 2], const uint32_t(&a)[4], uint64_t b) {               \
+    asm volatile(                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, " kP                              \
+        ", 0;\n"                                                            \
+        "wgmma.mma_async.sync.aligned.m64n" #kN "k16.f32.bf16.bf16 {" kRegs \
+        "}, " kA ", " kB ", p, 1, 1, 0;\n}\n"                               \
+        : kOperands                                                         \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));      \
+  }
+MHC_WGMMA_BF16_REG_A(24, MHC_WGMMA_R12, MHC_WGMMA_D12, "{%12,%13,%14,%15}",
+                     "%16", "%17")
+#undef MHC_WGMMA_BF16_REG_A
+
 #undef MHC_WGMMA_D8
 #undef MHC_WGMMA_D12
 #undef MHC_WGMMA_D16

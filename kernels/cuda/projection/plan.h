@@ -119,6 +119,10 @@ struct ProjectionForwardPlan {
   // wgmma_bf16 with x by tensor copies, or wgmma_tf32, fewer units than
   // SMs: a ring of kBf16DeepStages stages (the same bits).
   bool deep_ring = false;
+  // wgmma_bf16 with rows 8 bytes off 16 on a 16-byte x, an even token
+  // count: x by tensor copies of token pairs (projection/forward/
+  // bf16_unit.cuh), the odd tokens' rows realigned on chip.
+  bool pair_rows = false;
   // wgmma_bf16 with tensor copies, fewer units than SMs: CTAs per unit, one
   // cluster, each with its share of the unit's flush groups (geometry.h:
   // the same bits as one CTA per unit, which 1 means).

@@ -50,6 +50,25 @@ __device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
   }
 }
 
+// Pair rows: bf16 rows of K elements 8 bytes off 16 (K = 4 mod 8), an even
+// token count. Two tokens' rows together are 16-byte rows, so a tensor map
+// over token pairs (rows of 2K elements) reaches every even token's stage as
+// one 64 x 32-row box in wgmma's swizzle (rows 0-31 of a unit) and every odd
+// token's through a second map, whose unswizzled boxes start kPairShift
+// elements early, on 16 bytes (rows 32-63). The warps read their rows' A
+// fragments into registers from either box; the products and their order
+// are those of the other copies: the same bits.
+inline constexpr int kPairHalfRows = 32;          // tokens of each parity
+inline constexpr int kPairShift = 4;              // elements off 16 bytes
+inline constexpr int kPairOddCols = kStageK + 8;  // the odd box's columns
+inline constexpr int kPairOddBoxBytes = kPairHalfRows * kPairOddCols * 2;
+// The unit token (from its first) in staged row `row`.
+template <bool kPairRows>
+__host__ __device__ constexpr int TokenOfRow(int row) {
+  if (!kPairRows) return row;
+  return row < kPairHalfRows ? 2 * row : 2 * (row - kPairHalfRows) + 1;
+}
+
 // Token tiles of kTokens (a unit each per K chunk).
 template <int kTokens>
 __host__ __device__ inline int64_t UnitTiles(int64_t tokens) {
@@ -131,16 +150,16 @@ class XCopies {
 };
 
 // A warp's kW logits of its 16 token rows (slab .. slab + 15 of the unit,
-// the wgmma accumulator layout) into rows of `width` floats at out; rows at
-// or past `rows` hold no token.
-template <int kW>
+// the wgmma accumulator layout) into rows of `width` floats at out, a token's
+// row at TokenOfRow; tokens at or past `rows` are none.
+template <int kW, bool kPairRows = false>
 __device__ __forceinline__ void StoreLogits(const float (&acc)[kW / 2],
                                             float* out, int width, int N,
                                             int slab, int rows, int grp,
                                             int quad) {
 #pragma unroll
   for (int i = 0; i < kW / 2; ++i) {
-    const int t = slab + grp + 8 * ((i >> 1) & 1);
+    const int t = TokenOfRow<kPairRows>(slab + grp + 8 * ((i >> 1) & 1));
     const int col = 8 * (i >> 2) + 2 * quad + (i & 1);
     if (t < rows && col < N) out[t * width + col] = acc[i];
   }
@@ -177,8 +196,32 @@ struct WarpSums {
     WgmmaCommit();
   }
 
-  // x x^T of the warp's rows of one staged 64-k tile: each token's x.x
-  // lands on the diagonal, exact products added in fp32.
+  // The same from A fragments (the m16n8k16 layout of the warp's rows),
+  // one per 16 k, in registers (pair rows).
+  template <int kTerms, int kTileBytes>
+  __device__ void IssueStage(const uint32_t (&a)[kStageK / 16][4],
+                             uint64_t b_desc) {
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < kStageK / 16; ++j) {
+#pragma unroll
+      for (int t = 0; t < kTerms; ++t) {
+        WgmmaBf16RegA<kW>(fresh, a[j],
+                          DescriptorPlus(b_desc, t * kTileBytes + 32 * j));
+      }
+    }
+    WgmmaCommit();
+  }
+
+  // x x^T of one 16-k step's A fragment: each token's x.x lands on the
+  // diagonal, exact products added in fp32. As B operands the same
+  // registers are x^T: tokens 0-7 in a[0], a[2], tokens 8-15 in a[1], a[3].
+  __device__ void AddSquares(const uint32_t (&a)[4]) {
+    Mma16816(gram[0], a, a[0], a[2]);
+    Mma16816(gram[1], a, a[1], a[3]);
+  }
+
+  // The same over the warp's rows of one staged 64-k tile.
   __device__ void AddSquares(const char* tile, int slab, int lane) {
     // ldmatrix rows: lanes 0-15 rows 0-15 at k 0, lanes 16-31 the same rows
     // at k 8 of each 16-k step.
@@ -187,10 +230,7 @@ struct WarpSums {
     for (int j = 0; j < kStageK / 16; ++j) {
       uint32_t a[4];
       LdMatrixX4(a, tile + SwizzledChunkAt(row, 2 * j + (lane >> 4)));
-      // As B operands the same registers are x^T: tokens 0-7 in a[0],
-      // a[2], tokens 8-15 in a[1], a[3].
-      Mma16816(gram[0], a, a[0], a[2]);
-      Mma16816(gram[1], a, a[1], a[3]);
+      AddSquares(a);
     }
   }
 
@@ -209,14 +249,16 @@ struct WarpSums {
   }
 
   // Rows of `width` floats at out: the N logits, then the sum of squares;
-  // rows at or past `rows` hold no token.
+  // tokens (TokenOfRow) at or past `rows` are none.
+  template <bool kPairRows = false>
   __device__ void Store(float* out, int width, int N, int slab, int rows,
                         int grp, int quad) const {
-    StoreLogits<kW>(acc, out, width, N, slab, rows, grp, quad);
+    StoreLogits<kW, kPairRows>(acc, out, width, N, slab, rows, grp, quad);
     if (quad == grp >> 1) {
-      const int t = slab + grp;
+      const int t = TokenOfRow<kPairRows>(slab + grp);
+      const int t8 = TokenOfRow<kPairRows>(slab + grp + 8);
       if (t < rows) out[t * width + N] = ss[0];
-      if (t + 8 < rows) out[(t + 8) * width + N] = ss[1];
+      if (t8 < rows) out[t8 * width + N] = ss[1];
     }
   }
 };

@@ -14,18 +14,19 @@
 // conversion), as one tensor copy that one thread asks for where rows sit on
 // 16 bytes (the copy engine swizzles and zero-fills rows past M and k past
 // K; the threads' own cp.async pieces cost a fifth of a warp's
-// instructions per stage, docs/decisions.md), else as cp.async pieces; phi'
-// = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) split into
-// bf16 terms hi + mid (TF32 precision: 16 significant bits) or hi + mid + lo
-// (IEEE) lands in B tiles of 24 rows, copied (one bulk copy beside x's) from
-// a split made once per launch; both ways x arrives give the same bits.
-// The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for its 64
-// tokens; the products of bf16 x and a bf16 term are exact in fp32. The sum
-// of squares comes from the same staged tile on mma.sync (ldmatrix, then
-// x x^T: each token's x.x lands on the diagonal, exact products added in
-// fp32) while the wgmmas run. Both accumulate four stages in the tensor
-// cores, then are added to fp32 sums with rounded adds (the tensor cores
-// truncate against a long running sum), as the mma.sync units do.
+// instructions per stage, docs/decisions.md), rows 8 bytes off 16 (odd C at
+// n = 4) as tensor copies of token pairs (bf16_unit.cuh), else as cp.async
+// pieces; phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines
+// it) split into bf16 terms hi + mid (TF32 precision: 16 significant bits) or
+// hi + mid + lo (IEEE) lands in B tiles of 24 rows, copied (one bulk copy
+// beside x's) from a split made once per launch; both ways x arrives give the
+// same bits. The warpgroup issues, per 16 k, one wgmma.m64n24k16 per term for
+// its 64 tokens; the products of bf16 x and a bf16 term are exact in fp32. The
+// sum of squares comes from the same staged tile on mma.sync (ldmatrix, then x
+// x^T: each token's x.x lands on the diagonal, exact products added in fp32)
+// while the wgmmas run. Both accumulate four stages in the tensor cores, then
+// are added to fp32 sums with rounded adds (the tensor cores truncate against a
+// long running sum), as the mma.sync units do.
 //
 // Small batches (fewer units than SMs, the plan's unit_ctas) run each unit
 // on a cluster: every CTA takes consecutive four-stage flush groups and
@@ -53,6 +54,10 @@
 namespace mhc::cuda {
 namespace {
 
+using bf16_unit::kPairHalfRows;
+using bf16_unit::kPairOddBoxBytes;
+using bf16_unit::kPairOddCols;
+using bf16_unit::kPairShift;
 using bf16_unit::kRowBytes;
 using bf16_unit::kRowChunks;
 using bf16_unit::kStageK;
@@ -71,13 +76,21 @@ constexpr int kTermTileBytes = kTileLogits * kRowBytes;
 constexpr int kSplitChunks = kTileLogits * kRowChunks;  // per term
 static_assert(kMmaTokens == 2 * kUnitTokens, "two units per partial tile");
 static_assert(kUnitTokens == proj::kBf16UnitTokens, "the plan's units");
-// A stage: the x tile, then one B tile per term; all on swizzle atoms.
-__host__ __device__ constexpr int StageBytes(int terms) {
-  return kXTileBytes + terms * kTermTileBytes;
+// A stage: the x tile (pair rows: the even tokens' box), then one B tile per
+// term; all on swizzle atoms.
+__host__ __device__ constexpr int XBytes(bool pair_rows) {
+  return pair_rows ? kXTileBytes / 2 : kXTileBytes;
 }
-template <int kTerms, int kStages>
+__host__ __device__ constexpr int StageBytes(int terms,
+                                             bool pair_rows = false) {
+  return XBytes(pair_rows) + terms * kTermTileBytes;
+}
+// Pair rows add each stage's odd box after the ring.
+template <int kTerms, int kStages, bool kPairRows = false>
 constexpr int SmemBytes() {
-  return kStages * StageBytes(kTerms) + kSwizzleAtomBytes;
+  return kStages * (StageBytes(kTerms, kPairRows) +
+                    (kPairRows ? kPairOddBoxBytes : 0)) +
+         kSwizzleAtomBytes;
 }
 static_assert(kXTileBytes % kSwizzleAtomBytes == 0 &&
                   kTermTileBytes % kSwizzleAtomBytes == 0,
@@ -103,17 +116,67 @@ __global__ void __launch_bounds__(kSplitChunks)
       c);
 }
 
+// This warp's A fragments (its 16 rows, one per 16 k) of a landed stage of
+// pair rows (bf16_unit.cuh): even tokens (warps 0, 1) by ldmatrix from their
+// swizzled box, odd tokens (warps 2, 3) by 4-byte loads from theirs,
+// kPairShift elements on. Where the stage runs past K (k_left columns hold k
+// below K), the even rows' later columns hold the odd token's first elements
+// and become zeros; the odd rows' lie past the pair row, where the copy
+// engine wrote zeros.
+__device__ __forceinline__ void LoadPairFragments(
+    const char* even, const char* odd, int slab, int lane, int k_left,
+    uint32_t (&a)[kStageK / 16][4]) {
+  const int grp = lane >> 2, quad = lane & 3;
+  if (slab >= kPairHalfRows) {
+    constexpr int kOddRowBytes = kPairOddCols * 2;
+    const char* p = odd + (slab - kPairHalfRows + grp) * kOddRowBytes +
+                    kPairShift * 2 + 4 * quad;
+#pragma unroll
+    for (int j = 0; j < kStageK / 16; ++j) {
+      const char* at = p + 32 * j;
+      a[j][0] = *reinterpret_cast<const uint32_t*>(at);
+      a[j][1] = *reinterpret_cast<const uint32_t*>(at + 8 * kOddRowBytes);
+      a[j][2] = *reinterpret_cast<const uint32_t*>(at + 16);
+      a[j][3] = *reinterpret_cast<const uint32_t*>(at + 8 * kOddRowBytes + 16);
+    }
+    return;
+  }
+  const int row = slab + (lane & 15);
+#pragma unroll
+  for (int j = 0; j < kStageK / 16; ++j) {
+    LdMatrixX4(a[j], even + SwizzledChunkAt(row, 2 * j + (lane >> 4)));
+  }
+  if (k_left >= kStageK) return;
+#pragma unroll
+  for (int j = 0; j < kStageK / 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      // The pair's k: its low half, then its high one.
+      const int k = 16 * j + 2 * quad + 8 * (e >> 1);
+      if (k >= k_left) {
+        a[j][e] = 0u;
+      } else if (k + 1 >= k_left) {
+        a[j][e] &= 0xffffu;
+      }
+    }
+  }
+}
+
 // kTma: x (rows on 16 bytes) by tensor copies and the split by bulk copies,
 // issued by one thread; else cp.async pieces of kCopyBytes (8 or 4) by every
 // thread. phi' always comes split (phi_planes_kernel; projection/plan.cc
-// says why).
+// says why). kPairRows (with kTma): x_map and odd_map are the pair maps of
+// bf16_unit.cuh, each stage's odd box after the ring, the A operand from
+// registers.
 //
 // kSplit: a cluster of unit_ctas CTAs per unit, launched one cluster per
 // unit, each CTA with its share of the unit's flush groups
 // (bf16_unit::GroupSlots, after the ring in shared memory).
-template <int kTerms, int kCopyBytes, bool kTma, int kStages, bool kSplit>
+template <int kTerms, int kCopyBytes, bool kTma, int kStages, bool kSplit,
+          bool kPairRows = false>
 __global__ void __launch_bounds__(kUnitThreads, 4)
     bf16_wgmma_projection_kernel(const __grid_constant__ CUtensorMap x_map,
+                                 const __grid_constant__ CUtensorMap odd_map,
                                  DevSpec s, int64_t tokens,
                                  const __nv_bfloat16* __restrict__ x,
                                  const char* __restrict__ planes,
@@ -121,7 +184,9 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
                                  unsigned long long* next_unit) {
   static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
   static_assert(!kSplit || kTma, "split units take tensor copies");
-  constexpr int kStageBytes = StageBytes(kTerms);
+  static_assert(!kPairRows || (kTma && !kSplit), "pair rows: one CTA a unit");
+  constexpr int kXBytes = XBytes(kPairRows);
+  constexpr int kStageBytes = StageBytes(kTerms, kPairRows);
   constexpr int kSplitBytes = kTerms * kTermTileBytes;
   extern __shared__ __align__(16) char bf16_proj_smem[];
   char* smem = AtomAligned(bf16_proj_smem);
@@ -136,7 +201,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const int width = s.N + 1;
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
   const uint64_t a_desc0 = SwizzledDescriptor(smem);
-  const uint64_t b_desc0 = SwizzledDescriptor(smem + kXTileBytes);
+  const uint64_t b_desc0 = SwizzledDescriptor(smem + kXBytes);
   // With kTma, the stages' copies complete on the ring's barriers.
   __shared__ __align__(8) uint64_t landed[kStages];
   CopyRing<kStages> ring{landed};
@@ -149,6 +214,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const bf16_unit::GroupSlots slots(
       reinterpret_cast<float*>(smem + kStages * kStageBytes), kUnitTokens,
       width, plan.chunk, unit_ctas);
+  char* odd_boxes = smem + kStages * kStageBytes;  // pair rows
 
   // A unit's tile index counts halves of projection/forward/mma.cuh's tiles.
   auto run_unit = [&](MmaUnit unit) {
@@ -170,10 +236,19 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         // land as zeros) and the stage's split.
         if (tid != 0) return;
         uint64_t* bar = ring.Barrier(st);
-        MbarrierArriveExpectBytes(bar, kXTileBytes + kSplitBytes);
-        TmaLoadTile2d(stage, &x_map, static_cast<int>(u.kbeg + st * kStageK),
-                      static_cast<int>(u.m0), bar);
-        BulkLoad(stage + kXTileBytes, split_src + st * kSplitBytes, kSplitBytes,
+        const int k = static_cast<int>(u.kbeg + st * kStageK);
+        if (kPairRows) {
+          MbarrierArriveExpectBytes(bar,
+                                    kXBytes + kPairOddBoxBytes + kSplitBytes);
+          const int pair = static_cast<int>(u.m0 / 2);
+          TmaLoadTile2d(stage, &x_map, k, pair, bar);
+          TmaLoadTile2d(odd_boxes + st % kStages * kPairOddBoxBytes, &odd_map,
+                        static_cast<int>(s.K) - kPairShift + k, pair, bar);
+        } else {
+          MbarrierArriveExpectBytes(bar, kXTileBytes + kSplitBytes);
+          TmaLoadTile2d(stage, &x_map, k, static_cast<int>(u.m0), bar);
+        }
+        BulkLoad(stage + kXBytes, split_src + st * kSplitBytes, kSplitBytes,
                  bar);
         return;
       }
@@ -189,11 +264,23 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     sums.Zero();
     auto compute = [&](int st) {
       const int at = st % kStages * kStageBytes;
-      const uint64_t a_desc = DescriptorPlus(a_desc0, at);
       const uint64_t b_desc = DescriptorPlus(b_desc0, at);
-      sums.IssueStage<kTerms, kTermTileBytes>(a_desc, b_desc);
-      // Rows past the tokens hold zeros.
-      if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
+      if constexpr (kPairRows) {
+        uint32_t a[kStageK / 16][4];
+        LoadPairFragments(
+            smem + at, odd_boxes + st % kStages * kPairOddBoxBytes, slab, lane,
+            static_cast<int>(s.K - (u.kbeg + st * kStageK)), a);
+        sums.IssueStage<kTerms, kTermTileBytes>(a, b_desc);
+        if (bf16_unit::TokenOfRow<true>(slab) < u.rows) {
+#pragma unroll
+          for (int j = 0; j < kStageK / 16; ++j) sums.AddSquares(a[j]);
+        }
+      } else {
+        sums.IssueStage<kTerms, kTermTileBytes>(DescriptorPlus(a_desc0, at),
+                                                b_desc);
+        // Rows past the tokens hold zeros.
+        if (slab < u.rows) sums.AddSquares(smem + at, slab, lane);
+      }
     };
 
     // Tensor copies of a unit the ring holds whole (a split unit's share)
@@ -236,7 +323,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     if (kSplit) {
       slots.AddInOrder(unit_stages, u.rows * width, out);
     } else {
-      sums.Store(out, width, s.N, slab, u.rows, grp, quad);
+      sums.Store<kPairRows>(out, width, s.N, slab, u.rows, grp, quad);
     }
     // The next unit's first copies reuse the stages this one read.
     __syncthreads();
@@ -259,24 +346,27 @@ cudaError_t LaunchPlanes(const DevSpec& s, const float* phi, const float* gamma,
 }
 
 // The split runs first; the units' CTAs take their slots beside it and wait
-// for it before their first copy.
-template <int kTerms, int kCopyBytes, bool kTma, int kStages = kRing>
-cudaError_t LaunchTerms(const CUtensorMap& x_map, const DevSpec& s,
-                        int64_t tokens, const void* x, const float* phi,
-                        const float* gamma, bool vec_phi, char* planes,
-                        float* partial, unsigned long long* next_unit,
-                        cudaStream_t stream) {
+// for it before their first copy. odd_map: pair rows' (else unread).
+template <int kTerms, int kCopyBytes, bool kTma, int kStages = kRing,
+          bool kPairRows = false>
+cudaError_t LaunchTerms(const CUtensorMap& x_map, const CUtensorMap& odd_map,
+                        const DevSpec& s, int64_t tokens, const void* x,
+                        const float* phi, const float* gamma, bool vec_phi,
+                        char* planes, float* partial,
+                        unsigned long long* next_unit, cudaStream_t stream) {
   const int64_t units =
       bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocksAfter(
       [&] {
         return LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, stream);
       },
-      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages, false>,
+      bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages, false,
+                                   kPairRows>,
       kUnitThreads,
-      /*equal_shares=*/true, units, SmemBytes<kTerms, kStages>(), next_unit,
-      stream, x_map, s, tokens, static_cast<const __nv_bfloat16*>(x),
-      static_cast<const char*>(planes), partial, 1);
+      /*equal_shares=*/true, units, SmemBytes<kTerms, kStages, kPairRows>(),
+      next_unit, stream, x_map, odd_map, s, tokens,
+      static_cast<const __nv_bfloat16*>(x), static_cast<const char*>(planes),
+      partial, 1);
 }
 
 // One cluster of unit_ctas CTAs per unit, after the split.
@@ -298,9 +388,10 @@ cudaError_t LaunchSplitUnits(const CUtensorMap& x_map, const DevSpec& s,
       bf16_wgmma_projection_kernel<kTerms, 16, true, kStages, true>,
       dim3(static_cast<unsigned>(units * unit_ctas)),
       dim3(static_cast<unsigned>(unit_ctas)), kUnitThreads,
-      SmemBytes<kTerms, kStages>() + slot_bytes, stream, x_map, s, tokens,
-      static_cast<const __nv_bfloat16*>(x), static_cast<const char*>(planes),
-      partial, unit_ctas, static_cast<unsigned long long*>(nullptr));
+      SmemBytes<kTerms, kStages>() + slot_bytes, stream, x_map, x_map, s,
+      tokens, static_cast<const __nv_bfloat16*>(x),
+      static_cast<const char*>(planes), partial, unit_ctas,
+      static_cast<unsigned long long*>(nullptr));
 }
 
 // x [tokens, K] bf16 as a tensor map of kUnitTokens x kStageK boxes in
@@ -310,6 +401,21 @@ bool EncodeXTileMap(const void* x, int64_t K, int64_t tokens,
                     CUtensorMap* map) {
   return EncodeSwizzledRowTiles(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, K,
                                 tokens, kStageK, kUnitTokens, map);
+}
+
+// Pair rows' maps (bf16_unit.cuh) over x [tokens / 2 pairs, 2K]: even
+// tokens' boxes in wgmma's swizzle, odd tokens' unswizzled and wider.
+bool EncodePairRowMaps(const void* x, int64_t K, int64_t tokens,
+                       CUtensorMap* even, CUtensorMap* odd) {
+  const int64_t dims[2] = {2 * K, tokens / 2};
+  const int64_t strides[1] = {4 * K};
+  const int even_box[2] = {kStageK, kPairHalfRows};
+  const int odd_box[2] = {kPairOddCols, kPairHalfRows};
+  return tokens % 2 == 0 &&
+         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dims, strides,
+                        even_box, CU_TENSOR_MAP_SWIZZLE_128B, even) &&
+         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dims, strides,
+                        odd_box, CU_TENSOR_MAP_SWIZZLE_NONE, odd);
 }
 
 }  // namespace
@@ -345,20 +451,30 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
             }
             if (plan.deep_ring) {
               return LaunchTerms<kT, 16, true, kDeepRing>(
-                  x_map, s, tokens, x, phi, gamma, vec_phi, split, partial,
-                  next_unit, stream);
+                  x_map, x_map, s, tokens, x, phi, gamma, vec_phi, split,
+                  partial, next_unit, stream);
             }
-            return LaunchTerms<kT, 16, true>(x_map, s, tokens, x, phi, gamma,
-                                             vec_phi, split, partial, next_unit,
-                                             stream);
+            return LaunchTerms<kT, 16, true>(x_map, x_map, s, tokens, x, phi,
+                                             gamma, vec_phi, split, partial,
+                                             next_unit, stream);
           }
-          return LaunchTerms<kT, 8, false>(x_map, s, tokens, x, phi, gamma,
-                                           vec_phi, split, partial, next_unit,
-                                           stream);
+          return LaunchTerms<kT, 8, false>(x_map, x_map, s, tokens, x, phi,
+                                           gamma, vec_phi, split, partial,
+                                           next_unit, stream);
         } else {
-          return LaunchTerms<kT, kC, false>(x_map, s, tokens, x, phi, gamma,
-                                            vec_phi, split, partial, next_unit,
-                                            stream);
+          if constexpr (kC == 8) {
+            // The plan's pair rows; without the encoder, the pieces.
+            CUtensorMap odd_map{};
+            if (plan.pair_rows &&
+                EncodePairRowMaps(x, spec.K(), tokens, &x_map, &odd_map)) {
+              return LaunchTerms<kT, 16, true, kRing, true>(
+                  x_map, odd_map, s, tokens, x, phi, gamma, vec_phi, split,
+                  partial, next_unit, stream);
+            }
+          }
+          return LaunchTerms<kT, kC, false>(x_map, x_map, s, tokens, x, phi,
+                                            gamma, vec_phi, split, partial,
+                                            next_unit, stream);
         }
       });
   const std::string shape = ShapeString(spec, tokens, DType::kBF16);
