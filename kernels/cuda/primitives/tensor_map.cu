@@ -11,7 +11,8 @@ namespace mhc::cuda {
 
 bool EncodeTiledMap(const void* base, CUtensorMapDataType type, int rank,
                     const int64_t* dims, const int64_t* strides, const int* box,
-                    CUtensorMapSwizzle swizzle, CUtensorMap* map) {
+                    CUtensorMapSwizzle swizzle, CUtensorMap* map,
+                    CUtensorMapL2promotion promotion) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -42,8 +43,7 @@ bool EncodeTiledMap(const void* base, CUtensorMapDataType type, int rank,
   }
   return encode(map, type, static_cast<cuuint32_t>(rank),
                 const_cast<void*>(base), d, st, b, steps,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -102,9 +102,10 @@ const std::vector<ForwardRule>& ForwardRules() {
         "their 256-k flush groups over a cluster of up to 8 CTAs, whose sums "
         "meet in shared memory in group order, or where a chunk is one group "
         "take eight stages); rows 8 bytes off 16 at an even `M` by tensor "
-        "copies of token pairs, the odd tokens' rows moved onto their place "
-        "on chip; else 8- / 4-byte `cp.async` pieces; `phi'` split into "
-        "bf16 terms once per launch, copied in beside `x`",
+        "copies over token pairs, the odd tokens' boxes 4 elements early and "
+        "A read from either box into registers; else 8- / 4-byte `cp.async` "
+        "pieces; `phi'` split into bf16 terms once per launch, copied in "
+        "beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
