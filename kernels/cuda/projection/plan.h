@@ -8,10 +8,11 @@
 //
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
-// sizes the workspace and, where the tiles would leave SMs idle, the launch
-// shape (deep_ring, unit_ctas, dx_apart_tokens: the same bits either way;
-// chunk_ctas:
-// the same dx bits, dphi added in another grouping).
+// sizes the workspace, lets odd-C rows pair up for tensor copies where it is
+// even (pair_rows: the same bits) and, where the tiles would leave SMs idle,
+// sets the launch shape (deep_ring, unit_ctas, dx_apart_tokens: the same
+// bits either way; chunk_ctas: the same dx bits, dphi added in another
+// grouping).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
