@@ -191,15 +191,15 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 // (one thread, the copy engine swizzling and zero-filling) and rows 8 or 4
 // bytes off by every thread's cp.async pieces: the same bits every way. x
 // is placed on 16 bytes, 8 bytes off and 4 bytes off (4-byte pieces). At odd
-// C rows alternate between 16 and 8 bytes off: on 16 bytes with an even
-// batch they come by tensor copies of token pairs, else by 8-byte pieces,
+// C rows alternate between 16 and 8 bytes off: on 16 bytes they come by
+// tensor copies of the even rows and of token pairs, else by 8-byte pieces,
 // both against the 4-byte ones. Cases: IEEE (three phi' terms), a K past the
 // last 64-k block (C = 1000: zeros past K), a small batch with a wide K
 // (these three with fewer units than SMs: the tensor copies split each
 // unit's flush groups over a cluster, two groups a CTA), more units than
-// CTAs; odd C with an odd batch, and with even ones: a last stage of 4
-// columns (C = 1025), of 36 (C = 5129) over more units than CTAs and a
-// partial last tile, IEEE, and a single pair.
+// CTAs; odd C with odd batches (a last even token without its pair) and
+// even ones: a last stage of 4 columns (C = 1025), of 36 (C = 5129) over
+// more units than CTAs and a partial last tile, IEEE, and a single pair.
 TEST(CudaProjectionTilesTest, TensorCopiesMatchThreadCopies) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {

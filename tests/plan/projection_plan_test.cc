@@ -232,7 +232,8 @@ TEST(ProjectionPlan, ForwardUnitCtas) {
 }
 
 // Odd C at n = 4 leaves bf16 rows 8 bytes off 16 every other token: with x
-// on 16 bytes and an even batch, tensor copies of token pairs take them.
+// on 16 bytes and at least two tokens, tensor copies of the even rows and of
+// token pairs take them.
 TEST(ProjectionPlan, ForwardPairRows) {
   auto pairs = [](int64_t C, int64_t M, int x_alignment = 16,
                   DType dtype = DType::kBF16) {
@@ -245,7 +246,8 @@ TEST(ProjectionPlan, ForwardPairRows) {
   EXPECT_EQ(odd_c.x_copy_bytes, 8);
   EXPECT_TRUE(odd_c.pair_rows);
   EXPECT_TRUE(pairs(1025, 2).pair_rows);
-  EXPECT_FALSE(pairs(5129, 8191).pair_rows);     // a token without a pair
+  EXPECT_TRUE(pairs(5129, 8191).pair_rows);      // the last token even
+  EXPECT_FALSE(pairs(5129, 1).pair_rows);        // no pair at all
   EXPECT_FALSE(pairs(5129, 8192, 8).pair_rows);  // even tokens off 16 bytes
   EXPECT_FALSE(pairs(5120, 8192).pair_rows);     // every row on 16 bytes
   ProjectionForwardAlignment on16;

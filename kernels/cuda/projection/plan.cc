@@ -101,11 +101,11 @@ const std::vector<ForwardRule>& ForwardRules() {
         "sit on 16 bytes (three stages in flight; units fewer than SMs split "
         "their 256-k flush groups over a cluster of up to 8 CTAs, whose sums "
         "meet in shared memory in group order, or where a chunk is one group "
-        "take eight stages); rows 8 bytes off 16 at an even `M` by tensor "
-        "copies over token pairs, the odd tokens' boxes 4 elements early and "
-        "A read from either box into registers; else 8- / 4-byte `cp.async` "
-        "pieces; `phi'` split into bf16 terms once per launch, copied in "
-        "beside `x`",
+        "take eight stages); rows 8 bytes off 16 (`M >= 2`) by tensor "
+        "copies of the even rows and of token pairs, the odd tokens' boxes 4 "
+        "elements early and A read from either box into registers; else 8- "
+        "/ 4-byte `cp.async` pieces; `phi'` split into bf16 terms once per "
+        "launch, copied in beside `x`",
         Example(4, 256)},
        [](const ForwardCase& c) {
          return c.l.bf16 && proj::LogitGroups(c.l.N) == 1 && c.x_copy != 0;
@@ -466,10 +466,10 @@ ProjectionForwardPlan PlanProjectionForward(
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;
-  // Two rows 8 bytes off 16 make one on 16 bytes: a tensor map over token
-  // pairs reaches them.
+  // Two rows 8 bytes off 16 make one on 16 bytes: tensor maps over the even
+  // rows and over token pairs reach them.
   plan.pair_rows = plan.variant == FV::kWgmmaBf16 && plan.x_copy_bytes == 8 &&
-                   alignment.x >= 16 && tokens > 0 && tokens % 2 == 0;
+                   alignment.x >= 16 && tokens >= 2;
   // Fewer units than SMs hold one per SM: a deeper ring keeps the one CTA's
   // copies in flight (a stage's arithmetic never depends on the ring).
   if ((plan.variant == FV::kWgmmaBf16 || plan.variant == FV::kWgmmaTf32) &&

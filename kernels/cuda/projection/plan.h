@@ -8,11 +8,11 @@
 //
 // Alignment is an input: the same (n, dtype, C, M) may take a different
 // variant when a tensor starts off 16 bytes. M never picks a variant; it
-// sizes the workspace, lets odd-C rows pair up for tensor copies where it is
-// even (pair_rows: the same bits) and, where the tiles would leave SMs idle,
-// sets the launch shape (deep_ring, unit_ctas, dx_apart_tokens: the same
-// bits either way; chunk_ctas: the same dx bits, dphi added in another
-// grouping).
+// sizes the workspace, leaves a single token's odd-C row to the pieces
+// rather than the tensor copies of token pairs (pair_rows: the same bits)
+// and, where the tiles would leave SMs idle, sets the launch shape
+// (deep_ring, unit_ctas, dx_apart_tokens: the same bits either way;
+// chunk_ctas: the same dx bits, dphi added in another grouping).
 #ifndef MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 #define MHC_KERNELS_CUDA_PROJECTION_PLAN_H_
 
@@ -120,9 +120,9 @@ struct ProjectionForwardPlan {
   // wgmma_bf16 with x by tensor copies, or wgmma_tf32, fewer units than
   // SMs: a ring of kBf16DeepStages stages (the same bits).
   bool deep_ring = false;
-  // wgmma_bf16 with rows 8 bytes off 16 on a 16-byte x, an even token
-  // count: x by tensor copies of token pairs (projection/forward/
-  // bf16_unit.cuh), the odd tokens' rows realigned on chip.
+  // wgmma_bf16 with rows 8 bytes off 16 on a 16-byte x, at least two
+  // tokens: x by tensor copies of the even rows and of token pairs
+  // (projection/forward/bf16_unit.cuh).
   bool pair_rows = false;
   // wgmma_bf16 with tensor copies, fewer units than SMs: CTAs per unit, one
   // cluster, each with its share of the unit's flush groups (geometry.h:

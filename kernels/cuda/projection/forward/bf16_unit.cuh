@@ -50,14 +50,15 @@ __device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
   }
 }
 
-// Pair rows: bf16 rows of K elements 8 bytes off 16 (K = 4 mod 8), an even
-// token count. Two tokens' rows together are 16-byte rows, so a tensor map
-// over token pairs (rows of 2K elements) reaches every even token's stage as
-// one 64 x 32-row box in wgmma's swizzle (rows 0-31 of a unit) and every odd
-// token's through a second map, whose unswizzled boxes start kPairShift
-// elements early, on 16 bytes (rows 32-63). The warps read their rows' A
-// fragments into registers from either box; the products and their order
-// are those of the other copies: the same bits.
+// Pair rows: bf16 rows of K elements 8 bytes off 16 (K = 4 mod 8), at least
+// two tokens. Every even token's row starts on 16 bytes and two rows span a
+// multiple of 16 bytes, so a tensor map of the even tokens' rows reaches
+// their stage as one 64 x 32-row box in wgmma's swizzle (rows 0-31 of a
+// unit), and a map over whole token pairs (rows of 2K elements) the odd
+// tokens' in unswizzled boxes that start kPairShift elements early, on 16
+// bytes (rows 32-63). The warps read their rows' A fragments into registers
+// from either box; the products and their order are those of the other
+// copies: the same bits.
 inline constexpr int kPairHalfRows = 32;          // tokens of each parity
 inline constexpr int kPairShift = 4;              // elements off 16 bytes
 inline constexpr int kPairOddCols = kStageK + 8;  // the odd box's columns

@@ -119,15 +119,12 @@ __global__ void __launch_bounds__(kSplitChunks)
 // This warp's A fragments (its 16 rows, one per 16 k) of a landed stage of
 // pair rows (bf16_unit.cuh): even tokens (warps 0, 1) by ldmatrix from their
 // swizzled box, odd tokens (warps 2, 3) by 4-byte loads from theirs,
-// kPairShift elements on. Where the stage runs past K (k_left columns hold k
-// below K), the even rows' later columns hold the odd token's first elements
-// and become zeros; the odd rows' lie past the pair row, where the copy
-// engine wrote zeros.
+// kPairShift elements on.
 __device__ __forceinline__ void LoadPairFragments(
-    const char* even, const char* odd, int slab, int lane, int k_left,
+    const char* even, const char* odd, int slab, int lane,
     uint32_t (&a)[kStageK / 16][4]) {
-  const int grp = lane >> 2, quad = lane & 3;
   if (slab >= kPairHalfRows) {
+    const int grp = lane >> 2, quad = lane & 3;
     constexpr int kOddRowBytes = kPairOddCols * 2;
     const char* p = odd + (slab - kPairHalfRows + grp) * kOddRowBytes +
                     kPairShift * 2 + 4 * quad;
@@ -145,20 +142,6 @@ __device__ __forceinline__ void LoadPairFragments(
 #pragma unroll
   for (int j = 0; j < kStageK / 16; ++j) {
     LdMatrixX4(a[j], even + SwizzledChunkAt(row, 2 * j + (lane >> 4)));
-  }
-  if (k_left >= kStageK) return;
-#pragma unroll
-  for (int j = 0; j < kStageK / 16; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      // The pair's k: its low half, then its high one.
-      const int k = 16 * j + 2 * quad + 8 * (e >> 1);
-      if (k >= k_left) {
-        a[j][e] = 0u;
-      } else if (k + 1 >= k_left) {
-        a[j][e] &= 0xffffu;
-      }
-    }
   }
 }
 
@@ -267,9 +250,9 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       const uint64_t b_desc = DescriptorPlus(b_desc0, at);
       if constexpr (kPairRows) {
         uint32_t a[kStageK / 16][4];
-        LoadPairFragments(
-            smem + at, odd_boxes + st % kStages * kPairOddBoxBytes, slab, lane,
-            static_cast<int>(s.K - (u.kbeg + st * kStageK)), a);
+        LoadPairFragments(smem + at,
+                          odd_boxes + st % kStages * kPairOddBoxBytes, slab,
+                          lane, a);
         sums.IssueStage<kTerms, kTermTileBytes>(a, b_desc);
         if (bf16_unit::TokenOfRow<true>(slab) < u.rows) {
 #pragma unroll
@@ -403,22 +386,25 @@ bool EncodeXTileMap(const void* x, int64_t K, int64_t tokens,
                                 tokens, kStageK, kUnitTokens, map);
 }
 
-// Pair rows' maps (bf16_unit.cuh) over x [tokens / 2 pairs, 2K]: even
-// tokens' boxes in wgmma's swizzle, odd tokens' unswizzled and wider. Half
-// the boxes' rows start 16 bytes off 32, and the L2 filling 128 rather than
-// 256 bytes per miss made the units 2-4 % faster (docs/decisions.md).
+// Pair rows' maps (bf16_unit.cuh): the even tokens as rows of K two rows
+// apart, in wgmma's swizzle (zeros past K and past the last even token), and
+// the odd ones through the whole pairs [tokens / 2, 2K] in unswizzled, wider
+// boxes (zeros past 2K). Half the boxes' rows start 16 bytes off 32, and the
+// L2 filling 128 rather than 256 bytes per miss made the units 2-4 % faster
+// (docs/decisions.md).
 bool EncodePairRowMaps(const void* x, int64_t K, int64_t tokens,
                        CUtensorMap* even, CUtensorMap* odd) {
-  const int64_t dims[2] = {2 * K, tokens / 2};
+  const int64_t even_dims[2] = {K, (tokens + 1) / 2};
+  const int64_t pair_dims[2] = {2 * K, tokens / 2};
   const int64_t strides[1] = {4 * K};
   const int even_box[2] = {kStageK, kPairHalfRows};
   const int odd_box[2] = {kPairOddCols, kPairHalfRows};
-  return tokens % 2 == 0 &&
-         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dims, strides,
-                        even_box, CU_TENSOR_MAP_SWIZZLE_128B, even,
+  return tokens >= 2 &&
+         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, even_dims,
+                        strides, even_box, CU_TENSOR_MAP_SWIZZLE_128B, even,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B) &&
-         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dims, strides,
-                        odd_box, CU_TENSOR_MAP_SWIZZLE_NONE, odd,
+         EncodeTiledMap(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, pair_dims,
+                        strides, odd_box, CU_TENSOR_MAP_SWIZZLE_NONE, odd,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
