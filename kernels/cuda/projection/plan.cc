@@ -466,8 +466,9 @@ ProjectionForwardPlan PlanProjectionForward(
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;
-  // Two rows 8 bytes off 16 make one on 16 bytes: tensor maps over the even
-  // rows and over token pairs reach them.
+  // Rows 8 bytes off 16 alternate with rows on 16 bytes, and two rows span
+  // a multiple of 16 bytes: tensor maps over the even rows and over token
+  // pairs reach them.
   plan.pair_rows = plan.variant == FV::kWgmmaBf16 && plan.x_copy_bytes == 8 &&
                    alignment.x >= 16 && tokens >= 2;
   // Fewer units than SMs hold one per SM: a deeper ring keeps the one CTA's

@@ -59,9 +59,10 @@ __device__ __forceinline__ void StorePhiChunk(float (&v)[8], char* tiles, int g,
 // bytes (rows 32-63). The warps read their rows' A fragments into registers
 // from either box; the products and their order are those of the other
 // copies: the same bits.
-inline constexpr int kPairHalfRows = 32;          // tokens of each parity
-inline constexpr int kPairShift = 4;              // elements off 16 bytes
-inline constexpr int kPairOddCols = kStageK + 8;  // the odd box's columns
+inline constexpr int kPairHalfRows = 32;  // tokens of each parity
+inline constexpr int kPairShift = 4;      // elements off 16 bytes
+// The odd box's columns: the stage and the shift, rounded to 16 bytes.
+inline constexpr int kPairOddCols = kStageK + 8;
 inline constexpr int kPairOddBoxBytes = kPairHalfRows * kPairOddCols * 2;
 // The unit token (from its first) in staged row `row`.
 template <bool kPairRows>
