@@ -7,14 +7,17 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "mhc/call_ring.h"
 #include "mhc/client/shm.h"
@@ -226,11 +229,17 @@ TEST_F(CallRingTest, KilledClientLeavesNothingBehind) {
   char c;
   while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
   close(out[0]);
-  ASSERT_TRUE(absl::StartsWith(line, "ringing ")) << line;
+  const std::vector<std::string> words = absl::StrSplit(line, ' ');
+  ASSERT_EQ(words.size(), 4u) << line;
+  ASSERT_EQ(words[0], "ringing") << line;
   EXPECT_EQ(Metric("mhcd_call_rings"), 1);
   absl::SleepFor(absl::Milliseconds(50));  // mid-call, most likely
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
+  // The killed client's own objects, which only it would have unlinked.
+  for (int i = 2; i < 4; ++i) {
+    EXPECT_EQ(shm_unlink(absl::StrCat("/", words[i]).c_str()), 0) << words[i];
+  }
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (Metric("mhcd_call_rings") != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));

@@ -174,7 +174,8 @@ int Hold(Client& client) {
 }
 
 // Opens a session and a call ring, then runs Pre on layer `layer` through
-// the ring until killed; prints "ringing SESSION" after the first call.
+// the ring until killed; prints "ringing SESSION RING_KEY X_KEY" after the
+// first call (the objects only this process unlinks, so the killer can).
 int Ring(Client& client, const std::string& layer, int64_t n, int64_t c) {
   auto session = mhc::client::Session::Open(client);
   if (!session.ok()) return Fail("OpenSession", session.status());
@@ -201,7 +202,8 @@ int Ring(Client& client, const std::string& layer, int64_t n, int64_t c) {
         std::cout << "FAIL the call did not go through the ring" << std::endl;
         return 1;
       }
-      std::cout << "ringing " << (*session)->id() << std::endl;
+      std::cout << "ringing " << (*session)->id() << " " << (*ring)->key()
+                << " " << (*object)->key() << std::endl;
     }
   }
 }

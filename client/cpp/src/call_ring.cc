@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mhc/call_ring.h"
+#include "mhc/client/shm.h"
 #include "mhc/status.h"
 
 namespace mhc::client {
@@ -45,10 +46,8 @@ absl::StatusOr<std::shared_ptr<CallRing>> CallRing::Open(
         absl::StrCat("call ring: area_bytes must be in [", ring::kMinAreaBytes,
                      ", ", ring::kMaxAreaBytes, "]"));
   }
-  static std::atomic<uint64_t> counter{0};
   std::shared_ptr<CallRing> created(new CallRing());
-  created->key_ = absl::StrCat(key_prefix, getpid(), "_", counter.fetch_add(1),
-                               "_call_ring");
+  created->key_ = UniqueShmKey(key_prefix, "call_ring");
   created->session_id_ = client.session_id();
   created->bytes_ = ring::RegionBytes(area_bytes);
   created->area_bytes_ = area_bytes;

@@ -37,6 +37,7 @@ import math
 import mmap
 import os
 import queue
+import secrets
 import threading
 import time
 import weakref
@@ -60,9 +61,15 @@ ALIGNMENT = 64
 _counter = itertools.count()
 
 
+# Random per process: the pid alone repeats, and a process killed before it
+# unlinked its objects leaves their names behind for the next of its pid.
+_NONCE = secrets.token_hex(4)
+
+
 def unique_key(prefix: str = DEFAULT_KEY_PREFIX, tag: str = "r") -> str:
-    """A POSIX shm name unique to this process: ``<prefix><pid>_<n>_<tag>``."""
-    return f"{prefix}{os.getpid()}_{next(_counter)}_{tag}"
+    """A POSIX shm name unique to this process:
+    ``<prefix><pid>_<nonce>_<n>_<tag>``."""
+    return f"{prefix}{os.getpid()}_{_NONCE}_{next(_counter)}_{tag}"
 
 
 def _shm_open(key: str, create: bool, size: int = 0) -> Tuple[int, int]:

@@ -51,6 +51,8 @@ class CallRing {
   CallRing& operator=(const CallRing&) = delete;
 
   const std::string& session_id() const { return session_id_; }
+  // The ring's shared-memory object, which the ring unlinks when it goes.
+  const std::string& key() const { return key_; }
   // Calls sent through the ring so far.
   uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
   // Time callers spent waiting for a deferred call's answer before their

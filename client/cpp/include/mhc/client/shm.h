@@ -58,7 +58,9 @@ class SharedMemoryObject {
   bool owned_ = false;
 };
 
-// A unique key "<prefix><pid>_<counter>_<tag>" for objects of this process.
+// A unique key "<prefix><pid>_<nonce>_<counter>_<tag>" for objects of this
+// process; the nonce, random per process, keeps it apart from the names a
+// dead process of the same pid left behind.
 std::string UniqueShmKey(const std::string& prefix, const std::string& tag);
 
 // An open session: the OpenSession stream, held until Close or
