@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mhc/call_ring.h"
-#include "mhc/client/shm.h"
+#include "mhc/client/shm_key.h"
 #include "mhc/status.h"
 
 namespace mhc::client {

@@ -5,10 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,15 +85,6 @@ SharedMemoryObject::~SharedMemoryObject() {
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
   if (owned_) shm_unlink(absl::StrCat("/", key_).c_str());
-}
-
-std::string UniqueShmKey(const std::string& prefix, const std::string& tag) {
-  // The pid alone repeats: a process killed before it unlinked its objects
-  // leaves their names behind for the next process of its pid.
-  static const uint32_t nonce = std::random_device{}();
-  static std::atomic<uint64_t> counter{0};
-  return absl::StrCat(prefix, getpid(), "_", absl::Hex(nonce, absl::kZeroPad8),
-                      "_", counter.fetch_add(1), "_", tag);
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(Client& client) {

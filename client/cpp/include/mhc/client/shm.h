@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "mhc/client/client.h"
+#include "mhc/client/shm_key.h"
 #include "mhc/types.h"
 #include "mhc/v1/tensor.pb.h"
 
@@ -57,11 +58,6 @@ class SharedMemoryObject {
   size_t size_ = 0;
   bool owned_ = false;
 };
-
-// A unique key "<prefix><pid>_<nonce>_<counter>_<tag>" for objects of this
-// process; the nonce, random per process, keeps it apart from the names a
-// dead process of the same pid left behind.
-std::string UniqueShmKey(const std::string& prefix, const std::string& tag);
 
 // An open session: the OpenSession stream, held until Close or
 // destruction. While open, `client` sends the session's id with every call.
