@@ -24,6 +24,7 @@
 //                 [--n=4] [--hidden=C]   (other stream counts, one width for
 //                                         every config: e.g. odd C = 5129)
 //                 [--dtype=bf16|f16|f32] [--layout=stream_major|stream_minor]
+//                 [--precision=tf32|ieee]
 //                 [--flush=write|read]
 //                 [--head_start_us=T]   (a GPU spin before each timed run:
 //                                        the host enqueues ahead of it)
@@ -234,6 +235,7 @@ class Bench {
     LayerSpec spec =
         PresetSpec("deepseek_v4", shape_.streams, Hidden(cfg)).value();
     spec.layout = shape_.layout;
+    spec.matmul_precision = shape_.precision;
     return spec;
   }
 
@@ -299,6 +301,7 @@ class Bench {
           "{\"impl\": \"mhcd\", \"case\": %s, \"op\": \"%s\", "
           "\"direction\": \"%s\", \"config\": \"%s\", \"M\": %lld, \"n\": "
           "%d, \"C\": %lld, \"dtype\": \"%s\", \"layout\": \"%s\", "
+          "\"precision\": \"%s\", "
           "\"mode\": \"deterministic\", \"variant\": \"%s\", \"us\": %.2f, "
           "\"bytes\": %.0f, \"gbps\": %.1f, \"pct_copy\": %.1f, %s}\n",
           named.c_str(), Info(c).op, Info(c).direction,
@@ -306,6 +309,7 @@ class Bench {
           static_cast<long long>(Hidden(cfg)),
           std::string(DTypeName(dev_.act)).c_str(),
           std::string(LayoutName(shape_.layout)).c_str(),
+          PrecisionName(shape_.precision),
           std::string(CaseVariant(c, gpu_, spec, head, dev_, M)).c_str(), *us,
           bytes, gbps, pct, counted.c_str());
       absl::StatusOr<bool> good = CheckCase(c, spec, head, cfg);
@@ -647,9 +651,10 @@ int Run() {
   }
   const std::string layer =
       flags.shapes ? std::string("the named shape cases")
-                   : absl::StrFormat("n = %d, %s, %s", flags.shape.streams,
+                   : absl::StrFormat("n = %d, %s, %s, %s", flags.shape.streams,
                                      DTypeName(flags.shape.act),
-                                     LayoutName(flags.shape.layout));
+                                     LayoutName(flags.shape.layout),
+                                     PrecisionName(flags.shape.precision));
   std::printf(
       "\ndevice %s, copy bandwidth %.0f GB/s (nominal %.0f), %s, "
       "deepseek_v4, deterministic, median of %d, L2 flushed by a %s; "

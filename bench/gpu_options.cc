@@ -25,6 +25,8 @@ ABSL_FLAG(int64_t, hidden, 0,
 ABSL_FLAG(std::string, dtype, "bf16", "activation dtype: bf16, f16 or f32");
 ABSL_FLAG(std::string, layout, "stream_major",
           "activation layout: stream_major or stream_minor");
+ABSL_FLAG(std::string, precision, "tf32",
+          "the projection's matmul precision: tf32 or ieee");
 ABSL_FLAG(bool, shapes, false,
           "run the named shape cases instead (n4, n16, c5120, c5129, fp16, "
           "fp32, stream_minor: the layer forward and forward+backward at "
@@ -58,6 +60,10 @@ std::optional<DType> ParseDType(absl::string_view name) {
 
 const char* FlushName(Flush f) { return f == Flush::kWrite ? "write" : "read"; }
 
+const char* PrecisionName(MatmulPrecision p) {
+  return p == MatmulPrecision::kIeee ? "ieee" : "tf32";
+}
+
 absl::Status ParseOptions(Options& flags) {
   flags.reps = absl::GetFlag(FLAGS_reps);
   if (flags.reps < 1) return absl::InvalidArgumentError("--reps: at least 1");
@@ -84,6 +90,14 @@ absl::Status ParseOptions(Options& flags) {
   } else {
     return absl::InvalidArgumentError("--layout: stream_major or stream_minor");
   }
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision == PrecisionName(MatmulPrecision::kTf32)) {
+    flags.shape.precision = MatmulPrecision::kTf32;
+  } else if (precision == PrecisionName(MatmulPrecision::kIeee)) {
+    flags.shape.precision = MatmulPrecision::kIeee;
+  } else {
+    return absl::InvalidArgumentError("--precision: tf32 or ieee");
+  }
   flags.shapes = absl::GetFlag(FLAGS_shapes);
   const std::string configs = absl::GetFlag(FLAGS_configs);
   const std::string ops = absl::GetFlag(FLAGS_ops);
@@ -92,11 +106,12 @@ absl::Status ParseOptions(Options& flags) {
     // the table.
     if (configs != "all" || ops != "all" || flags.shape.streams != 4 ||
         flags.shape.hidden != 0 || flags.shape.act != DType::kBF16 ||
-        flags.shape.layout != Layout::kStreamMajor) {
+        flags.shape.layout != Layout::kStreamMajor ||
+        flags.shape.precision != MatmulPrecision::kTf32) {
       return absl::InvalidArgumentError(
-          "--shapes: the named cases set the configs, ops, n, C, dtype and "
-          "layout; drop --configs, --ops, --n, --hidden, --dtype and "
-          "--layout");
+          "--shapes: the named cases set the configs, ops, n, C, dtype, "
+          "layout and precision; drop --configs, --ops, --n, --hidden, "
+          "--dtype, --layout and --precision");
     }
     flags.cases.assign(kNumCases, false);
     flags.cases[kLayerFwd] = flags.cases[kLayerFwdBwd] = true;

@@ -20,6 +20,7 @@ struct Shape {
   int64_t hidden = 0;  // 0: each config's own width
   DType act = DType::kBF16;
   Layout layout = Layout::kStreamMajor;
+  MatmulPrecision precision = MatmulPrecision::kTf32;  // the preset's
 };
 
 // What the flags ask for, checked.
@@ -37,6 +38,8 @@ struct Options {
 
 // "write" or "read".
 const char* FlushName(Flush f);
+// "tf32" or "ieee", as --precision spells them.
+const char* PrecisionName(MatmulPrecision p);
 
 // The flags as Options, or an error naming the flag.
 absl::Status ParseOptions(Options& flags);
