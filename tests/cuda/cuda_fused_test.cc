@@ -14,6 +14,7 @@
 #include "cuda/cuda_harness.h"
 #include "gtest/gtest.h"
 #include "plans/fused.h"
+#include "projection/plan.h"
 
 namespace mhc::testing {
 namespace {
@@ -492,6 +493,58 @@ TEST(CudaFusedN4Test, DxTensorCopiesMatchSlotCopies) {
     }
   }
 }
+
+// At odd C and the other C off 8 (rows off 16 bytes) with every base on 16
+// bytes, the same kernel takes its stages by tensor copies of each row
+// residue (DxRowCopy::kRunMaps), else by the slots (dx_next 8 bytes off
+// here): the same dx and gradient bits. Row groups of every size (x rows
+// of 4 C: 2 at odd C, 1 otherwise; dy rows of C: 8, 4, 2), partial channel
+// tiles and last stages, odd M, the fewest tokens the maps take, dx apart
+// from dphi (C = 1036, M = 2100: dphi alone on the slots, dx on the maps),
+// bf16 and fp16, IEEE and TF32; the IEEE run maps against the reference.
+class CudaDxRunMapsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDxRunMapsTest, MatchSlotCopies) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t C, M;
+  };
+  const Case cases[] = {{5129, 1001}, {1030, 8}, {1036, 2100}, {1027, 67}};
+  const Case c = cases[GetParam()];
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (MatmulPrecision prec :
+         {MatmulPrecision::kIeee, MatmulPrecision::kTf32}) {
+      LayerSpec spec = PresetSpec("deepseek_v4", 4, c.C).value();
+      spec.matmul_precision = prec;
+      spec.has_gamma = true;
+      spec.has_post_bias = true;
+      SCOPED_TRACE(CaseName(spec, c.M, dt));
+      cuda::DxTerms both;
+      both.aggregate = both.residual = true;
+      ASSERT_EQ(cuda::PlanProjectionBackward(spec, dt, c.M, {}, both).row_copy,
+                cuda::DxRowCopy::kRunMaps);
+      if (prec == MatmulPrecision::kIeee && dt == DType::kBF16) {
+        CheckPreLayer(spec, c.M, dt);
+      }
+      const int64_t K = spec.K(), C = spec.hidden, N = spec.NumLogits();
+      ActTensor x = RandomAct(dt, c.M * K, FreshSeed());
+      ActTensor f = RandomAct(dt, c.M * C, FreshSeed());
+      ActTensor dxn = RandomAct(dt, c.M * K, FreshSeed());
+      ActTensor dy = RandomAct(dt, c.M * C, FreshSeed());
+      const std::vector<float> params = RandomParams(K, N, C);
+      Harness h;
+      const LayerRun maps =
+          RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, c.M);
+      const LayerRun slots =
+          RunLayer(h, spec, dt, x, f, dxn, dy, params, 0, c.M, false, 8);
+      EXPECT_EQ(maps.dx, slots.dx) << "dx differs between the copy forms";
+      EXPECT_EQ(maps.dphi, slots.dphi);
+      EXPECT_EQ(maps.dbeta, slots.dbeta);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDxRunMapsTest, ::testing::Range(0, 4));
 
 // The mma dx / dphi kernel runs dphi and dx apart while its CTAs (128
 // columns x 1024 tokens) number fewer than an H200's SMs (the plan's

@@ -519,6 +519,31 @@ TEST(ProjectionPlan, BackwardRowCopiesAndVectors) {
             DxRowCopy::kElements);
   EXPECT_EQ(copy(Layer(4, 4096, kIeee), DType::kBF16, RowsAt(2)),
             DxRowCopy::kSlots);
+  // The summed n = 4 build's 16-bit rows off 16 bytes: run maps, where
+  // every base is on 16 bytes (dx need not be) and the batch has a row for
+  // each residue map; else (no terms, fp32, a base off, fewer tokens) slots.
+  const DxTerms both = Terms(true, true);
+  auto plan = [&](int64_t C, DType dtype, int64_t tokens,
+                  const ProjectionBackwardAlignment& a, DxTerms terms) {
+    return PlanProjectionBackward(Layer(4, C), dtype, tokens, a, terms)
+        .row_copy;
+  };
+  ProjectionBackwardAlignment dx_off;
+  dx_off.dx = 2;
+  ProjectionBackwardAlignment dy_off;
+  dy_off.dy = 8;
+  for (int64_t C : {5129, 1030, 1036}) {
+    EXPECT_EQ(plan(C, DType::kBF16, 64, {}, both), DxRowCopy::kRunMaps) << C;
+    EXPECT_EQ(plan(C, DType::kF16, 8, dx_off, both), DxRowCopy::kRunMaps);
+    EXPECT_EQ(plan(C, DType::kBF16, 7, {}, both), DxRowCopy::kSlots);
+    EXPECT_EQ(plan(C, DType::kBF16, 64, dy_off, both), DxRowCopy::kSlots);
+    EXPECT_EQ(plan(C, DType::kBF16, 64, RowsAt(8), both), DxRowCopy::kSlots);
+    EXPECT_EQ(plan(C, DType::kBF16, 64, {}, Terms(true, false)),
+              DxRowCopy::kSlots);
+    EXPECT_EQ(plan(C, DType::kBF16, 64, {}, {}), DxRowCopy::kSlots);
+  }
+  EXPECT_EQ(plan(5120, DType::kBF16, 64, {}, both), DxRowCopy::kVector);
+  EXPECT_NE(plan(5129, DType::kF32, 64, {}, both), DxRowCopy::kRunMaps);
   ProjectionBackwardAlignment dms_off;
   dms_off.dms = 4;
   EXPECT_TRUE(

@@ -137,7 +137,11 @@ constexpr bool DxSumsTerms(int n, bool stream_major, bool aggregate,
                            bool residual) {
   return n == 4 && stream_major && aggregate && residual;
 }
-constexpr int DxStages(bool summed_terms) { return summed_terms ? 3 : 4; }
+// The run-map build (odd C, backward/mma.cuh) lands a stage in about twice
+// the bytes its tiles take, so two stages keep two CTAs per SM.
+constexpr int DxStages(bool summed_terms, bool run_maps = false) {
+  return run_maps ? 2 : summed_terms ? 3 : 4;
+}
 // Floats per row of the summed terms: 128 columns and a pad that keeps the
 // epilogue's pair loads and the summing threads' 16-byte stores free of bank
 // conflicts.

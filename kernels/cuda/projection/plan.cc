@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "projection/geometry.h"
+#include "projection/run_maps.h"
 
 namespace mhc::cuda {
 namespace {
@@ -309,7 +310,9 @@ const std::vector<BackwardRule>& BackwardRules() {
         "reads `x` once per token chunk on `mma.sync`, `phi'` and `dphi` in "
         "registers; the `n = 4` stream-major layer's stages (both terms, "
         "16-bit rows and runs on 16 bytes) by tensor copies into swizzled "
-        "tiles, rows off 16 bytes through realigned `cp.async` slots; "
+        "tiles, rows off 16 bytes on 16-byte bases (`M >= 8`) by tensor "
+        "copies of each row residue, shifted on chip, else through realigned "
+        "`cp.async` slots; "
         "fewer CTAs than SMs: `dphi` alone, then `dx` over chunks of 128 "
         "tokens or fewer (a CTA per SM where M allows)",
         Example(4, 256, DType::kF32)},
@@ -537,6 +540,15 @@ ProjectionBackwardPlan PlanProjectionBackward(
     plan.row_copy = DxRowCopy::kSlots;
   }
   plan.runs16 = a.dh >= 16 && a.dms >= 16 && a.h_pre >= 16 && a.r >= 16;
+  // The summed build's rows off 16 bytes: tensor copies of each row
+  // residue where the bases allow the maps (dx leaves by elements).
+  if (plan.row_copy == DxRowCopy::kSlots && plan.variant == BV::kMma &&
+      l.esize == 2 && plan.runs16 && a.x >= 16 && a.dy >= 16 &&
+      a.dx_next >= 16 && tokens >= proj::kDxRunMapMinTokens &&
+      proj::DxSumsTerms(spec.n, l.stream_major, terms.aggregate,
+                        terms.residual)) {
+    plan.row_copy = DxRowCopy::kRunMaps;
+  }
   // wide: with either term, stream major, vectors must not straddle
   // streams (nor, with the residual, chunks).
   plan.vector_x = l.K % width == 0 && a.x >= 16;

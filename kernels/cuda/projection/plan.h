@@ -151,6 +151,10 @@ enum class DxRowCopy : uint8_t {
   kVector,    // 16-byte copies: C and the tile width whole vectors, aligned
   kSlots,     // realigned slots (staged_slots.cuh): tensors on their elements
   kElements,  // element copies: what the slots cannot take
+  // Tensor copies per row residue (run_maps.h): the summed n = 4 build's
+  // 16-bit rows off 16 bytes on 16-byte bases, at least kDxRunMapMinTokens
+  // tokens; launches without the summed terms take the slots.
+  kRunMaps,
 };
 
 // Workspace: the dphi chunk partials at 0, then for the wide variants the

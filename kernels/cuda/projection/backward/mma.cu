@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "projection/backward/mma_run_maps.cuh"
 #include "projection/backward/mma_tiles.cuh"
 
 namespace mhc::cuda {
@@ -52,6 +53,23 @@ constexpr bool TensorCopiesFitTheirPlan() {
 static_assert(TensorCopiesFitTheirPlan<__half>() &&
                   TensorCopiesFitTheirPlan<__nv_bfloat16>(),
               "the tensor-copy build fits the plan's shared memory");
+// So does the run-map build, with two CTAs per SM (each with the 1 KB the
+// SM reserves per CTA) in an sm_90 SM's 228 KB.
+template <typename T>
+constexpr bool RunMapsFitTwoPerSm() {
+  for (int c = 0; c < 2; ++c) {
+    const int total =
+        PlanSmem<T, true, false, true>(4, kSummedLogits, c, true, true).total;
+    if (total > PlanSmem<T, true>(4, kSummedLogits, c, true, true).total ||
+        2 * (total + kMaxRunBoxes * sizeof(RunBox) + 1024) > 228 * 1024) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(RunMapsFitTwoPerSm<__half>() &&
+                  RunMapsFitTwoPerSm<__nv_bfloat16>(),
+              "the run-map build fits the plan, two CTAs per SM");
 static_assert(proj::kDxStageTokens == kStageTokens &&
                   proj::kDxMaxTiles == kMaxTiles &&
                   proj::kMaxSmemPerBlock == kMaxSmemPerBlock &&

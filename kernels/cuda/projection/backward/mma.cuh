@@ -5,8 +5,10 @@
 // A CTA owns the channels [c0, c0 + 128 / n) of every stream (128 columns
 // of K) and one fixed chunk of kTokenChunk tokens, which it walks in stages
 // of kStageTokens tokens through a cp.async pipeline, or for the n = 4
-// layer's 16-bit rows a ring of tensor copies (small batches run dx and dphi
-// apart: LaunchTyped). Owning whole channels keeps the residual
+// layer's 16-bit rows a ring of tensor copies: a box per tile where rows sit
+// on 16 bytes, a box per stream and row residue where they do not
+// (projection/run_maps.h). Small batches run dx and dphi apart
+// (LaunchTyped). Owning whole channels keeps the residual
 // term's reads of dx_next (all streams of a channel) inside the CTA's own
 // tile. Each warp owns 16 of the columns and runs two
 // mma.m16n8k8 tf32 products per stage on the staged tile:
@@ -51,6 +53,7 @@
 #include "primitives/staged_slots.cuh"
 #include "primitives/tma.cuh"
 #include "primitives/wgmma.cuh"
+#include "projection/backward/mma_run_maps.cuh"
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/backward/ms_term.cuh"
 #include "projection/forward/mma.cuh"
@@ -69,30 +72,38 @@ namespace mhc::cuda::dx_mma {
 // streams before the epilogue (SumStageTerms), which adds them from shared
 // memory. kTensorCopies: the summed build's 16-bit vector-row form whose
 // stages land by tensor copies into swizzled tiles (mma_tiles.cuh), one
-// thread issuing them on the ring's barriers.
+// thread issuing them on the ring's barriers. kRunMaps: the summed build's
+// 16-bit rows off 16 bytes, landed by the run maps of each row residue
+// (mma_run_maps.cuh) and x shifted into one dense tile per stage.
 template <typename T, int NT, bool kIeee, bool kVectorRows, bool kTerms,
-          bool kSummedTerms, bool kTensorCopies>
+          bool kSummedTerms, bool kTensorCopies, bool kRunMaps = false>
 __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     dx_dphi_mma_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
-                       MmaDxDev a, const __grid_constant__ DxTensorMaps maps) {
+                       MmaDxDev a,
+                       const __grid_constant__
+                           std::conditional_t<kRunMaps, DxRunMaps, DxTensorMaps>
+                               maps) {
   static_assert(!kSummedTerms || (NT == 3 && kTerms),
                 "terms summed ahead: n = 4 layers");
   static_assert(
       !kTensorCopies || (kSummedTerms && kVectorRows && sizeof(T) == 2),
       "tensor copies: the summed build's 16-bit vector rows");
+  static_assert(!kRunMaps || (kSummedTerms && !kVectorRows && !kTensorCopies &&
+                              sizeof(T) == 2),
+                "run maps: the summed build's 16-bit rows off 16 bytes");
+  // Either copy build: swizzled dense tiles on the ring's barriers.
+  constexpr bool kTma = kTensorCopies || kRunMaps;
   WaitForPrerequisiteGrid();  // dh and dms; apart, dphi's reads of x
   extern __shared__ __align__(16) char smem_raw[];
-  char* smem = kTensorCopies ? AtomAligned(smem_raw) : smem_raw;
+  char* smem = kTma ? AtomAligned(smem_raw) : smem_raw;
   constexpr int RS = RowStride<T>(NT);
   // Elements of one staged activation tile, and between its rows r and
   // r + 8 (which share their swizzle).
-  constexpr int kTileElems = kStageTokens * (kTensorCopies ? kCols : RS);
-  constexpr int kRowElems = kTensorCopies ? kCols / 4 : RS;
-  auto tile_at = [](int row, int j) {
-    return TileOffset<kTensorCopies, RS>(row, j);
-  };
+  constexpr int kTileElems = kStageTokens * (kTma ? kCols : RS);
+  constexpr int kRowElems = kTma ? kCols / 4 : RS;
+  auto tile_at = [](int row, int j) { return TileOffset<kTma, RS>(row, j); };
   constexpr int kVecElems = 16 / sizeof(T);
-  constexpr int kStages = proj::DxStages(kSummedTerms);
+  constexpr int kStages = proj::DxStages(kSummedTerms, kRunMaps);
   constexpr bool kSplitX = kIeee && sizeof(T) == 4;
   constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
   // dphi tiles per pass over the staged x fragments: all of them up to 24
@@ -116,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
-  const SmemPlan plan = PlanSmem<T, kSummedTerms, kTensorCopies>(
+  const SmemPlan plan = PlanSmem<T, kSummedTerms, kTensorCopies, kRunMaps>(
       n, s.N, kIeee, aggregate, residual);
   T* xs = reinterpret_cast<T*>(smem + plan.x);
   T* dxns = reinterpret_cast<T*>(smem + plan.dxn);
@@ -129,10 +140,30 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   float* rs = reinterpret_cast<float*>(smem + plan.r);
   float* terms_s = reinterpret_cast<float*>(smem + plan.terms);
   CopyRing<kStages> ring{reinterpret_cast<uint64_t*>(smem + plan.bars)};
-  if constexpr (kTensorCopies) {
+  // The run maps' boxes of a stage, worked out once (mma_run_maps.cuh).
+  [[maybe_unused]] RunBox* run_boxes = nullptr;
+  [[maybe_unused]] int run_box_count = 0;
+  if constexpr (kRunMaps) {
+    __shared__ RunBox boxes[kMaxRunBoxes];
+    run_boxes = boxes;
+    const int gx = proj::DxRowGroup(s.K), gy = proj::DxRowGroup(s.C);
+    run_box_count = RunBoxCount(gx, gy);
+    if (tid < run_box_count) {
+      run_boxes[tid] = RunBoxOf(tid, gx, gy, s.K, s.C, c0);
+    }
+  }
+  if constexpr (kTma) {
     if (tid == 0) ring.Init();
     __syncthreads();
   }
+  // The run maps' landed rows of stage slot buf: x, dx_next, dy.
+  auto landed = [&](int buf, int tile) {
+    return reinterpret_cast<const T*>(smem + plan.land +
+                                      buf * proj::kDxLandStageBytes +
+                                      tile * proj::kDxLandTileBytes);
+  };
+  // The stage's x tile: one for the run maps, which shift x into it.
+  auto x_tile = [&](int buf) { return xs + (kRunMaps ? 0 : buf * kTileElems); };
   const RowCopy copy = kVectorRows ? RowCopy::kVector : a.copy;
   const T* dy = static_cast<const T*>(a.dy);
   const T* dx_next = static_cast<const T*>(a.dx_next);
@@ -365,6 +396,37 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       TmaLoadTile1d(dmss + buf * kStageTokens, &maps.dms, m0, bar);
       TmaLoadTile2d(hps + buf * kStageTokens * 4, &maps.h_pre, 0, m0, bar);
       TmaLoadTile2d(rs + buf * kStageTokens * 16, &maps.r, 0, m0, bar);
+    } else if constexpr (kRunMaps) {
+      // Warp 0 asks for the stage's boxes a lane each (up to 24 row boxes,
+      // then the four runs on the last lanes), so no lane walks them in turn.
+      static_assert(kMaxRunBoxes + 4 <= 32, "a box per lane");
+      if (st >= stages || warp != 0) return;
+      const int buf = st % kStages;
+      const int m0 = static_cast<int>(first_token(st));
+      // Every box lands whole: x and dx_next 4 x 32 rows of kDxLandElems,
+      // dy 32 rows, then the runs of dh, dms, H_pre and R.
+      constexpr int kStageBytes =
+          kStageTokens * ((2 * 4 + 1) * proj::kDxLandElems * sizeof(T) +
+                          (kSummedLogits + 1 + 4 + 16) * 4);
+      uint64_t* bar = ring.Barrier(st);
+      if (lane == 0) MbarrierArriveExpectBytes(bar, kStageBytes);
+      __syncwarp();
+      char* land = smem + plan.land + buf * proj::kDxLandStageBytes;
+      if (lane < run_box_count) {
+        const RunBox b = run_boxes[lane];
+        TmaLoadTile2d(land + b.dst,
+                      reinterpret_cast<const CUtensorMap*>(
+                          reinterpret_cast<const char*>(&maps) + b.map),
+                      b.inner, m0 >> b.row_shift, bar);
+      } else if (lane == 28) {
+        TmaLoadTile2d(dh_raw + buf * kStageTokens * s.N, &maps.dh, 0, m0, bar);
+      } else if (lane == 29) {
+        TmaLoadTile1d(dmss + buf * kStageTokens, &maps.dms, m0, bar);
+      } else if (lane == 30) {
+        TmaLoadTile2d(hps + buf * kStageTokens * 4, &maps.h_pre, 0, m0, bar);
+      } else if (lane == 31) {
+        TmaLoadTile2d(rs + buf * kStageTokens * 16, &maps.r, 0, m0, bar);
+      }
     }
   };
 
@@ -376,10 +438,16 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   static_assert(kStageTokens * (kCols / 16) == kThreads,
                 "a run of four channels of every stream per thread");
   [[maybe_unused]] const int sum_row_first = tid / 16 / 4 * 8 + tid / 16 % 4;
-  [[maybe_unused]] const int sum_row = kTensorCopies
-                                           ? sum_row_first ^ (tid / 8 % 2 * 5)
-                                           : sum_row_first + tid / 8 % 2 * 4;
+  [[maybe_unused]] const int sum_row = kTma ? sum_row_first ^ (tid / 8 % 2 * 5)
+                                            : sum_row_first + tid / 8 % 2 * 4;
   [[maybe_unused]] const int sum_c = tid % 8 * 4;
+  // The run maps' shift of x and where the terms' rows landed.
+  [[maybe_unused]] XShift x_shift;
+  [[maybe_unused]] TermsLanding terms_landing;
+  if constexpr (kRunMaps) {
+    x_shift = XShiftOf(warp, lane, proj::DxRowGroup(s.K), s.K, s.C, c0);
+    terms_landing = TermsLandingOf(sum_row, sum_c, s.K, s.C, c0);
+  }
 
   // This warp's 16 columns: j0 .. j0 + 15.
   const int j0 = warp * 16;
@@ -484,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     uint32_t xa[2][2][4];
     [[maybe_unused]] uint32_t xl[2][2][4];
     auto load_x = [&](int half) {
-      if constexpr (kTensorCopies) {
+      if constexpr (kTma) {
         const int mat = lane >> 3;
         LoadXTransposedAt(
             xt + tile_at((mat >> 1) * 8 + (lane & 7), j0 + (mat & 1) * 8) +
@@ -540,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
     using Terms = decltype(terms_tag);
     constexpr int kTermsN = Terms::value;
-    T* xt = xs + buf * kTileElems;
+    T* xt = x_tile(buf);
     const int lane_row = buf * kStageTokens + grp;
     T* x_pairs = xt + tile_at(grp, j0 + 2 * quad);
     // The pair 8 columns right: the next chunk, which the swizzle puts one
@@ -659,6 +727,24 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
     }
     __syncwarp();
+    if constexpr (kRunMaps) {
+      // Rows off 16 bytes, by elements: the lane's half of the warp takes
+      // rows b + (lane >> 4) for even b. Rows b and b + 1 share their
+      // swizzle and sit in opposite halves of the banks, so every row is the
+      // lane's first plus fixed offsets and no two lanes' reads conflict.
+      const int half = lane >> 4;
+      const int chunk = store_j % (kCols / 4) / 8;
+      T* out = dx + (m0 + half) * s.K + store_k;
+      const T* staged = xt + tile_at(half, store_j);
+#pragma unroll
+      for (int b = 0; b < kStageTokens; b += 2) {
+        const int swizzled = ((chunk ^ (b / 2 % 4)) - chunk) * 8;
+        if (b + half < rows && store_k >= 0) {
+          out[b * s.K] = staged[b * kRowElems + swizzled];
+        }
+      }
+      return;
+    }
     // Whole rows of the warp's columns per instruction, so each writes whole
     // sectors (vector rows) or at least never pairs of 2-byte halves.
     T* out = dx + (m0 + store_row) * s.K + store_k;
@@ -684,7 +770,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto run_stages = [&](auto terms_tag) {
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      if constexpr (kTensorCopies) {
+      if constexpr (kTma) {
         issue_stage(st);
       } else {
         load_stage(st, terms_tag);
@@ -692,11 +778,13 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
     }
     for (int st = 0; st < stages; ++st) {
-      if constexpr (kTensorCopies) {
-        // Every thread is past stage st - 1, whose slot the copies refill.
+      if constexpr (kTma) {
+        // Every thread is past stage st - 1, whose slot the copies refill
+        // (and, with run maps, whose x tile the shift rewrites).
         __syncthreads();
         issue_stage(st + kStages - 1);
         ring.Wait(st);
+        if constexpr (kRunMaps) ShiftRuns(x_shift, landed(st % kStages, 0), xs);
       } else {
         CpAsyncWait<kStages - 2>();
         realign_stage(st);
@@ -706,7 +794,12 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       }
       const int buf = st % kStages;
       convert_dh(buf);
-      if constexpr (kSummedTerms) {
+      if constexpr (kRunMaps) {
+        SumLandedTerms(terms_landing, sum_row, sum_c, landed(buf, 1),
+                       landed(buf, 2), hps + buf * kStageTokens * 4,
+                       rs + buf * kStageTokens * 16,
+                       terms_s + sum_row * kTermsStride);
+      } else if constexpr (kSummedTerms) {
         // The stage's terms landed before its first barrier: 32 tokens x 8
         // runs of four channels, a run per thread.
         SumStageTerms<T, kTensorCopies, RS,
@@ -717,7 +810,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
             terms_s + sum_row * kTermsStride);
       }
       __syncthreads();
-      if (want_dphi) stage_dphi(xs + buf * kTileElems);
+      if (want_dphi) stage_dphi(x_tile(buf));
       if (!a.skip_dx) stage_dx(buf, first_token(st), rows_of(st), terms_tag);
     }
   };

@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "projection/forward/mma.cuh"
 #include "projection/plan.h"
+#include "projection/run_maps.h"
 
 // Named, since kCols and kThreads mean this kernel's tiles only.
 namespace mhc::cuda::dx_mma {
@@ -112,7 +113,7 @@ __host__ __device__ constexpr int DyRow(int n) {
 // which of the aggregate (dy, h_pre) and residual (dx_next, r) terms are
 // staged.
 struct SmemPlan {
-  int x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, terms, bars, total;
+  int land, x, dxn, dy, dh_raw, dh_a, dh_b, dms, hp, r, terms, bars, total;
   int dy_row;  // elements per staged dy row
 };
 
@@ -151,24 +152,42 @@ struct DxTensorMaps {
   CUtensorMap x, dx_next, dy, dh, dms, h_pre, r;
 };
 
+// The run-map build (16-bit rows off 16 bytes, projection/run_maps.h): the
+// activations' maps per residue of their row groups (x and dx_next rows of
+// 4 C: 1 or 2; dy rows of C: up to 8), each box a run of 32 channels and
+// the 16 bytes before it, landed as rows of proj::kDxLandElems. The float
+// runs as in DxTensorMaps.
+inline constexpr int kMaxActGroup = 2, kMaxDyGroup = 8;
+struct DxRunMaps {
+  CUtensorMap x[kMaxActGroup], dx_next[kMaxActGroup], dy[kMaxDyGroup];
+  CUtensorMap dh, dms, h_pre, r;
+};
+
 // kSummedTerms: the build that sums a stage's terms ahead, on a ring of
 // proj::DxStages. kTensorCopies: its tensor-copy build (dense tiles, the
-// ring's barriers, an alignment atom).
-template <typename T, bool kSummedTerms, bool kTensorCopies = false>
+// ring's barriers, an alignment atom). kRunMaps: its run-map build, whose
+// ring holds the landed rows of x, dx_next and dy, and which shifts x into
+// one dense tile (the terms read dx_next and dy where they landed).
+template <typename T, bool kSummedTerms, bool kTensorCopies = false,
+          bool kRunMaps = false>
 __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
                                                 bool aggregate, bool residual) {
   SmemPlan p{};
-  constexpr int stages = proj::DxStages(kSummedTerms);
-  const int row = kTensorCopies ? kCols : RowStride<T>(TilesFor(N));
-  const int xb = stages * kStageTokens * row * sizeof(T);
-  p.dy_row = kTensorCopies ? kCols / n : DyRow<T>(n);
+  constexpr bool kTma = kTensorCopies || kRunMaps;
+  constexpr int stages = proj::DxStages(kSummedTerms, kRunMaps);
+  const int row = kTma ? kCols : RowStride<T>(TilesFor(N));
+  const int xb = (kRunMaps ? 1 : stages) * kStageTokens * row * sizeof(T);
+  p.dy_row = kTma ? kCols / n : DyRow<T>(n);
   int at = 0;
+  p.land = at;
+  at += kRunMaps ? stages * proj::kDxLandStageBytes : 0;
   p.x = at;
   at += xb;
   p.dxn = at;
-  at += residual ? xb : 0;
+  at += residual && !kRunMaps ? xb : 0;
   p.dy = at;
-  at += aggregate ? stages * kStageTokens * p.dy_row * sizeof(T) : 0;
+  at +=
+      aggregate && !kRunMaps ? stages * kStageTokens * p.dy_row * sizeof(T) : 0;
   p.dh_raw = at;
   at += stages * kStageTokens * N * 4;  // a multiple of 16 bytes
   const int copies = ieee ? 2 : 1;      // tf32 high (and low) parts
@@ -186,8 +205,8 @@ __host__ __device__ constexpr SmemPlan PlanSmem(int n, int N, bool ieee,
   p.terms = at;
   at += kSummedTerms ? kStageTokens * kTermsStride * 4 : 0;
   p.bars = at;
-  at += kTensorCopies ? stages * 8 : 0;
-  p.total = at + (kTensorCopies ? kTileAlignBytes : 0);
+  at += kTma ? stages * 8 : 0;
+  p.total = at + (kTma ? kTileAlignBytes : 0);
   return p;
 }
 
@@ -411,44 +430,42 @@ __device__ __forceinline__ void AddTerms(bool minor, bool residual,
   out[1] += acc[1];
 }
 
-// The aggregate and residual terms of one staged token's four channels
-// c .. c + 3 in every stream (n = 4, stream major), into `terms` ([token]
-// [kTermsStride], tile columns): H_pre_i dy_c + sum_q R_iq dx_next_qc, the
-// products and order of AddTerms, so every dx keeps its bits. Each dx_next
-// element is read once here, where the epilogue read it once per stream.
-// dxns, dys, hps, rs: the stage's tiles and runs; row: the token in it.
-template <typename T, bool kSwizzled, int kRowStride, int kDyRow>
-__device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
-                                              const T* dys, const float* hps,
-                                              const float* rs, float* terms) {
+// Four consecutive activations as floats: one 8-byte (16-bit) or 16-byte
+// (fp32) load.
+template <typename T>
+__device__ __forceinline__ void LoadFour(const T* p, float (&v)[4]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = Unpack(u.x, T{}), b = Unpack(u.y, T{});
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  } else {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+  }
+}
+
+// The aggregate and residual terms of one token's four channels c .. c + 3
+// in every stream (n = 4, stream major), into `terms` (the token's row of
+// [token][kTermsStride], tile columns): H_pre_i dy_c + sum_q R_iq
+// dx_next_qc, the products and order of AddTerms, so every dx keeps its
+// bits. d: dy, g[q]: stream q's dx_next; hp, r: the token's H_pre and R.
+__device__ __forceinline__ void SumTokenTerms(int c, const float (&d)[4],
+                                              const float (&g)[4][4],
+                                              const float* hp_row,
+                                              const float* r_rows,
+                                              float* terms) {
   constexpr int kWc = kCols / 4;
-  float d[4], g[4][4];
-  // One 8-byte (16-bit) or 16-byte (fp32) load per run.
-  auto load4 = [](const T* p, float(&v)[4]) {
-    if constexpr (sizeof(T) == 2) {
-      const uint2 u = *reinterpret_cast<const uint2*>(p);
-      const float2 a = Unpack(u.x, T{}), b = Unpack(u.y, T{});
-      v[0] = a.x;
-      v[1] = a.y;
-      v[2] = b.x;
-      v[3] = b.y;
-    } else {
-      const float4 f = *reinterpret_cast<const float4*>(p);
-      v[0] = f.x;
-      v[1] = f.y;
-      v[2] = f.z;
-      v[3] = f.w;
-    }
-  };
-  load4(dys + row * kDyRow + c, d);
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    load4(dxns + TileOffset<kSwizzled, kRowStride>(row, kWc * q + c), g[q]);
-  const float4 hp = *reinterpret_cast<const float4*>(hps + row * 4);
+  const float4 hp = *reinterpret_cast<const float4*>(hp_row);
   const float hpv[4] = {hp.x, hp.y, hp.z, hp.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float4 rv4 = *reinterpret_cast<const float4*>(rs + (row * 4 + i) * 4);
+    const float4 rv4 = *reinterpret_cast<const float4*>(r_rows + i * 4);
     const float rv[4] = {rv4.x, rv4.y, rv4.z, rv4.w};
     float acc[4];
 #pragma unroll
@@ -460,6 +477,23 @@ __device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
     *reinterpret_cast<float4*>(terms + kWc * i + c) =
         make_float4(acc[0], acc[1], acc[2], acc[3]);
   }
+}
+
+// SumTokenTerms of staged token `row` from the stage's tiles (dxns, dys)
+// and runs (hps, rs). Each dx_next element is read once here, where the
+// epilogue read it once per stream.
+template <typename T, bool kSwizzled, int kRowStride, int kDyRow>
+__device__ __forceinline__ void SumStageTerms(int row, int c, const T* dxns,
+                                              const T* dys, const float* hps,
+                                              const float* rs, float* terms) {
+  constexpr int kWc = kCols / 4;
+  float d[4], g[4][4];
+  LoadFour(dys + row * kDyRow + c, d);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    LoadFour(dxns + TileOffset<kSwizzled, kRowStride>(row, kWc * q + c), g[q]);
+  }
+  SumTokenTerms(c, d, g, hps + row * 4, rs + row * 16, terms);
 }
 
 }  // namespace mhc::cuda::dx_mma
