@@ -411,13 +411,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       uint64_t* bar = ring.Barrier(st);
       if (lane == 0) MbarrierArriveExpectBytes(bar, kStageBytes);
       __syncwarp();
-      char* land = smem + plan.land + buf * proj::kDxLandStageBytes;
       if (lane < run_box_count) {
-        const RunBox b = run_boxes[lane];
-        TmaLoadTile2d(land + b.dst,
-                      reinterpret_cast<const CUtensorMap*>(
-                          reinterpret_cast<const char*>(&maps) + b.map),
-                      b.inner, m0 >> b.row_shift, bar);
+        IssueRunBox(run_boxes[lane], maps,
+                    smem + plan.land + buf * proj::kDxLandStageBytes, m0, bar);
       } else if (lane == 28) {
         TmaLoadTile2d(dh_raw + buf * kStageTokens * s.N, &maps.dh, 0, m0, bar);
       } else if (lane == 29) {
@@ -728,21 +724,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
     __syncwarp();
     if constexpr (kRunMaps) {
-      // Rows off 16 bytes, by elements: the lane's half of the warp takes
-      // rows b + (lane >> 4) for even b. Rows b and b + 1 share their
-      // swizzle and sit in opposite halves of the banks, so every row is the
-      // lane's first plus fixed offsets and no two lanes' reads conflict.
-      const int half = lane >> 4;
-      const int chunk = store_j % (kCols / 4) / 8;
-      T* out = dx + (m0 + half) * s.K + store_k;
-      const T* staged = xt + tile_at(half, store_j);
-#pragma unroll
-      for (int b = 0; b < kStageTokens; b += 2) {
-        const int swizzled = ((chunk ^ (b / 2 % 4)) - chunk) * 8;
-        if (b + half < rows && store_k >= 0) {
-          out[b * s.K] = staged[b * kRowElems + swizzled];
-        }
-      }
+      const int half = lane >> 4;  // rows b + half, b even
+      StoreDxElements(xt + tile_at(half, store_j), store_j,
+                      dx + (m0 + half) * s.K + store_k, s.K, rows - half,
+                      store_k >= 0);
       return;
     }
     // Whole rows of the warp's columns per instruction, so each writes whole

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "dispatch.cuh"
+#include "primitives/tma.cuh"
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/run_maps.h"
 
@@ -51,6 +52,17 @@ __device__ __forceinline__ RunBox RunBoxOf(int k, int gx, int gy, int64_t K,
   b.inner = static_cast<int>(coordinate - proj::DxRunOffset(coordinate));
   b.row_shift = __ffs(group) - 1;
   return b;
+}
+
+// Box b of a stage whose first token is m0, landed from `landed` (the
+// stage's rows), its bytes completing on bar.
+__device__ __forceinline__ void IssueRunBox(const RunBox& b,
+                                            const DxRunMaps& maps, char* landed,
+                                            int m0, uint64_t* bar) {
+  TmaLoadTile2d(landed + b.dst,
+                reinterpret_cast<const CUtensorMap*>(
+                    reinterpret_cast<const char*>(&maps) + b.map),
+                b.inner, m0 >> b.row_shift, bar);
 }
 
 // v[0 .. kCount) = w[kFirst .. kFirst + kCount), in the widest loads the
@@ -143,6 +155,25 @@ __device__ __forceinline__ void ShiftRuns(const XShift& p, const T* landed,
           ShiftedChunk<kShift>(landed + p.src[k]);
     }
   });
+}
+
+// A warp's dx column j of a stage from the dense tile to rows off 16 bytes,
+// by elements: the lane takes its half's rows of every even pair b, b + 1
+// (`staged` and `out` at the lane's first row). Rows b and b + 1 share their
+// swizzle and sit in opposite halves of the banks, so every row is the
+// first plus fixed offsets and no two lanes' reads conflict. rows: the
+// stage's tokens from the lane's first row; valid: column j is in C.
+template <typename T>
+__device__ __forceinline__ void StoreDxElements(const T* staged, int j, T* out,
+                                                int64_t K, int rows,
+                                                bool valid) {
+  constexpr int kWc = kCols / 4;
+  const int chunk = j % kWc / 8;
+#pragma unroll
+  for (int b = 0; b < kStageTokens; b += 2) {
+    const int swizzled = ((chunk ^ (b / 2 % 4)) - chunk) * 8;
+    if (b < rows && valid) out[b * K] = staged[b * kWc + swizzled];
+  }
 }
 
 // Four 16-bit elements from element e of a landed tile (on 16 bytes), e
