@@ -137,8 +137,9 @@ constexpr bool DxSumsTerms(int n, bool stream_major, bool aggregate,
                            bool residual) {
   return n == 4 && stream_major && aggregate && residual;
 }
-// The run-map build (odd C, backward/mma.cuh) lands a stage in about twice
-// the bytes its tiles take, so two stages keep two CTAs per SM.
+// The run-map build (rows off 16 bytes, backward/mma.cuh) lands each run
+// with the 16 bytes before it and shifts x into a tile of its own, so two
+// stages are what keeps two CTAs per SM.
 constexpr int DxStages(bool summed_terms, bool run_maps = false) {
   return run_maps ? 2 : summed_terms ? 3 : 4;
 }

@@ -21,8 +21,8 @@ namespace mhc::cuda::dx_mma {
 // rows), its map (bytes from the start of DxRunMaps), the inner coordinate
 // of its box and log2 of its map's row group (the box's map row is the
 // stage's first token shifted right by it). Each CTA's boxes are the same
-// at every stage, so its threads work them out once into a table and the
-// issuing thread only reads it.
+// at every stage, so its threads work them out once into a table, from
+// which each lane of the issuing warp reads one.
 struct RunBox {
   int dst, map, inner, row_shift;
 };
@@ -54,8 +54,8 @@ __device__ __forceinline__ RunBox RunBoxOf(int k, int gx, int gy, int64_t K,
   return b;
 }
 
-// Box b of a stage whose first token is m0, landed from `landed` (the
-// stage's rows), its bytes completing on bar.
+// Box b of the stage whose first token is m0, into `landed` (the stage's
+// landed rows), its bytes completing on bar.
 __device__ __forceinline__ void IssueRunBox(const RunBox& b,
                                             const DxRunMaps& maps, char* landed,
                                             int m0, uint64_t* bar) {
