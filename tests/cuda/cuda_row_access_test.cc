@@ -306,13 +306,14 @@ TEST(CudaRowAccessTest, UnalignedRowsMatchVectorRows) {
 
 TEST(CudaRowAccessTest, StagedRowsMatchElementRows) {
   MHC_SKIP_WITHOUT_GPU();
-  // Odd C: every row but the first starts off 16 bytes, a row's last window
-  // is partial, and with M odd the last row's last chunk runs past the
-  // tensor's end, which the copies must not read. Stream-major only: the
+  // Odd C: every row but the first starts off 16 bytes, at every offset
+  // over the 37 tokens; a row's last window is partial (C = 135: its only
+  // one), and with M odd the last row's last chunk runs past the tensor's
+  // end, which the copies must not read. Stream-major only: the
   // stream-minor rows never stage; nor do fp32 ones, whose two runs both
   // load elements.
   constexpr int64_t kTokens = 37;
-  for (int64_t hidden : {1041, 5129}) {
+  for (int64_t hidden : {135, 263, 1041, 5129}) {
     for (int n : {2, 4, 8, 16}) {
       for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
         LayerSpec spec = PresetSpec("deepseek_v4", n, hidden).value();

@@ -44,6 +44,60 @@ __device__ __forceinline__ int64_t FirstChannel(int t) {
   }
 }
 
+// Whether all V strided slots from c0 lie in a row of C channels, as at every
+// step but a row's last: the accessors then skip the per-slot bounds checks
+// and take the layout once, which most of a strided step's address
+// arithmetic was.
+template <int V>
+__device__ __forceinline__ bool StridedSlotsInside(int64_t c0, int64_t C) {
+  return c0 + 32 * (V - 1) < C;
+}
+
+// The strided slots from c0 of streams first .. first + S - 1 of one token
+// row (n == NT streams), every slot inside the row: read into `out`, or
+// written from `in`.
+template <typename T, int NT, int S, int V>
+__device__ __forceinline__ void LoadStridedInside(const DevSpec& s,
+                                                  const T* row, int first,
+                                                  int64_t c0,
+                                                  float (&out)[S][V]) {
+  if (s.minor) {
+    const T* at = row + c0 * NT + first;
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) out[a][v] = ToFloat(at[32 * v * NT + a]);
+    }
+  } else {
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+      const T* at = row + (first + a) * s.C + c0;
+#pragma unroll
+      for (int v = 0; v < V; ++v) out[a][v] = ToFloat(at[32 * v]);
+    }
+  }
+}
+template <typename T, int NT, int S, int V>
+__device__ __forceinline__ void StoreStridedInside(const DevSpec& s, T* row,
+                                                   int first, int64_t c0,
+                                                   const float (&in)[S][V]) {
+  if (s.minor) {
+    T* at = row + c0 * NT + first;
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) at[32 * v * NT + a] = FromFloat<T>(in[a][v]);
+    }
+  } else {
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+      T* at = row + (first + a) * s.C + c0;
+#pragma unroll
+      for (int v = 0; v < V; ++v) at[32 * v] = FromFloat<T>(in[a][v]);
+    }
+  }
+}
+
 // Streams 0..n-1 of the channel slots from c0 of one token row. NT is the
 // stream capacity; V > 1 requires n == NT, and the vector path also
 // C % V == 0 and 16-byte aligned rows; the launchers check.
@@ -52,6 +106,10 @@ __device__ __forceinline__ void LoadStreams(const DevSpec& s, int n,
                                             const T* row, int64_t c0,
                                             float (&out)[NT][V]) {
   if constexpr (kStrided) {
+    if (StridedSlotsInside<V>(c0, s.C)) {
+      LoadStridedInside<T, NT, NT, V>(s, row, 0, c0, out);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -93,6 +151,10 @@ __device__ __forceinline__ void StoreStreams(const DevSpec& s, int n, T* row,
                                              int64_t c0,
                                              const float (&in)[NT][V]) {
   if constexpr (kStrided) {
+    if (StridedSlotsInside<V>(c0, s.C)) {
+      StoreStridedInside<T, NT, NT, V>(s, row, 0, c0, in);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -133,10 +195,11 @@ template <typename T, int V, bool kStrided>
 __device__ __forceinline__ void LoadChannels(const T* row, int64_t c0,
                                              int64_t C, float (&out)[V]) {
   if constexpr (kStrided) {
+    const bool inside = StridedSlotsInside<V>(c0, C);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t c = c0 + kSlotStride<kStrided> * v;
-      out[v] = c < C ? ToFloat(row[c]) : 0.0f;
+      out[v] = inside || c < C ? ToFloat(row[c]) : 0.0f;
     }
   } else {
     LoadVec<T, V>(row + c0, out);
@@ -147,10 +210,11 @@ template <typename T, int V, bool kStrided>
 __device__ __forceinline__ void StoreChannels(T* row, int64_t c0, int64_t C,
                                               const float (&in)[V]) {
   if constexpr (kStrided) {
+    const bool inside = StridedSlotsInside<V>(c0, C);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t c = c0 + kSlotStride<kStrided> * v;
-      if (c < C) row[c] = FromFloat<T>(in[v]);
+      if (inside || c < C) row[c] = FromFloat<T>(in[v]);
     }
   } else {
     StoreVec<T, V>(row + c0, in);
@@ -161,10 +225,11 @@ __device__ __forceinline__ void StoreChannels(T* row, int64_t c0, int64_t C,
 template <int V, bool kStrided>
 __device__ __forceinline__ void AddChannels(const float* bias, int64_t c0,
                                             int64_t C, float (&v)[V]) {
+  const bool inside = !kStrided || StridedSlotsInside<V>(c0, C);
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const int64_t c = c0 + kSlotStride<kStrided> * k;
-    if (!kStrided || c < C) v[k] += bias[c];
+    if (inside || c < C) v[k] += bias[c];
   }
 }
 
@@ -188,6 +253,12 @@ __device__ __forceinline__ void LoadStreamSlice(const DevSpec& s, int n,
         for (int a = 0; a < S; ++a) {
           LoadVec<T, V>(row + (first + a) * s.C + c0, out[a]);
         }
+        return;
+      }
+    }
+    if constexpr (kStrided) {
+      if (StridedSlotsInside<V>(c0, s.C)) {
+        LoadStridedInside<T, NT, S, V>(s, row, first, c0, out);
         return;
       }
     }
@@ -216,6 +287,12 @@ __device__ __forceinline__ void StoreStreamSlice(const DevSpec& s, int n,
         for (int a = 0; a < S; ++a) {
           StoreVec<T, V>(row + (first + a) * s.C + c0, in[a]);
         }
+        return;
+      }
+    }
+    if constexpr (kStrided) {
+      if (StridedSlotsInside<V>(c0, s.C)) {
+        StoreStridedInside<T, NT, S, V>(s, row, first, c0, in);
         return;
       }
     }

@@ -31,6 +31,14 @@ struct StagedWindow {
   static_assert(32 * V % kPerChunk == 0, "whole chunks per window");
 };
 
+// One 16-byte cp.async from global `src` to shared `dst`.
+template <typename T>
+__device__ __forceinline__ void CopyChunkAsync(T* dst, const T* src) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
+               "l"(src));
+}
+
 // Copies the chunks holding channels [cw, cw + 32 V) of a row of C channels,
 // in a tensor that ends before `end`, into `stage` (StagedWindow::kElems
 // elements, 16-byte aligned). Chunks past the row's end are skipped and a
@@ -46,14 +54,19 @@ __device__ __forceinline__ void CopyWindow(const T* row, const T* end,
   const T* row_end = row + C;
   const T* base = reinterpret_cast<const T*>(
       reinterpret_cast<uintptr_t>(row + cw) & ~uintptr_t{15});
+  if (cw + 32 * V + W::kPerChunk <= C) {
+    // Every chunk inside the row, so inside the tensor: no checks.
+    for (int k = lane; k < W::kChunks; k += 32) {
+      CopyChunkAsync(stage + k * W::kPerChunk, base + k * W::kPerChunk);
+    }
+    return;
+  }
   for (int k = lane; k < W::kChunks; k += 32) {
     const T* src = base + k * W::kPerChunk;
     T* dst = stage + k * W::kPerChunk;
     if (src >= row_end) continue;
     if (src + W::kPerChunk <= end) {
-      const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
-                   "l"(src));
+      CopyChunkAsync(dst, src);
     } else {
 #pragma unroll
       for (int e = 0; e < W::kPerChunk; ++e) {
@@ -71,10 +84,11 @@ __device__ __forceinline__ void ReadWindow(const T* stage, const T* row,
                                            float (&out)[V]) {
   const int shift = static_cast<int>(
       (reinterpret_cast<uintptr_t>(row + cw) & uintptr_t{15}) / sizeof(T));
+  const T* at = stage + shift + lane;
+  const bool inside = StridedSlotsInside<V>(cw + lane, C);
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    out[v] =
-        cw + lane + 32 * v < C ? ToFloat(stage[shift + lane + 32 * v]) : 0.0f;
+    out[v] = inside || cw + lane + 32 * v < C ? ToFloat(at[32 * v]) : 0.0f;
   }
 }
 
