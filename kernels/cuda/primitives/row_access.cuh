@@ -45,9 +45,9 @@ __device__ __forceinline__ int64_t FirstChannel(int t) {
 }
 
 // Whether all V strided slots from c0 lie in a row of C channels, as at every
-// step but a row's last: the accessors then skip the per-slot bounds checks
-// and take the layout once, which most of a strided step's address
-// arithmetic was.
+// step but a row's last. The accessors then skip the per-slot bounds checks
+// and test the layout once rather than per element: most of a strided
+// step's address arithmetic.
 template <int V>
 __device__ __forceinline__ bool StridedSlotsInside(int64_t c0, int64_t C) {
   return c0 + 32 * (V - 1) < C;
