@@ -14,6 +14,7 @@
 #include "launch.h"
 #include "post_backward_steps.cuh"
 #include "post_mixing.cuh"
+#include "primitives/l2_prefetch.cuh"
 #include "primitives/row_access.cuh"
 #include "primitives/staged_windows.cuh"
 
@@ -188,9 +189,26 @@ __global__ void __launch_bounds__(
       float x[kS][V];
       float f[V];
     };
+    // Strided stream-major rows: each step also asks L2 for the warp's span
+    // of the next step's rows, a lane a row. The element loads, which hold
+    // a register each until they land, then wait for L2 rather than HBM.
+    // Two or three steps ahead, and the stream-minor block, measured slower
+    // (docs/decisions.md).
+    const int lane = slice.thread & 31;
+    auto prefetch_step = [&](int64_t c_warp) {
+      if constexpr (NT == 4 && kStrided) {
+        if (s.minor || lane > 2 * NT || c_warp >= s.C) return;
+        const T* row = lane < NT       ? g_row + lane * s.C
+                       : lane < 2 * NT ? x_row + (lane - NT) * s.C
+                                       : f_row;
+        PrefetchSpanL2(row + c_warp, row + min(c_warp + 32 * V, s.C));
+      }
+    };
+    prefetch_step(FirstChannel<V, kStrided>(slice.thread) - lane);
     ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
         s.C, slice.thread,
         [&](int64_t c, Loaded& l) {
+          prefetch_step(c - lane + kGroup * V);
           LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
           LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
                                                   l.x);

@@ -69,7 +69,9 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
         "(`primitives/staged_windows.cuh`; not the expand forward, which "
         "mostly writes, nor the post backward, which measured slower "
         "staged), else element accesses, a warp reading 32 consecutive "
-        "elements and a thread keeping `V` loads per stream in flight",
+        "elements and a thread keeping `V` loads per stream in flight (the "
+        "`n = 4` post backward's stream-major rows with the next step's "
+        "spans asked of L2, `primitives/l2_prefetch.cuh`)",
         Example(4, 8)},
        [](const RowCase& c) { return VectorStreams(c); }},
       {{RA::kElement, "every other `n`, and `n = 16` in the post",
