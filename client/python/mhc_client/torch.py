@@ -52,8 +52,6 @@ compute their own dx each.
 
 from __future__ import annotations
 
-import itertools
-import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -62,6 +60,7 @@ from torch import nn
 from . import errors
 from .client import Client
 from .layer_memory import LayerMemoryMapping
+from .shm import unique_key
 from .spec import LayerInfo, LayerSpec
 from .torch_transport import (TransportStats, _Transport, from_numpy,
                               stats, to_numpy)
@@ -69,7 +68,6 @@ from .torch_transport import (TransportStats, _Transport, from_numpy,
 __all__ = ["MhcLayer", "TransportStats", "from_numpy", "mhc_post", "mhc_pre",
            "stats", "to_numpy"]
 
-_names = itertools.count()
 # Errors of MapLayerMemory that mean "not for this layer or daemon".
 _NO_LAYER_MEMORY = (errors.FailedPrecondition, errors.PermissionDenied,
                     errors.Unimplemented)
@@ -267,7 +265,9 @@ class MhcLayer(nn.Module):
         sublayer: F, run here between pre and post (attention, FFN, ...);
             may also be passed to :meth:`forward`.
         preset: the daemon preset; `spec_overrides` set single fields.
-        name: daemon layer name (default: unique per process).
+        name: daemon layer name (default: unique to this process, a random
+            part included, so that a later process of the same pid never
+            meets a layer an earlier one left on the daemon).
         seed / parameters: initialisation (docs/SPEC.md section 5) or explicit
             float32 arrays by name.
         device: daemon device ("" = its default, "cpu", "cuda:0").
@@ -289,7 +289,7 @@ class MhcLayer(nn.Module):
                  **spec_overrides: Any) -> None:
         super().__init__()
         self.client = client
-        self.layer_name = name or f"torch-{os.getpid()}-{next(_names)}"
+        self.layer_name = name or unique_key("torch-", "layer")
         self.sublayer = sublayer
         self.sync_gradients = sync_gradients
         info: LayerInfo = client.create_layer(

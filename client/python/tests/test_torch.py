@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from mhc_client import eager
+from mhc_client import eager, shm
 from mhc_client.torch import MhcLayer, mhc_post, mhc_pre
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -139,3 +140,21 @@ def test_train_tiny_example_follows_eager(client):
     assert last < 0.5 * first
     gaps = [abs(a - b) / b for a, b in zip(curves["mhcd"], curves["eager"])]
     assert max(gaps) <= 1e-3
+
+
+def test_default_names_outlive_a_reused_pid(client, monkeypatch):
+    # A later process of this pid counts its names from the start again; the
+    # random part of the default name keeps it off the earlier one's layer.
+    monkeypatch.setattr(shm, "_counter", itertools.count())
+    earlier = MhcLayer(client, 8, n=2, sublayer=nn.Tanh(), seed=1)
+    try:
+        monkeypatch.setattr(shm, "_counter", itertools.count())
+        monkeypatch.setattr(shm, "_NONCE", "0" * 8 if shm._NONCE != "0" * 8 else "1" * 8)
+        later = MhcLayer(client, 8, n=2, sublayer=nn.Tanh(), seed=1)
+        try:
+            assert later.layer_name != earlier.layer_name
+            assert later.layer_name.startswith("torch-")
+        finally:
+            later.close()
+    finally:
+        earlier.close()
