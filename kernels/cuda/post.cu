@@ -189,85 +189,94 @@ __global__ void __launch_bounds__(
       float x[kS][V];
       float f[V];
     };
-    // Strided stream-major rows: each step also asks L2 for the warp's span
-    // of the next step's rows, a lane a row. The element loads, which hold
-    // a register each until they land, then wait for L2 rather than HBM.
-    // Two or three steps ahead, and the stream-minor block, measured slower
-    // (docs/decisions.md).
-    const int lane = slice.thread & 31;
-    auto prefetch_step = [&](int64_t c_warp) {
-      if constexpr (NT == 4 && kStrided) {
-        if (s.minor || lane > 2 * NT || c_warp >= s.C) return;
-        const T* row = lane < NT       ? g_row + lane * s.C
-                       : lane < 2 * NT ? x_row + (lane - NT) * s.C
-                                       : f_row;
-        PrefetchSpanL2(row + c_warp, row + min(c_warp + 32 * V, s.C));
-      }
+    auto load = [&](int64_t c, Loaded& l) {
+      LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
+      LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c, l.x);
+      if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
     };
-    prefetch_step(FirstChannel<V, kStrided>(slice.thread) - lane);
-    ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
-        s.C, slice.thread,
-        [&](int64_t c, Loaded& l) {
+    auto channel_steps = [&](auto load_step) {
+      ForEachChannelStep<Loaded, V, kStrided, !kStrided, kGroup>(
+          s.C, slice.thread, load_step, [&] { mixing.Publish(mix); },
+          [&](int64_t c, Loaded& l) {
+            if (first_group) {
+              if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
+              float dfv[V];
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                float d = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  if (j >= n) break;
+                  d = fmaf(hp[j], l.g[j][v], d);
+                }
+                dfv[v] = d;
+              }
+              StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                  acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
+                }
+              }
+            }
+#pragma unroll
+            for (int a = 0; a < kS; ++a) {
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                  acc[NT + a * NT + j] =
+                      fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
+                }
+              }
+            }
+            if (dx == nullptr) return;
+            float out[kS][V];
+#pragma unroll
+            for (int a = 0; a < kS; ++a) {
+              const int i = slice.first + a;
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                float d = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  if (j >= n) break;
+                  d = fmaf(r[i * NT + j], l.g[j][v], d);
+                }
+                out[a][v] = d;
+              }
+            }
+            StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
+                                                     slice.first, c, out);
+          });
+    };
+    // 16-bit strided stream-major rows: each step also asks L2 for the
+    // warp's span of the next step's rows, a lane a row. The element loads,
+    // which hold a register each until they land, then wait for L2 rather
+    // than HBM. Two or three steps ahead, fp32 rows and the stream-minor
+    // block measured slower (docs/decisions.md) and keep the plain loop.
+    if constexpr (NT == 4 && kStrided && sizeof(T) == 2) {
+      if (!s.minor) {
+        const int lane = slice.thread & 31;
+        auto prefetch_step = [&](int64_t c_warp) {
+          if (lane > 2 * NT || c_warp >= s.C) return;
+          const T* row = lane < NT       ? g_row + lane * s.C
+                         : lane < 2 * NT ? x_row + (lane - NT) * s.C
+                                         : f_row;
+          PrefetchSpanL2(row + c_warp, row + min(c_warp + 32 * V, s.C));
+        };
+        prefetch_step(FirstChannel<V, kStrided>(slice.thread) - lane);
+        channel_steps([&](int64_t c, Loaded& l) {
           prefetch_step(c - lane + kGroup * V);
-          LoadStreams<T, NT, V, kStrided>(s, n, g_row, c, l.g);
-          LoadStreamSlice<T, NT, kS, V, kStrided>(s, n, x_row, slice.first, c,
-                                                  l.x);
-          if (first_group) LoadChannels<T, V, kStrided>(f_row, c, s.C, l.f);
-        },
-        [&] { mixing.Publish(mix); },
-        [&](int64_t c, Loaded& l) {
-          if (first_group) {
-            if (s.has_bias) AddChannels<V, kStrided>(bias, c, s.C, l.f);
-            float dfv[V];
-#pragma unroll
-            for (int v = 0; v < V; ++v) {
-              float d = 0.0f;
-#pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                if (j >= n) break;
-                d = fmaf(hp[j], l.g[j][v], d);
-              }
-              dfv[v] = d;
-            }
-            StoreChannels<T, V, kStrided>(df + m * s.C, c, s.C, dfv);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                acc[j] = fmaf(l.g[j][v], l.f[v], acc[j]);
-              }
-            }
-          }
-#pragma unroll
-          for (int a = 0; a < kS; ++a) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                acc[NT + a * NT + j] =
-                    fmaf(l.x[a][v], l.g[j][v], acc[NT + a * NT + j]);
-              }
-            }
-          }
-          if (dx == nullptr) return;
-          float out[kS][V];
-#pragma unroll
-          for (int a = 0; a < kS; ++a) {
-            const int i = slice.first + a;
-#pragma unroll
-            for (int v = 0; v < V; ++v) {
-              float d = 0.0f;
-#pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                if (j >= n) break;
-                d = fmaf(r[i * NT + j], l.g[j][v], d);
-              }
-              out[a][v] = d;
-            }
-          }
-          StoreStreamSlice<T, NT, kS, V, kStrided>(s, n, dx + m * s.K,
-                                                   slice.first, c, out);
+          load(c, l);
         });
+      } else {
+        channel_steps(load);
+      }
+    } else {
+      channel_steps(load);
+    }
   }
   GroupSum<kW>(acc, kGroup, red, total);
   const float* sums = total + slice.first / kS * kW;

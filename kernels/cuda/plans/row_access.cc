@@ -70,7 +70,7 @@ const std::vector<PlanRule<RA, RowCase>>& Rules() {
         "mostly writes, nor the post backward, which measured slower "
         "staged), else element accesses, a warp reading 32 consecutive "
         "elements and a thread keeping `V` loads per stream in flight (the "
-        "`n = 4` post backward's stream-major rows with the next step's "
+        "`n = 4` post backward's 16-bit stream-major rows with the next step's "
         "spans asked of L2, `primitives/l2_prefetch.cuh`)",
         Example(4, 8)},
        [](const RowCase& c) { return VectorStreams(c); }},
