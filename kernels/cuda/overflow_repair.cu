@@ -4,8 +4,6 @@
 // repaired token (the count the mixing kernel kept) every thread returns at
 // once.
 //
-// Also the projection op's repair (LaunchProjectionRepair).
-//
 // Determinism: each dx element and each dphi / dgamma element is written by
 // one thread, tokens in order.
 #include "dispatch.cuh"
@@ -28,43 +26,7 @@ __global__ void __launch_bounds__(kRepairThreads)
   if (k < s.K) RepairColumn<T>(s, tokens, k, a);
 }
 
-// The projection op's overflow repair: a token whose mean square exceeds
-// kRepairMeanSquare or is not finite, or whose h is not finite, gets its
-// float64 values rounded to fp32, as the fused ops keep them; the fp32 sum
-// of squares overflows before the division by K where the mean square
-// itself still fits. A thread per token; the others return after the check.
-// Only the single op runs it: the fused ops repair in their mixing kernels.
-constexpr int kRepairCheckThreads = 128;
-__global__ void __launch_bounds__(kRepairCheckThreads)
-    projection_repair_kernel(DevSpec s, int64_t tokens, RepairSource src,
-                             float* h, float* mean_square) {
-  const int64_t m =
-      static_cast<int64_t>(blockIdx.x) * kRepairCheckThreads + threadIdx.x;
-  if (m >= tokens) return;
-  float* row = h + m * s.N;
-  if (!NeedsRepair(s, row, mean_square[m])) return;
-  float ms_s = 0.0f;
-  // In place: the scaled values, then unscaled element by element.
-  const int flag = RepairProjection(s, src, m, row, &ms_s);
-  if (flag == 0) return;  // x is not finite: the fp32 values carry it
-  StoreUnscaled(s, flag - kRepairFlagBias, row, ms_s, row, mean_square + m);
-}
-
 }  // namespace
-
-absl::Status LaunchProjectionRepair(const LayerSpec& spec, int64_t tokens,
-                                    const RepairSource& src, float* h,
-                                    float* mean_square, cudaStream_t stream) {
-  if (tokens == 0) return absl::OkStatus();
-  const DevSpec s = MakeDevSpec(spec);
-  projection_repair_kernel<<<GridSize((tokens + kRepairCheckThreads - 1) /
-                                      kRepairCheckThreads),
-                             kRepairCheckThreads, 0, stream>>>(s, tokens, src,
-                                                               h, mean_square);
-  MHC_CUDA_CHECK_LAUNCH("projection forward (overflow repair)",
-                        ShapeString(spec, tokens, src.dtype));
-  return absl::OkStatus();
-}
 
 absl::Status LaunchRepairBackward(const LayerSpec& spec, int64_t tokens,
                                   const RepairBackwardArgs& a,

@@ -68,12 +68,6 @@ struct RepairBackwardArgs {
   const int* count = nullptr;
 };
 
-// The projection op's repair of its h and mean square, stream ordered after
-// the projection; no host sync.
-absl::Status LaunchProjectionRepair(const LayerSpec& spec, int64_t tokens,
-                                    const RepairSource& src, float* h,
-                                    float* mean_square, cudaStream_t stream);
-
 // The repair pass as a kernel of its own, for a backward with no dphi
 // reduction (no phi / gamma gradient asked for); otherwise the pass rides on
 // the reduction (LaunchPhiGradReduce). Stream ordered after the dx kernel;

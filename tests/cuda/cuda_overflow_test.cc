@@ -272,10 +272,13 @@ TEST(CudaOverflowTest, RepairInTheClusteredDxKernel) {
 // The projection op alone: tokens whose fp32 sum of squares overflows while
 // their mean square fits fp32 (fp32 x near 4e18) get the float64 values,
 // as do the tokens of the overflow case; inf / NaN tokens stay non-finite.
+// The finish kernel repairs them in CTAs of whole tokens: 13 tokens span
+// two CTAs at n = 4 (25 elements a token) and one at n = 3; n = 16 rows
+// (289 elements) take a CTA each.
 TEST(CudaOverflowTest, ProjectionOpMatchesReference) {
   MHC_SKIP_WITHOUT_GPU();
   Harness h;
-  for (int n : {4, 3}) {
+  for (int n : {4, 3, 16}) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       for (int window = 0; window < 2; ++window) {
         if (window == 1 && dt != DType::kF32) continue;

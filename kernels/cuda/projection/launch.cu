@@ -203,7 +203,7 @@ absl::Status LaunchMmaProjection(const LayerSpec& spec, int64_t tokens,
                                                gamma, workspace, stream));
   return LaunchProjectionFinish(spec, tokens, dtype,
                                 static_cast<const float*>(workspace), h,
-                                mean_square, stream);
+                                mean_square, /*repair=*/nullptr, stream);
 }
 
 // The op is defined for dynamic layers only (the Backend checks it).
@@ -219,13 +219,11 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
   MHC_RETURN_IF_ERROR(LaunchPartials(*p.spec, p.tokens, p.act_dtype, p.x,
                                      p.weights.phi, p.weights.gamma, plan,
                                      ws.data, stream));
-  MHC_RETURN_IF_ERROR(LaunchProjectionFinish(*p.spec, p.tokens, p.act_dtype,
-                                             static_cast<const float*>(ws.data),
-                                             p.h, p.mean_square, stream));
-  return LaunchProjectionRepair(*p.spec, p.tokens,
-                                RepairSource{p.x, p.act_dtype, p.weights.phi,
-                                             GammaOf(*p.spec, p.weights.gamma)},
-                                p.h, p.mean_square, stream);
+  const RepairSource repair{p.x, p.act_dtype, p.weights.phi,
+                            GammaOf(*p.spec, p.weights.gamma)};
+  return LaunchProjectionFinish(*p.spec, p.tokens, p.act_dtype,
+                                static_cast<const float*>(ws.data), p.h,
+                                p.mean_square, &repair, stream);
 }
 
 namespace {

@@ -6,6 +6,8 @@
 // the units, and which CTA runs one never changes its bits.
 #include "common.cuh"
 #include "dispatch.cuh"
+#include "overflow_repair.cuh"
+#include "overflow_repair.h"
 #include "projection/forward/mma.cuh"
 #include "projection/forward/mma.h"
 
@@ -79,25 +81,84 @@ __global__ void __launch_bounds__(kMmaThreads)
                          out + blockIdx.x * int64_t{Bf16SplitWords(ieee)});
 }
 
-// kChunkLoads: SumChunks' loads, the layer's chunks at most.
-template <int kChunkLoads>
-__global__ void projection_finish_kernel(DevSpec s, int64_t tokens,
-                                         const float* partial, float* h,
-                                         float* mean_square) {
+// The projection op's overflow repair of token m, whose h row and mean
+// square the finish kernel wrote: its float64 values rounded to fp32, as the
+// fused ops keep them (the fp32 sum of squares overflows before the division
+// by K where the mean square itself still fits). In place: the scaled
+// values, then unscaled element by element. Out of line, so the chunk sum
+// keeps its registers.
+__device__ __noinline__ void RepairFinishedToken(const DevSpec& s,
+                                                 const RepairSource& src,
+                                                 int64_t m, float* h,
+                                                 float* mean_square) {
+  float* row = h + m * s.N;
+  float ms_s = 0.0f;
+  const int flag = RepairProjection(s, src, m, row, &ms_s);
+  if (flag == 0) return;  // x is not finite: the fp32 values carry it
+  StoreUnscaled(s, flag - kRepairFlagBias, row, ms_s, row, mean_square + m);
+}
+
+// A finish CTA holds whole tokens of N + 1 elements each: as many as
+// kFinishThreads threads hold, or one token where a row is wider (at most
+// kFinishMaxThreads: N = 288 at n = 16).
+constexpr int kFinishThreads = 256;
+constexpr int kFinishMaxThreads = 512;
+static_assert(kMaxStreams * kMaxStreams + 2 * kMaxStreams + 1 <=
+                  kFinishMaxThreads,
+              "a token's row fits one CTA");
+int FinishTokensPerCta(int width) {
+  return width < kFinishThreads ? kFinishThreads / width : 1;
+}
+
+// A thread per element of a token's row (h, then the mean square); a CTA
+// holds whole tokens. kChunkLoads: SumChunks' loads, the layer's chunks at
+// most. kRepair (the projection op; the fused ops repair in their mixing
+// kernels): a token whose row NeedsRepair gets RepairFinishedToken from its
+// first thread, once the CTA's barrier has made the row's other elements
+// visible to it. The flag is NeedsRepair's test, element by element; a CTA
+// with no flagged element passes one barrier.
+template <int kChunkLoads, bool kRepair>
+__global__ void __launch_bounds__(kFinishMaxThreads)
+    projection_finish_kernel(DevSpec s, int64_t tokens, const float* partial,
+                             float* h, float* mean_square, RepairSource src) {
   WaitForPrerequisiteGrid();  // the units' partials
   const int chunks = PlanChunks(s.K, s.N).chunks;
   const int width = s.N + 1;
-  const int64_t idx =
-      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= tokens * width) return;
-  const int64_t m = idx / width;
-  const int col = static_cast<int>(idx % width);
-  const float sum = SumChunks<kChunkLoads>(
-      ChunksOf(partial, tokens, chunks, width, m), chunks, col);
-  if (col < s.N) {
-    h[m * s.N + col] = sum;
-  } else {
-    mean_square[m] = sum / static_cast<float>(s.K);
+  const int t = static_cast<int>(threadIdx.x) / width;
+  const int col = static_cast<int>(threadIdx.x) % width;
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * (blockDim.x / width) + t;
+  bool flagged = false;
+  if (m < tokens) {
+    const float sum = SumChunks<kChunkLoads>(
+        ChunksOf(partial, tokens, chunks, width, m), chunks, col);
+    if (col < s.N) {
+      h[m * s.N + col] = sum;
+      flagged = (__float_as_uint(sum) & 0x7fffffffu) >= 0x7f800000u;
+    } else {
+      const float ms = sum / static_cast<float>(s.K);
+      mean_square[m] = ms;
+      flagged = !(ms <= kRepairMeanSquare);
+    }
+  }
+  if constexpr (kRepair) {
+    if (!__syncthreads_or(flagged)) return;
+    // The call takes its arguments by reference: from shared memory, since
+    // a kernel parameter's address would copy it to every thread's stack at
+    // the kernel's start, flagged or not.
+    __shared__ int token_flagged[kFinishThreads];  // tokens of the CTA
+    __shared__ DevSpec spec;
+    __shared__ RepairSource from;
+    if (col == 0) token_flagged[t] = 0;
+    if (threadIdx.x == 0) {
+      spec = s;
+      from = src;
+    }
+    __syncthreads();
+    if (flagged) token_flagged[t] = 1;
+    __syncthreads();
+    if (col == 0 && m < tokens && token_flagged[t] != 0) {
+      RepairFinishedToken(spec, from, m, h, mean_square);
+    }
   }
 }
 
@@ -161,15 +222,26 @@ absl::Status LaunchMmaForwardPartials(const LayerSpec& spec, int64_t tokens,
 
 absl::Status LaunchProjectionFinish(const LayerSpec& spec, int64_t tokens,
                                     DType dtype, const float* partial, float* h,
-                                    float* mean_square, cudaStream_t stream) {
+                                    float* mean_square,
+                                    const RepairSource* repair,
+                                    cudaStream_t stream) {
+  if (tokens == 0) return absl::OkStatus();
   const DevSpec s = MakeDevSpec(spec);
-  const int64_t elements = tokens * (s.N + 1);
+  const int per_cta = FinishTokensPerCta(s.N + 1);
+  const dim3 grid(GridSize((tokens + per_cta - 1) / per_cta));
+  const dim3 block(static_cast<unsigned>(per_cta * (s.N + 1)));
+  const bool few = FewChunks(PlanChunks(s.K, s.N).chunks);
+  auto launch = [&](auto kernel) {
+    return LaunchAfterPrevious(kernel, grid, block, 0, stream, s, tokens,
+                               partial, h, mean_square,
+                               repair != nullptr ? *repair : RepairSource{});
+  };
   MHC_CUDA_RETURN_IF_ERROR(
-      LaunchAfterPrevious(FewChunks(PlanChunks(s.K, s.N).chunks)
-                              ? projection_finish_kernel<kFewChunks>
-                              : projection_finish_kernel<kMaxChunks>,
-                          dim3(GridSize((elements + 255) / 256)), dim3(256), 0,
-                          stream, s, tokens, partial, h, mean_square),
+      repair != nullptr
+          ? (few ? launch(projection_finish_kernel<kFewChunks, true>)
+                 : launch(projection_finish_kernel<kMaxChunks, true>))
+          : (few ? launch(projection_finish_kernel<kFewChunks, false>)
+                 : launch(projection_finish_kernel<kMaxChunks, false>)),
       "projection forward (chunk sum)", ShapeString(spec, tokens, dtype));
   MHC_CUDA_CHECK_LAUNCH("projection forward (chunk sum)",
                         ShapeString(spec, tokens, dtype));

@@ -15,6 +15,8 @@
 
 namespace mhc::cuda {
 
+struct RepairSource;  // overflow_repair.h
+
 // The chunk partials into the plan's workspace (and phi' split there first
 // where the plan says so).
 absl::Status LaunchMmaForwardPartials(const LayerSpec& spec, int64_t tokens,
@@ -25,10 +27,13 @@ absl::Status LaunchMmaForwardPartials(const LayerSpec& spec, int64_t tokens,
 
 // h and the mean square from the chunk partials at the workspace's start,
 // each token's chunks added in order; its CTAs start as the partials'
-// kernel finishes.
+// kernel finishes. With `repair` (the projection op) the same launch
+// repairs the tokens whose fp32 values overflowed, from x; no host sync.
 absl::Status LaunchProjectionFinish(const LayerSpec& spec, int64_t tokens,
                                     DType dtype, const float* partial, float* h,
-                                    float* mean_square, cudaStream_t stream);
+                                    float* mean_square,
+                                    const RepairSource* repair,
+                                    cudaStream_t stream);
 
 }  // namespace mhc::cuda
 
