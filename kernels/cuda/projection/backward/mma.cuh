@@ -127,6 +127,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   const bool aggregate = kTerms && a.h_pre != nullptr;
   const bool residual = kTerms && a.r != nullptr;
   const bool want_dphi = a.dphi_partial != nullptr;
+  // The summed build's logit count is fixed, so its dh offsets fold into
+  // constants.
+  const int num_logits = kSummedTerms ? kSummedLogits : s.N;
   const SmemPlan plan = PlanSmem<T, kSummedTerms, kTensorCopies, kRunMaps>(
       n, s.N, kIeee, aggregate, residual);
   T* xs = reinterpret_cast<T*>(smem + plan.x);
@@ -317,8 +320,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     const int64_t m0 = first_token(st);
     const int rows = rows_of(st);
     load_rows(x, xs + buf * kTileElems, m0, rows, x_plans);
-    load_run(dh_raw + buf * kStageTokens * s.N, a.dh, s.N, m0, rows,
-             FirstThread::kDh);
+    load_run(dh_raw + buf * kStageTokens * num_logits, a.dh, num_logits, m0,
+             rows, FirstThread::kDh);
     load_run(dmss + buf * kStageTokens, a.dms, 1, m0, rows, FirstThread::kDms);
     if constexpr (kTermsN == 0) return;
     const int tn = kTermsN > 0 ? kTermsN : n;
@@ -392,7 +395,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       TmaLoadTile3d(dxns + buf * kTileElems, &maps.dx_next, cx, m0, 0, bar);
       TmaLoadTile2d(dys + buf * kStageTokens * plan.dy_row, &maps.dy, cx, m0,
                     bar);
-      TmaLoadTile2d(dh_raw + buf * kStageTokens * s.N, &maps.dh, 0, m0, bar);
+      TmaLoadTile2d(dh_raw + buf * kStageTokens * num_logits, &maps.dh, 0, m0,
+                    bar);
       TmaLoadTile1d(dmss + buf * kStageTokens, &maps.dms, m0, bar);
       TmaLoadTile2d(hps + buf * kStageTokens * 4, &maps.h_pre, 0, m0, bar);
       TmaLoadTile2d(rs + buf * kStageTokens * 16, &maps.r, 0, m0, bar);
@@ -415,7 +419,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         IssueRunBox(run_boxes[lane], maps,
                     smem + plan.land + buf * proj::kDxLandStageBytes, m0, bar);
       } else if (lane == 28) {
-        TmaLoadTile2d(dh_raw + buf * kStageTokens * s.N, &maps.dh, 0, m0, bar);
+        TmaLoadTile2d(dh_raw + buf * kStageTokens * num_logits, &maps.dh, 0, m0,
+                      bar);
       } else if (lane == 29) {
         TmaLoadTile1d(dmss + buf * kStageTokens, &maps.dms, m0, bar);
       } else if (lane == 30) {
@@ -497,8 +502,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   // Rounds the landed dh of stage buffer `buf` into the fragments of dh_a /
   // dh_b (zero past N up to the tiles' width), one fragment per thread.
   auto convert_dh = [&](int buf) {
-    const float* raw = dh_raw + buf * kStageTokens * s.N;
-    auto at = [&](int t, int g) { return g < s.N ? raw[t * s.N + g] : 0.0f; };
+    const float* raw = dh_raw + buf * kStageTokens * num_logits;
+    auto at = [&](int t, int g) {
+      return g < num_logits ? raw[t * num_logits + g] : 0.0f;
+    };
     auto put = [&](float* dst, int floats, int f, const auto& v) {
       constexpr int V = sizeof(v) / sizeof(float);
       float hi[V];
@@ -595,13 +602,19 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
   };
 
-  // dx for the stage's tokens and this warp's columns, stored to global.
-  // Rows past the stage's tokens compute (zero-filled, finite) values too,
-  // so the epilogue runs without branches; only the stores below skip them.
+  // dx for the stage's tokens and this warp's columns, stored to global
+  // (out: this lane's first store row of the stage, which the summed build's
+  // caller steps and the others work out here). Rows past the stage's tokens
+  // compute (zero-filled, finite) values too, so the epilogue runs without
+  // branches; only the stores below skip them. any_scaled (always true
+  // outside the summed build): some token of the stage takes the scaled
+  // mean-square term; the others' terms are the same fma either way, so a
+  // stage without one skips the scaling.
   // terms_tag: a TermsTag, each a separate copy of the stage loop so none
   // carries another's checks. The lane's staged rows are set once per
   // stage: every pair below is them plus compile-time offsets.
-  auto stage_dx = [&](int buf, int64_t m0, int rows, auto terms_tag) {
+  auto stage_dx = [&](int buf, int64_t m0, int rows, T* out, bool any_scaled,
+                      auto terms_tag) {
     using Terms = decltype(terms_tag);
     constexpr int kTermsN = Terms::value;
     T* xt = x_tile(buf);
@@ -663,51 +676,66 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
     // The lane's output pair of rows dt and the 8 nt columns right of its
     // first: d[mt][nt][2 h], d[mt][nt][2 h + 1] with dt = 16 mt + 8 h.
+    auto add_terms = [&](auto scaled_tag) {
+      constexpr bool kScaled = decltype(scaled_tag)::value;
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt) {
+      for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dt = mt * 16 + 8 * h;  // rows below the lane's first
-        const MsTerm dm = MsTermOf(dms_rows[dt], ms_scale);
+        for (int h = 0; h < 2; ++h) {
+          const int dt = mt * 16 + 8 * h;  // rows below the lane's first
+          const float dms = dms_rows[dt];
+          [[maybe_unused]] MsTerm dm;
+          if constexpr (kScaled) dm = MsTermOf(dms, ms_scale);
+          const float dm_unscaled = dms * ms_scale;
+          auto add_ms = [&](float v, float acc) {
+            return kScaled ? dm.Add(v, acc) : fmaf(dm_unscaled, v, acc);
+          };
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const float2 v = LoadPair(x_pairs + dt * kRowElems + nt * nt_step);
-          float out[2] = {dm.Add(v.x, d[mt][nt][2 * h]),
-                          dm.Add(v.y, d[mt][nt][2 * h + 1])};
-          if constexpr (kSummedTerms) {
-            const float2 t = *reinterpret_cast<const float2*>(
-                terms_pairs + dt * kTermsStride + 8 * nt);
-            out[0] += t.x;
-            out[1] += t.y;
-          } else if constexpr (kTermsN > 0) {
-            AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
-                                     Terms::Residual(residual), terms, dt, nt,
-                                     out);
-          } else if constexpr (kTermsN < 0) {
-            const int j = j0 + 8 * nt + 2 * quad;
-            const int row = lane_row + dt;
-            const T* dxn_row = dxns + row * RS;
-            const T* dy_row = dys + row * plan.dy_row;
-            const float* hp_row = hps + row * n;
+          for (int nt = 0; nt < 2; ++nt) {
+            const float2 v = LoadPair(x_pairs + dt * kRowElems + nt * nt_step);
+            float out[2] = {add_ms(v.x, d[mt][nt][2 * h]),
+                            add_ms(v.y, d[mt][nt][2 * h + 1])};
+            if constexpr (kSummedTerms) {
+              const float2 t = *reinterpret_cast<const float2*>(
+                  terms_pairs + dt * kTermsStride + 8 * nt);
+              out[0] += t.x;
+              out[1] += t.y;
+            } else if constexpr (kTermsN > 0) {
+              AddTerms<T, kTermsN, RS>(Terms::Minor(s.minor),
+                                       Terms::Residual(residual), terms, dt, nt,
+                                       out);
+            } else if constexpr (kTermsN < 0) {
+              const int j = j0 + 8 * nt + 2 * quad;
+              const int row = lane_row + dt;
+              const T* dxn_row = dxns + row * RS;
+              const T* dy_row = dys + row * plan.dy_row;
+              const float* hp_row = hps + row * n;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const Column col = ColumnOf(s, log_n, c0, j + e);
-              float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
-              if (residual) {
-                const float* r_row = rs + (row * n + col.stream) * n;
-                for (int i = 0; i < n; ++i) {
-                  acc = fmaf(
-                      r_row[i],
-                      ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]), acc);
+              for (int e = 0; e < 2; ++e) {
+                const Column col = ColumnOf(s, log_n, c0, j + e);
+                float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
+                if (residual) {
+                  const float* r_row = rs + (row * n + col.stream) * n;
+                  for (int i = 0; i < n; ++i) {
+                    acc = fmaf(
+                        r_row[i],
+                        ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]),
+                        acc);
+                  }
                 }
+                out[e] += acc;
               }
-              out[e] += acc;
             }
+            d[mt][nt][2 * h] = out[0];
+            d[mt][nt][2 * h + 1] = out[1];
           }
-          d[mt][nt][2 * h] = out[0];
-          d[mt][nt][2 * h + 1] = out[1];
         }
       }
+    };
+    if (any_scaled) {
+      add_terms(std::true_type{});
+    } else if constexpr (kSummedTerms) {
+      add_terms(std::false_type{});
     }
     // Into the x slots whose last reads were above; to dx below.
 #pragma unroll
@@ -732,7 +760,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     }
     // Whole rows of the warp's columns per instruction, so each writes whole
     // sectors (vector rows) or at least never pairs of 2-byte halves.
-    T* out = dx + (m0 + store_row) * s.K + store_k;
+    if constexpr (!kSummedTerms) out = dx + (m0 + store_row) * s.K + store_k;
     static_assert(kStoreRows % 8 == 0 || !kTensorCopies, "rows keep swizzle");
     const T* staged = xt + tile_at(store_row, store_j);
 #pragma unroll
@@ -752,7 +780,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     if constexpr (kTensorCopies) FenceProxyAsyncShared();
   };
 
+  // This lane's first dx store row of each stage: the summed build moves it
+  // a stage further each time, the others work it out per stage.
+  const int64_t dx_stage_step = int64_t{kStageTokens} * s.K;
   auto run_stages = [&](auto terms_tag) {
+    T* dx_stage = nullptr;
+    if (kSummedTerms && !a.skip_dx) {
+      dx_stage = dx + (begin + store_row) * s.K + store_k;
+    }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       if constexpr (kTma) {
@@ -794,9 +829,23 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
             hps + buf * kStageTokens * 4, rs + buf * kStageTokens * 16,
             terms_s + sum_row * kTermsStride);
       }
-      __syncthreads();
+      // The stage's terms and dh fragments are in place past this barrier,
+      // which in the summed build also tells every thread whether a token's
+      // mean-square term is scaled.
+      bool any_scaled = true;
+      if constexpr (kSummedTerms) {
+        any_scaled = __syncthreads_or(
+            tid < kStageTokens &&
+            MsTermScaled(dmss[buf * kStageTokens + tid], ms_scale));
+      } else {
+        __syncthreads();
+      }
       if (want_dphi) stage_dphi(x_tile(buf));
-      if (!a.skip_dx) stage_dx(buf, first_token(st), rows_of(st), terms_tag);
+      if (!a.skip_dx) {
+        stage_dx(buf, first_token(st), rows_of(st), dx_stage, any_scaled,
+                 terms_tag);
+        if constexpr (kSummedTerms) dx_stage += dx_stage_step;
+      }
     }
   };
   // The residual term comes only with the aggregate one (the fused pre

@@ -463,10 +463,16 @@ __device__ __forceinline__ void SumTokenTerms(int c, const float (&d)[4],
   constexpr int kWc = kCols / 4;
   const float4 hp = *reinterpret_cast<const float4*>(hp_row);
   const float hpv[4] = {hp.x, hp.y, hp.z, hp.w};
+  // Every row of R before the first store: the stores may alias the runs as
+  // far as the compiler knows, so a load after one would wait for it.
+  float4 r[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float4 rv4 = *reinterpret_cast<const float4*>(r_rows + i * 4);
-    const float rv[4] = {rv4.x, rv4.y, rv4.z, rv4.w};
+    r[i] = *reinterpret_cast<const float4*>(r_rows + i * 4);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float rv[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
     float acc[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {

@@ -41,12 +41,16 @@ struct MsTerm {
   }
 };
 
+// Whether a token's term takes the scaled form.
+__device__ __forceinline__ bool MsTermScaled(float dms, float ms_scale) {
+  return dms != 0.0f && fabsf(dms * ms_scale) < FLT_MIN;
+}
+
 __device__ __forceinline__ MsTerm MsTermOf(float dms, float ms_scale) {
-  const float dm = dms * ms_scale;
-  if (dms != 0.0f && fabsf(dm) < FLT_MIN) {
+  if (MsTermScaled(dms, ms_scale)) {
     return {dms * 0x1p64f * ms_scale, 0x1p-64f};
   }
-  return {dm, 1.0f};
+  return {dms * ms_scale, 1.0f};
 }
 
 }  // namespace mhc::cuda
