@@ -38,14 +38,24 @@ inline constexpr int kRepairFlagBias = 1024;
 // (above), and unsigned order is the order of those bits, so the largest
 // of them reaches 0x7f800000 exactly when some h[g] is not finite; the mean
 // square takes the chain's own compare, `!(ms <= 2^64)`, true for NaN.
+// The bits that order |v|, and whether they make v infinite or NaN.
+__device__ __forceinline__ unsigned MagnitudeBits(float v) {
+  return __float_as_uint(v) & 0x7fffffffu;
+}
+__device__ __forceinline__ bool NotFiniteBits(unsigned magnitude) {
+  return magnitude >= 0x7f800000u;
+}
+// The mean square's part of the test.
+__device__ __forceinline__ bool MeanSquareNeedsRepair(float ms) {
+  return !(ms <= kRepairMeanSquare);
+}
+
 __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
                                             float ms) {
   unsigned worst = 0;  // the largest |h[g]| as bits
 #pragma unroll 8
-  for (int g = 0; g < s.N; ++g) {
-    worst = max(worst, __float_as_uint(h[g]) & 0x7fffffffu);
-  }
-  return !(ms <= kRepairMeanSquare) | (worst >= 0x7f800000u);
+  for (int g = 0; g < s.N; ++g) worst = max(worst, MagnitudeBits(h[g]));
+  return MeanSquareNeedsRepair(ms) | NotFiniteBits(worst);
 }
 
 // The power of two a repaired token is scaled by: e with ms 2^(-2e) in

@@ -133,11 +133,11 @@ __global__ void __launch_bounds__(kFinishMaxThreads)
         ChunksOf(partial, tokens, chunks, width, m), chunks, col);
     if (col < s.N) {
       h[m * s.N + col] = sum;
-      flagged = (__float_as_uint(sum) & 0x7fffffffu) >= 0x7f800000u;
+      flagged = NotFiniteBits(MagnitudeBits(sum));
     } else {
       const float ms = sum / static_cast<float>(s.K);
       mean_square[m] = ms;
-      flagged = !(ms <= kRepairMeanSquare);
+      flagged = MeanSquareNeedsRepair(ms);
     }
   }
   if constexpr (kRepair) {
