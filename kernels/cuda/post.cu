@@ -77,6 +77,64 @@ inline constexpr int kPostBackwardBlocks = NT != 4    ? 0
                                            : kStrided ? 4
                                                       : 6;
 
+// Stream-minor vector rows whose 16-byte words each hold whole channels
+// (kPer / NT of them): n = 2 and 4, and n = 8 in 16 bits. The general loop
+// gives a thread V consecutive channels, so at n = 4 a warp's 16-byte
+// accesses lie 64 bytes apart and every access moves half a sector; the
+// forward, which mostly streams, ran slower than on stream-major rows
+// (bench/RESULTS.md). Here a step's words are dealt to the threads in turn:
+// each warp access covers consecutive words, and its f loads consecutive
+// channels. Every output is the general loop's sum: the same bits.
+template <typename T, int NT, int V, bool kStrided>
+inline constexpr bool kPostForwardMinorWords =
+    V > 1 && !kStrided && (16 / sizeof(T)) % NT == 0;
+
+template <typename T, int NT>
+__device__ __forceinline__ void PostForwardMinorWords(
+    const DevSpec& s, const T* x_row, const T* f_row, const float* bias,
+    const float* r, const float* hp, T* out_row) {
+  constexpr int kPer = 16 / sizeof(T);
+  constexpr int kG = kPer / NT;  // channels per word
+  constexpr int kWords = 4;      // a thread's word loads in flight
+  const int64_t words = s.C / kG;
+  const uint4* x_words = reinterpret_cast<const uint4*>(x_row);
+  uint4* out_words = reinterpret_cast<uint4*>(out_row);
+  for (int64_t w0 = threadIdx.x; w0 < words; w0 += kWords * kRowThreads) {
+    uint4 xw[kWords];
+    float fv[kWords][kG];
+#pragma unroll
+    for (int q = 0; q < kWords; ++q) {
+      const int64_t w = w0 + q * kRowThreads;
+      if (w < words) {
+        xw[q] = x_words[w];
+        LoadVec<T, kG>(f_row + w * kG, fv[q]);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kWords; ++q) {
+      const int64_t w = w0 + q * kRowThreads;
+      if (w >= words) break;
+      if (s.has_bias) AddChannels<kG, false>(bias, w * kG, s.C, fv[q]);
+      const T* in = reinterpret_cast<const T*>(&xw[q]);
+      uint4 word;
+      T* out = reinterpret_cast<T*>(&word);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float acc = hp[j] * fv[q][g];
+#pragma unroll
+          for (int i = 0; i < NT; ++i) {
+            acc = fmaf(r[i * NT + j], ToFloat(in[g * NT + i]), acc);
+          }
+          out[g * NT + j] = FromFloat<T>(acc);
+        }
+      }
+      out_words[w] = word;
+    }
+  }
+}
+
 template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
                                   kPostForwardBlocks<NT, kStrided>)
@@ -97,6 +155,12 @@ __global__ void __launch_bounds__(kRowThreads* kPostForwardSlices<NT>,
   const T* f_row = f + m * s.C;
   T* out_row = x_next + m * s.K;
   mixing.Publish(mix);
+  if constexpr (kPostForwardMinorWords<T, NT, V, kStrided>) {
+    if (s.minor) {
+      PostForwardMinorWords<T, NT>(s, row, f_row, bias, r, hp, out_row);
+      return;
+    }
+  }
   struct Loaded {
     float x[NT][V];
     float f[V];

@@ -45,7 +45,9 @@ const std::vector<PlanRule<PV, PostCase>>& Rules() {
         "FFMA, a CTA per token; the backward splits a token's streams over 2 "
         "or 4 thread groups at `n >= 5` (the forward at `n >= 9`), and runs "
         "64-thread CTAs at `n = 4`, each thread with two channel steps of "
-        "loads in flight",
+        "loads in flight; the stream-minor forward deals a step's 16-byte "
+        "words to the threads in turn where a word holds whole channels "
+        "(`n = 2, 4`; `n = 8` in 16 bits)",
         Example(4)},
        [](const PostCase& c) { return c.rows == RowAccess::kVector; }},
       {{PV::kStrided, "otherwise, `strided` rows", "kernels/cuda/post.cu",
