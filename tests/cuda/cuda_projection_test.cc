@@ -109,6 +109,11 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // groups of 96 logits, 144-logit units with a last tile of one token.
       {12, 336, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
       {9, 1024, 129, DType::kBF16, MatmulPrecision::kTf32, false, false},
+      // From M = 8192 their two logit groups take phi' rounded once per
+      // launch, the M - 60 and one-token runs below it rounded per unit: the
+      // batch checks hold the two forms to the same bits.
+      {12, 64, 8200, DType::kF16, MatmulPrecision::kTf32, true, false},
+      {16, 40, 8200, DType::kBF16, MatmulPrecision::kTf32, true, false},
       // The 80-logit bf16 tiles (n = 7, 8;
       // projection/forward/wgmma_bf16_wide.cu): gamma and none, a partial last
       // stage (C = 1029), IEEE, 63 logits, more units (144 at n = 8, C = 4096,

@@ -296,6 +296,33 @@ TEST(ProjectionPlan, ForwardWorkspace) {
   EXPECT_EQ(PlanProjectionForward(static_layer, DType::kBF16, 4096, {})
                 .workspace.total,
             0u);
+  // TF32 layers past two logit groups round phi' once into [N][K] floats
+  // (n = 16, C = 256: 288 x 4096), after the partials: at one logit group
+  // (fp32 n = 8) at every M, at two (n = 16) from M = 8192; the bf16 wide
+  // unit's layers (N <= 80) and IEEE do not, nor does M = 0.
+  const ProjectionForwardPlan wide =
+      PlanProjectionForward(Layer(16, 256), DType::kBF16, 8192, {});
+  EXPECT_EQ(wide.workspace.phi_split, 0u);
+  EXPECT_EQ(wide.workspace.phi_rounded, size_t{4} * 288 * 4096);
+  EXPECT_EQ(wide.workspace.phi_rounded_offset, wide.workspace.partials);
+  EXPECT_EQ(wide.workspace.counter_offset,
+            wide.workspace.phi_rounded_offset + wide.workspace.phi_rounded);
+  EXPECT_EQ(wide.workspace.total, wide.workspace.counter_offset + 256);
+  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 8191, {})
+                .workspace.phi_rounded,
+            0u);
+  EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kF32, 1, {})
+                .workspace.phi_rounded,
+            size_t{4} * 80 * 2048);
+  EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kBF16, 4096, {})
+                .workspace.phi_rounded,
+            0u);
+  EXPECT_EQ(PlanProjectionForward(Layer(16, 256, kIeee), DType::kBF16, 8192, {})
+                .workspace.phi_rounded,
+            0u);
+  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 0, {})
+                .workspace.phi_rounded,
+            0u);
 }
 
 struct BackwardCase {

@@ -98,11 +98,14 @@ struct DxTerms {
 // ---- Forward.
 
 // Workspace: the chunk partials, the phi' split (one logit group, bf16 or
-// TF32, M > 0), the unit counter; byte offsets from the start.
+// TF32, M > 0), phi' rounded to TF32 as [N][K] (the wide TF32 rows, M > 0),
+// the unit counter; byte offsets from the start.
 struct ProjectionForwardWorkspaceLayout {
   size_t partials = 0;  // at 0
   size_t phi_split = 0;
   size_t phi_split_offset = 0;
+  size_t phi_rounded = 0;
+  size_t phi_rounded_offset = 0;
   size_t counter_offset = 0;
   size_t total = 0;
 };

@@ -9,17 +9,21 @@
 //
 // Unit: 128 tokens x kW logits over one K chunk; same chunks, tiles and
 // partial layout as projection/forward/mma.cuh, so the chunk sum and the fused
-// pre forward's mixing read the partials unchanged. Per stage of kWideStageK k:
-// x and raw phi by cp.async; then, while the previous stage's wgmmas run,
-// phi' = phi * gamma (one rounded multiply, as docs/SPEC.md defines it) rounded
-// to tf32 in place, and x converted to tf32 into one of two operand tiles
-// (16-byte loads and stores; exact for 16-bit x) with the sum of squares
-// taken on the way. Two CTAs per SM for 16-bit x.
+// pre forward's mixing read the partials unchanged. phi' = phi * gamma (one
+// rounded multiply, as docs/SPEC.md defines it) rounded to tf32: where the
+// plan gives it room (kRounded), once per launch into the workspace
+// (round_phi_rows_kernel) in phi's [N][K] layout; else each unit rounds its
+// stages in place. Per stage of kWideStageK k: x and phi by cp.async; then,
+// while the previous stage's wgmmas run, x converted to tf32 into one of two
+// operand tiles (16-byte loads and stores; exact for 16-bit x) with the sum
+// of squares taken on the way (and phi' rounded in place). Two CTAs per SM
+// for 16-bit x. Both forms give the same bits.
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (wgmma rows are independent dot products; the
 // order over k is fixed by the chunk and stage layout); chunks are added in
 // order by projection_finish_kernel. No floating-point atomics.
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -34,12 +38,14 @@ namespace {
 
 constexpr int kStageK = kWideStageK;
 constexpr int kStages = 3;
+constexpr int kRoundPhiCtas = 1024;  // grid-stride past this
 
 // Shared memory: two x tiles in tf32 (wgmma's A operand, 128 rows of the
 // swizzled layout; one computes while the next is written), then kStages
 // copy stages (phi rows in the B layout, raw x rows as StagedIndex places
-// them), then gamma for each stage. Every operand tile starts on an atom.
-template <typename T, int kW>
+// them), then (rounding in place) gamma for each stage. Every operand tile
+// starts on an atom.
+template <typename T, int kW, bool kRounded>
 struct WgmmaPlan {
   static_assert(kW % 8 == 0, "B rows in whole swizzle atoms");
   static constexpr int kOperandBytes = kMmaTokens * kStageK * 4;
@@ -50,7 +56,7 @@ struct WgmmaPlan {
   static constexpr int kGammaAt = kStagesAt + kStages * kBytes;
   // The dynamic shared memory's start is aligned up to an atom in-kernel.
   static constexpr int kSmem =
-      kGammaAt + kStages * kStageK * 4 + kSwizzleAtomBytes;
+      kGammaAt + (kRounded ? 0 : kStages * kStageK * 4) + kSwizzleAtomBytes;
   static_assert(kOperandBytes % kSwizzleAtomBytes == 0 &&
                     kBytes % kSwizzleAtomBytes == 0,
                 "tiles stay on atoms");
@@ -92,13 +98,44 @@ __device__ __forceinline__ void StagedX16(const T* xs, int r, int k0,
   }
 }
 
-template <typename T, int kW>
+// Four elements of phi' = phi * gamma rounded to tf32.
+__device__ __forceinline__ float4 RoundPhiTf32(float4 p, float4 g) {
+  return make_float4(RoundTf32Bits(__fmul_rn(p.x, g.x)),
+                     RoundTf32Bits(__fmul_rn(p.y, g.y)),
+                     RoundTf32Bits(__fmul_rn(p.z, g.z)),
+                     RoundTf32Bits(__fmul_rn(p.w, g.w)));
+}
+
+// phi' = phi * gamma rounded to tf32, as phi's [N][K] rows (K % 4 == 0:
+// the plan's vector rows): each unit rounding its stages in shared memory
+// costs a load, multiply, rounding and store per element per unit, and the
+// shared memory traffic with it, which bounds the units at large M.
+__global__ void __launch_bounds__(kMmaThreads)
+    round_phi_rows_kernel(DevSpec s, const float* __restrict__ phi,
+                          const float* __restrict__ gamma,
+                          float* __restrict__ rounded) {
+  AllowDependentLaunch();  // the units may take their slots beside it
+  const int64_t vectors = int64_t{s.N} * s.K / 4;
+  for (int64_t q = int64_t{blockIdx.x} * kMmaThreads + threadIdx.x; q < vectors;
+       q += int64_t{gridDim.x} * kMmaThreads) {
+    const float4 p = reinterpret_cast<const float4*>(phi)[q];
+    const float4 g =
+        gamma != nullptr
+            ? *reinterpret_cast<const float4*>(gamma + q * 4 % s.K)
+            : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    reinterpret_cast<float4*>(rounded)[q] = RoundPhiTf32(p, g);
+  }
+}
+
+// kRounded: phi is phi' rounded (round_phi_rows_kernel) and gamma unused.
+template <typename T, int kW, bool kRounded>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     wgmma_projection_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                             const float* __restrict__ phi,
                             const float* __restrict__ gamma, float* partial,
                             unsigned long long* next_unit) {
-  using Plan = WgmmaPlan<T, kW>;
+  if constexpr (kRounded) WaitForPrerequisiteGrid();  // phi' rounded
+  using Plan = WgmmaPlan<T, kW, kRounded>;
   constexpr int kXPer = 16 / static_cast<int>(sizeof(T));  // x per chunk
   constexpr int kXChunks = kStageK / kXPer;
   constexpr int kXStep = kMmaThreads / kXChunks;
@@ -187,7 +224,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         CpAsync<16>(ps + phi_dst + i * kPStep * kStageK,
                     ok ? phi_src + kst + i * phi_step : phi, ok);
       }
-      if (gamma != nullptr && tid < kPChunks) {
+      if (!kRounded && gamma != nullptr && tid < kPChunks) {
         const int64_t k = u.kbeg + kst + tid * 4;
         CpAsync<16>(gamma_stage(buf) + tid * 4, k < u.kend ? gamma + k : gamma,
                     k < u.kend);
@@ -196,8 +233,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
     // x to the tf32 operand tile and the sum of squares: 16 k of row tid /
     // 2 (half tid % 2 of the stage) per thread, a fresh sum per stage added
-    // to the running one; phi' rounded in place: the chunks this thread
-    // copied.
+    // to the running one; without kRounded phi' rounded in place: the chunks
+    // this thread copied.
     float ss_run = 0.0f;
     auto prepare = [&](int st) {
       if (st >= u.stages) return;
@@ -222,20 +259,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         }
         *reinterpret_cast<float4*>(a_tile + SwizzledRow(r, k0 + 4 * q)) = t;
       }
-      float4* at = reinterpret_cast<float4*>(phi_stage(buf) + phi_dst);
-      const float4 g =
-          gamma != nullptr
-              ? *reinterpret_cast<const float4*>(gamma_stage(buf) + pj * 4)
-              : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+      if constexpr (!kRounded) {
+        float4* at = reinterpret_cast<float4*>(phi_stage(buf) + phi_dst);
+        const float4 g =
+            gamma != nullptr
+                ? *reinterpret_cast<const float4*>(gamma_stage(buf) + pj * 4)
+                : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
 #pragma unroll
-      for (int i = 0; i < kPCopies; ++i) {
-        if (pr + i * kPStep >= kW) break;
-        const float4 p = at[i * kPStep * kStageK / 4];
-        at[i * kPStep * kStageK / 4] =
-            make_float4(RoundTf32Bits(__fmul_rn(p.x, g.x)),
-                        RoundTf32Bits(__fmul_rn(p.y, g.y)),
-                        RoundTf32Bits(__fmul_rn(p.z, g.z)),
-                        RoundTf32Bits(__fmul_rn(p.w, g.w)));
+        for (int i = 0; i < kPCopies; ++i) {
+          if (pr + i * kPStep >= kW) break;
+          at[i * kPStep * kStageK / 4] =
+              RoundPhiTf32(at[i * kPStep * kStageK / 4], g);
+        }
       }
     };
 
@@ -298,15 +333,36 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   });
 }
 
+// With `rounded` the rounding runs first; the units' CTAs take their slots
+// beside it and wait for it before their first copy.
 template <typename T, int kW>
 cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
-                        const float* phi, const float* gamma, float* partial,
-                        unsigned long long* next_unit, cudaStream_t stream) {
+                        const float* phi, const float* gamma, float* rounded,
+                        float* partial, unsigned long long* next_unit,
+                        cudaStream_t stream) {
   const int64_t chunks = PlanChunks(s.K, s.N).chunks;
   const int64_t units = MmaTiles(tokens) * chunks * ((s.N + kW - 1) / kW);
-  return LaunchPersistent(wgmma_projection_kernel<T, kW>, units,
-                          WgmmaPlan<T, kW>::kSmem, next_unit, stream, s, tokens,
-                          static_cast<const T*>(x), phi, gamma, partial);
+  if (rounded == nullptr) {
+    return LaunchPersistent(wgmma_projection_kernel<T, kW, false>, units,
+                            WgmmaPlan<T, kW, false>::kSmem, next_unit, stream,
+                            s, tokens, static_cast<const T*>(x), phi, gamma,
+                            partial);
+  }
+  const int64_t vectors = int64_t{s.N} * s.K / 4;
+  return LaunchPersistentBlocksAfter(
+      [&] {
+        round_phi_rows_kernel<<<GridSize(std::min<int64_t>(
+                                    (vectors + kMmaThreads - 1) / kMmaThreads,
+                                    kRoundPhiCtas)),
+                                kMmaThreads, 0, stream>>>(s, phi, gamma,
+                                                          rounded);
+        return cudaGetLastError();
+      },
+      wgmma_projection_kernel<T, kW, true>, kMmaThreads,
+      /*equal_shares=*/false, units, WgmmaPlan<T, kW, true>::kSmem, next_unit,
+      stream, s, tokens, static_cast<const T*>(x),
+      static_cast<const float*>(rounded), static_cast<const float*>(nullptr),
+      partial);
 }
 
 }  // namespace
@@ -315,20 +371,26 @@ absl::Status LaunchWgmmaProjectionPartials(
     const LayerSpec& spec, int64_t tokens, DType dtype, const void* x,
     const float* phi, const float* gamma, const ProjectionForwardPlan& plan,
     void* workspace, cudaStream_t stream) {
+  const std::string shape = ShapeString(spec, tokens, dtype);
   const DevSpec s = MakeDevSpec(spec);
-  float* partial = static_cast<float*>(workspace);
+  char* base = static_cast<char*>(workspace);
+  float* partial = reinterpret_cast<float*>(base);
+  // The plan's workspace has room for phi' rounded once where that pays.
+  float* rounded =
+      plan.workspace.phi_rounded > 0
+          ? reinterpret_cast<float*>(base + plan.workspace.phi_rounded_offset)
+          : nullptr;
   auto* next_unit = reinterpret_cast<unsigned long long*>(
-      static_cast<char*>(workspace) + plan.workspace.counter_offset);
+      base + plan.workspace.counter_offset);
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
     err = plan.tile_logits == 144
-              ? LaunchTiles<T, 144>(s, tokens, x, phi, gamma, partial,
+              ? LaunchTiles<T, 144>(s, tokens, x, phi, gamma, rounded, partial,
                                     next_unit, stream)
-              : LaunchTiles<T, 96>(s, tokens, x, phi, gamma, partial, next_unit,
-                                   stream);
+              : LaunchTiles<T, 96>(s, tokens, x, phi, gamma, rounded, partial,
+                                   next_unit, stream);
   });
-  const std::string shape = ShapeString(spec, tokens, dtype);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward wgmma_tf32_wide", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward wgmma_tf32_wide", shape);
   return absl::OkStatus();
