@@ -192,9 +192,8 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // which it measured slower (docs/decisions.md). Sized whatever the
   // alignment, which picks mma_wide instead for rows off 16 bytes, so that
   // the workspace depends on the layer and M alone.
-  const int wide_groups =
-      (l.N + proj::WgmmaWideTileLogits(l.N) - 1) /
-      proj::WgmmaWideTileLogits(l.N);
+  const int wide_groups = (l.N + proj::WgmmaWideTileLogits(l.N) - 1) /
+                          proj::WgmmaWideTileLogits(l.N);
   if (!l.ieee && l.N > 2 * proj::kLogitGroup &&
       !(l.bf16 && l.N <= proj::kBf16WideLogits) && l.tokens > 0 &&
       (wide_groups == 1 || l.tokens >= kRoundPhiOnceTokens)) {

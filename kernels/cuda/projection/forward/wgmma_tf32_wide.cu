@@ -100,10 +100,9 @@ __device__ __forceinline__ void StagedX16(const T* xs, int r, int k0,
 
 // Four elements of phi' = phi * gamma rounded to tf32.
 __device__ __forceinline__ float4 RoundPhiTf32(float4 p, float4 g) {
-  return make_float4(RoundTf32Bits(__fmul_rn(p.x, g.x)),
-                     RoundTf32Bits(__fmul_rn(p.y, g.y)),
-                     RoundTf32Bits(__fmul_rn(p.z, g.z)),
-                     RoundTf32Bits(__fmul_rn(p.w, g.w)));
+  return make_float4(
+      RoundTf32Bits(__fmul_rn(p.x, g.x)), RoundTf32Bits(__fmul_rn(p.y, g.y)),
+      RoundTf32Bits(__fmul_rn(p.z, g.z)), RoundTf32Bits(__fmul_rn(p.w, g.w)));
 }
 
 // phi' = phi * gamma rounded to tf32, as phi's [N][K] rows (K % 4 == 0:
@@ -119,10 +118,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int64_t q = int64_t{blockIdx.x} * kMmaThreads + threadIdx.x; q < vectors;
        q += int64_t{gridDim.x} * kMmaThreads) {
     const float4 p = reinterpret_cast<const float4*>(phi)[q];
-    const float4 g =
-        gamma != nullptr
-            ? *reinterpret_cast<const float4*>(gamma + q * 4 % s.K)
-            : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    const float4 g = gamma != nullptr
+                         ? *reinterpret_cast<const float4*>(gamma + q * 4 % s.K)
+                         : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     reinterpret_cast<float4*>(rounded)[q] = RoundPhiTf32(p, g);
   }
 }
