@@ -109,11 +109,6 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
       // groups of 96 logits, 144-logit units with a last tile of one token.
       {12, 336, 137, DType::kF16, MatmulPrecision::kTf32, false, false},
       {9, 1024, 129, DType::kBF16, MatmulPrecision::kTf32, false, false},
-      // From M = 8192 their two logit groups take phi' rounded once per
-      // launch, the M - 60 and one-token runs below it rounded per unit: the
-      // batch checks hold the two forms to the same bits.
-      {12, 64, 8200, DType::kF16, MatmulPrecision::kTf32, true, false},
-      {16, 40, 8200, DType::kBF16, MatmulPrecision::kTf32, true, false},
       // The 80-logit bf16 tiles (n = 7, 8;
       // projection/forward/wgmma_bf16_wide.cu): gamma and none, a partial last
       // stage (C = 1029), IEEE, 63 logits, more units (144 at n = 8, C = 4096,
@@ -190,6 +185,54 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     EXPECT_EQ(std::memcmp(full_ms.data() + first * 4, alone_ms.data(), 4), 0)
         << "mean square of a token alone differs from the batch";
   }
+}
+
+// The wide TF32 units of two logit groups take phi' rounded once per launch
+// from a wave of units (264) and round it per unit below: n = 12 at C = 17000
+// (16 K chunks x 2 groups) and M = 1100 (9 tiles, 288 units) against 1024
+// tokens of it (256 units) and a token alone, bit for bit. No float64
+// reference at this size (minutes on the CPU): the per-unit form is held to
+// it above.
+TEST(CudaProjectionTilesTest, WideRoundedOnceMatchesPerUnitBits) {
+  MHC_SKIP_WITHOUT_GPU();
+  const LayerSpec spec =
+      CaseLayer(12, 17000, MatmulPrecision::kTf32, true, false);
+  constexpr DType kDt = DType::kBF16;
+  const int64_t M = 1100, K = spec.K(), N = spec.NumLogits();
+  Harness h;
+  ProjectionInputs in = MakeInputs(h, spec, kDt, M);
+  // h and the mean square of tokens [first, first + tokens), run alone.
+  auto run = [&](int64_t first, int64_t tokens) {
+    Pair hh = h.Output(tokens * N * 4);
+    Pair ms = h.Output(tokens * 4);
+    ProjectionForwardParams p;
+    SetInputs(p, spec, tokens, kDt, in, 1);
+    p.x = static_cast<const char*>(in.x.dev) + first * K * DTypeSize(kDt);
+    p.h = hh.f(1);
+    p.mean_square = ms.f(1);
+    Workspace ws = h.Scratch(1, OpKind::kProjectionForward, spec, tokens, kDt);
+    EXPECT_TRUE(h.cuda().ProjectionForward(p, ws).ok());
+    EXPECT_TRUE(h.cuda().Synchronize().ok());
+    std::vector<uint8_t> out = h.Fetch(hh);
+    const std::vector<uint8_t> m = h.Fetch(ms);
+    out.insert(out.end(), m.begin(), m.end());
+    return out;
+  };
+  const std::vector<uint8_t> full = run(0, M), part = run(40, 1024),
+                             one = run(77, 1);
+  for (int64_t m = 40; m < 40 + 1024; ++m) {
+    ASSERT_EQ(std::memcmp(full.data() + m * N * 4,
+                          part.data() + (m - 40) * N * 4, N * 4),
+              0)
+        << "h of token " << m;
+    ASSERT_EQ(std::memcmp(full.data() + (M * N + m) * 4,
+                          part.data() + (1024 * N + m - 40) * 4, 4),
+              0)
+        << "mean square of token " << m;
+  }
+  EXPECT_EQ(std::memcmp(full.data() + 77 * N * 4, one.data(), N * 4), 0);
+  EXPECT_EQ(std::memcmp(full.data() + (M * N + 77) * 4, one.data() + N * 4, 4),
+            0);
 }
 
 // The bf16 warpgroup-mma units take x rows on 16 bytes by tensor copies

@@ -298,17 +298,26 @@ TEST(ProjectionPlan, ForwardWorkspace) {
             0u);
   // TF32 layers past two logit groups round phi' once into [N][K] floats
   // (n = 16, C = 256: 288 x 4096), after the partials: at one logit group
-  // (fp32 n = 8) at every M, at two (n = 16) from M = 8192; the bf16 wide
-  // unit's layers (N <= 80) and IEEE do not, nor does M = 0.
+  // (fp32 n = 8) at every M, at two (n = 16: one K chunk here) from 264
+  // units (132 tiles of 128 tokens x 2 groups); the bf16 wide unit's layers
+  // (N <= 80) and IEEE do not, nor does M = 0.
   const ProjectionForwardPlan wide =
-      PlanProjectionForward(Layer(16, 256), DType::kBF16, 8192, {});
+      PlanProjectionForward(Layer(16, 256), DType::kBF16, 132 * 128, {});
   EXPECT_EQ(wide.workspace.phi_split, 0u);
   EXPECT_EQ(wide.workspace.phi_rounded, size_t{4} * 288 * 4096);
   EXPECT_EQ(wide.workspace.phi_rounded_offset, wide.workspace.partials);
   EXPECT_EQ(wide.workspace.counter_offset,
             wide.workspace.phi_rounded_offset + wide.workspace.phi_rounded);
   EXPECT_EQ(wide.workspace.total, wide.workspace.counter_offset + 256);
-  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 8191, {})
+  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 131 * 128, {})
+                .workspace.phi_rounded,
+            0u);
+  // n = 12, C = 17000: 16 K chunks x 2 groups, so 9 tiles reach 264 units
+  // and 8 do not.
+  EXPECT_GT(PlanProjectionForward(Layer(12, 17000), DType::kBF16, 1025, {})
+                .workspace.phi_rounded,
+            0u);
+  EXPECT_EQ(PlanProjectionForward(Layer(12, 17000), DType::kBF16, 1024, {})
                 .workspace.phi_rounded,
             0u);
   EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kF32, 1, {})
@@ -317,9 +326,10 @@ TEST(ProjectionPlan, ForwardWorkspace) {
   EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kBF16, 4096, {})
                 .workspace.phi_rounded,
             0u);
-  EXPECT_EQ(PlanProjectionForward(Layer(16, 256, kIeee), DType::kBF16, 8192, {})
-                .workspace.phi_rounded,
-            0u);
+  EXPECT_EQ(
+      PlanProjectionForward(Layer(16, 256, kIeee), DType::kBF16, 132 * 128, {})
+          .workspace.phi_rounded,
+      0u);
   EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 0, {})
                 .workspace.phi_rounded,
             0u);

@@ -25,6 +25,7 @@ inline constexpr int64_t kTunedSms = 132;
 // ---- Forward (forward/mma.cuh and the kernels that share its partials).
 
 inline constexpr int kMmaBk = 64;           // k per pipeline stage
+inline constexpr int kMmaTileTokens = 128;  // tokens per partial tile
 inline constexpr int kLogitGroup = 24;      // logits of one mma.sync unit
 inline constexpr int kBf16WideLogits = 80;  // logits of the bf16 wide unit
 // Words of phi' split into bf16 terms per kMmaBk stage: hi + mid, and lo

@@ -141,7 +141,7 @@ const std::vector<ForwardRule>& ForwardRules() {
         "kernels/cuda/projection/forward/wgmma_tf32_wide.cu",
         "128 tokens x 96 or 144 logits on `wgmma`, `x` converted to TF32 in a "
         "swizzled tile; `phi'` rounded to TF32 once per launch at one logit "
-        "group or from M = 8192, else by each unit in place",
+        "group or from 264 units (a wave), else by each unit in place",
         Example(8, 256, DType::kF32)},
        [](const ForwardCase& c) {
          return c.l.N > 2 * proj::kLogitGroup && !c.l.ieee && c.vector_rows;
@@ -167,9 +167,10 @@ const std::vector<ForwardRule>& ForwardRules() {
   return *rules;
 }
 
-// From this M the wide TF32 units of several logit groups take phi' rounded
-// once per launch.
-constexpr int64_t kRoundPhiOnceTokens = 8192;
+// From this many units (token tiles x K chunks x logit groups: a wave of
+// their two CTAs per SM) the wide TF32 units of several logit groups take
+// phi' rounded once per launch.
+constexpr int64_t kRoundPhiOnceUnits = 2 * proj::kTunedSms;
 
 ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   ProjectionForwardWorkspaceLayout w;
@@ -188,15 +189,19 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // TF32 layers past two logit groups that the bf16 wide unit does not take
   // round phi' once per launch for the wgmma_tf32_wide units, which else
   // round each stage of it in shared memory, once per unit: at one logit
-  // group (n = 7, 8) at every M, at more only from kRoundPhiOnceTokens, below
-  // which it measured slower (docs/decisions.md). Sized whatever the
-  // alignment, which picks mma_wide instead for rows off 16 bytes, so that
-  // the workspace depends on the layer and M alone.
+  // group (n = 7-10) at every M, at more from kRoundPhiOnceUnits units;
+  // below that the units leave SMs idle and rounding once measured slower
+  // (docs/decisions.md). Sized whatever the alignment, which picks mma_wide
+  // instead for rows off 16 bytes, so that the workspace depends on the
+  // layer and M alone.
   const int wide_groups = (l.N + proj::WgmmaWideTileLogits(l.N) - 1) /
                           proj::WgmmaWideTileLogits(l.N);
+  const int64_t wide_units = (l.tokens + proj::kMmaTileTokens - 1) /
+                             proj::kMmaTileTokens *
+                             proj::PlanChunks(l.K, l.N).chunks * wide_groups;
   if (!l.ieee && l.N > 2 * proj::kLogitGroup &&
       !(l.bf16 && l.N <= proj::kBf16WideLogits) && l.tokens > 0 &&
-      (wide_groups == 1 || l.tokens >= kRoundPhiOnceTokens)) {
+      (wide_groups == 1 || wide_units >= kRoundPhiOnceUnits)) {
     w.phi_rounded = AlignBytes(sizeof(float) * l.N * l.K);
   }
   w.phi_split_offset = w.partials;

@@ -32,7 +32,7 @@
 
 namespace mhc::cuda {
 
-inline constexpr int kMmaTokens = 128;   // tokens per unit
+inline constexpr int kMmaTokens = proj::kMmaTileTokens;  // tokens per unit
 inline constexpr int kMmaThreads = 256;  // fixed: the reduction trees use it
 inline constexpr int kMmaBk = 64;        // k per pipeline stage
 inline constexpr int kMmaCols = 32;      // logits per tile
