@@ -189,7 +189,7 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // TF32 layers past two logit groups that the bf16 wide unit does not take
   // round phi' once per launch for the wgmma_tf32_wide units, which else
   // round each stage of it in shared memory, once per unit: at one logit
-  // group (n = 7-10) at every M, at more from kRoundPhiOnceUnits units;
+  // group (n = 7-11) at every M, at more from kRoundPhiOnceUnits units;
   // below that the units leave SMs idle and rounding once measured slower
   // (docs/decisions.md). Sized whatever the alignment, which picks mma_wide
   // instead for rows off 16 bytes, so that the workspace depends on the
