@@ -175,8 +175,8 @@ constexpr int64_t kRoundPhiOnceUnits = 2 * proj::kTunedSms;
 ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   ProjectionForwardWorkspaceLayout w;
   if (!l.spec.dynamic) return w;
-  w.partials = AlignBytes(sizeof(float) * l.tokens *
-                          proj::PlanChunks(l.K, l.N).chunks * (l.N + 1));
+  const int chunks = proj::PlanChunks(l.K, l.N).chunks;
+  w.partials = AlignBytes(sizeof(float) * l.tokens * chunks * (l.N + 1));
   // bf16 layers of one group split phi' (96 B per k, 144 under IEEE) once
   // per launch at every batch: split per tile, each stage waited on its own
   // phi fetch, a fixed cost per unit that small batches could not hide.
@@ -194,11 +194,10 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // (docs/decisions.md). Sized whatever the alignment, which picks mma_wide
   // instead for rows off 16 bytes, so that the workspace depends on the
   // layer and M alone.
-  const int wide_groups = (l.N + proj::WgmmaWideTileLogits(l.N) - 1) /
-                          proj::WgmmaWideTileLogits(l.N);
+  const int wide_tile = proj::WgmmaWideTileLogits(l.N);
+  const int wide_groups = (l.N + wide_tile - 1) / wide_tile;
   const int64_t wide_units = (l.tokens + proj::kMmaTileTokens - 1) /
-                             proj::kMmaTileTokens *
-                             proj::PlanChunks(l.K, l.N).chunks * wide_groups;
+                             proj::kMmaTileTokens * chunks * wide_groups;
   if (!l.ieee && l.N > 2 * proj::kLogitGroup &&
       !(l.bf16 && l.N <= proj::kBf16WideLogits) && l.tokens > 0 &&
       (wide_groups == 1 || wide_units >= kRoundPhiOnceUnits)) {
