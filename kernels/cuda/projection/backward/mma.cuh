@@ -38,9 +38,11 @@
 // order within the chunk, reduced over chunks in order by
 // LaunchPhiGradReduce. No atomics.
 //
-// This header holds the kernel; mma_launch.cuh its launch, which mma_bf16
-// / _f16 / _f32.cu build once per activation dtype, so the three builds
-// (the largest of the library) compile in parallel.
+// This header holds the kernel; mma_stage.cuh its per-stage steps that
+// take their operands as arguments, mma_tiles.cuh / mma_run_maps.cuh its
+// tile geometry and copies; mma_launch.cuh its launch, which mma_bf16 /
+// _f16 / _f32.cu build once per activation dtype, so the three builds (the
+// largest of the library) compile in parallel.
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_MMA_CUH_
 
@@ -54,6 +56,7 @@
 #include "primitives/tma.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/backward/mma_run_maps.cuh"
+#include "projection/backward/mma_stage.cuh"
 #include "projection/backward/mma_tiles.cuh"
 #include "projection/backward/ms_term.cuh"
 #include "projection/forward/mma.cuh"
@@ -104,12 +107,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto tile_at = [](int row, int j) { return TileOffset<kTma, RS>(row, j); };
   constexpr int kVecElems = 16 / sizeof(T);
   constexpr int kStages = proj::DxStages(kSummedTerms, kRunMaps);
-  constexpr bool kSplitX = kIeee && sizeof(T) == 4;
-  constexpr int kDhAFloats = DhAFloats(NT), kDhBFloats = DhBFloats(NT);
-  // dphi tiles per pass over the staged x fragments: all of them up to 24
-  // logits, in fresh registers either way.
-  constexpr int kAccTiles = NT <= 3 ? NT : kDphiGroupTiles;
-  static_assert(NT % kAccTiles == 0, "passes cover the tiles");
+  constexpr int kDhAFloats = DhAFloats(NT);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -285,31 +283,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   auto rows_of = [&](int st) {
     return min(chunk_tokens - st * kStageTokens, kStageTokens);
   };
-  // A stage's run of `width` floats per token (dh, dms, H_pre, R rows): the
-  // rows of its tokens, zero past them; thread `first` takes the first copy.
   auto load_run = [&](float* dst, const float* base, int width, int64_t m0,
                       int rows, int first) {
-    const float* src = base + m0 * width;
-    const int total = kStageTokens * width;  // a multiple of 4
-    const int valid = rows * width;
-    const int run_tid = (tid - first) & (kThreads - 1);
-    if (a.runs16) {
-      for (int v = 4 * run_tid; v < total; v += 4 * kThreads) {
-        const int left = valid - v;
-        if (left >= 4 || left <= 0) {
-          CpAsync<16>(dst + v, left > 0 ? src + v : base, left > 0);
-        } else {
-          // The tensor may end inside this vector: no read past it.
-          for (int e = 0; e < 4; ++e) {
-            CpAsync<4>(dst + v + e, e < left ? src + v + e : base, e < left);
-          }
-        }
-      }
-    } else {
-      for (int v = run_tid; v < total; v += kThreads) {
-        CpAsync<4>(dst + v, v < valid ? src + v : base, v < valid);
-      }
-    }
+    LoadStageRun(dst, base, width, m0, rows, tid, first, a.runs16);
   };
   // The terms' tensors as the TermsTag has them (stage_dx below).
   auto load_stage = [&](int st, auto terms_tag) {
@@ -499,109 +475,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
     for (int e = 0; e < 4; ++e) dphi[nt][e] = 0.0f;
   }
 
-  // Rounds the landed dh of stage buffer `buf` into the fragments of dh_a /
-  // dh_b (zero past N up to the tiles' width), one fragment per thread.
-  auto convert_dh = [&](int buf) {
-    const float* raw = dh_raw + buf * kStageTokens * num_logits;
-    auto at = [&](int t, int g) {
-      return g < num_logits ? raw[t * num_logits + g] : 0.0f;
-    };
-    auto put = [&](float* dst, int floats, int f, const auto& v) {
-      constexpr int V = sizeof(v) / sizeof(float);
-      float hi[V];
-      [[maybe_unused]] float lo[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        uint32_t h, l;
-        SplitTf32<kIeee>(v[e], h, l);
-        hi[e] = __uint_as_float(h);
-        if constexpr (kIeee) lo[e] = __uint_as_float(l);
-      }
-      StoreVec<float, V>(dst + f * V, hi);
-      if constexpr (kIeee) StoreVec<float, V>(dst + floats + f * V, lo);
-    };
-    constexpr int kAFrags = kDhAFloats / 4, kBFrags = kDhBFloats / 2;
-    // The A fragments feed dx alone.
-#pragma unroll
-    for (int f0 = 0; f0 < kAFrags; f0 += kThreads) {
-      const int f = f0 + tid;
-      if (f >= kAFrags || a.skip_dx) break;
-      const int fl = f & 31, tile = f >> 5;  // tile = NT mt + kt
-      const int t = tile / NT * 16 + (fl >> 2);
-      const int g = tile % NT * 8 + (fl & 3);
-      const float v[4] = {at(t, g), at(t + 8, g), at(t, g + 4),
-                          at(t + 8, g + 4)};
-      put(dh_a, kDhAFloats, f, v);
-    }
-    // The B fragments feed dphi alone.
-    const int b_tid = (tid - FirstThread::kDhB) & (kThreads - 1);
-#pragma unroll
-    for (int f0 = 0; f0 < kBFrags; f0 += kThreads) {
-      const int f = f0 + b_tid;
-      if (f >= kBFrags || !want_dphi) break;
-      const int fl = f & 31, tile = f >> 5;  // tile = NT (2 half + step) + nt
-      const int t = tile / NT * 8 + 2 * (fl & 3);
-      const int g = tile % NT * 8 + (fl >> 2);
-      const float v[2] = {at(t, g), at(t + 1, g)};
-      put(dh_b, kDhBFloats, f, v);
-    }
-  };
-
-  // dphi^T += x^T dh over one stage, the logit tiles in passes of kAccTiles
-  // (one pass up to 24 logits); the first pass loads the x fragments of each
-  // 16-token half just before its products, later passes reuse them.
-  auto stage_dphi = [&](const T* xt) {
-    // A fragments per 16-token half and k step: [half][step][slot].
-    uint32_t xa[2][2][4];
-    [[maybe_unused]] uint32_t xl[2][2][4];
-    auto load_x = [&](int half) {
-      if constexpr (kTma) {
-        const int mat = lane >> 3;
-        LoadXTransposedAt(
-            xt + tile_at((mat >> 1) * 8 + (lane & 7), j0 + (mat & 1) * 8) +
-                half * 16 * kRowElems,
-            xa[half]);
-      } else {
-        LoadXTransposed<kSplitX>(lane, xt, RS, half * 16, j0, xa[half],
-                                 xl[half]);
-      }
-    };
-#pragma unroll
-    for (int t0 = 0; t0 < NT; t0 += kAccTiles) {
-      float acc[kAccTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < kAccTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-      }
-#pragma unroll
-      for (int half = 0; half < kStageTokens / 16; ++half) {
-        if (t0 == 0) load_x(half);
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          // Tokens 2 quad and 2 quad + 1 of this k step, logit 8 nt + grp.
-          const float* d = dh_b + ((half * 2 + step) * NT + t0) * 64 + 2 * lane;
-#pragma unroll
-          for (int nt = 0; nt < kAccTiles; ++nt) {
-            const float2 b = *reinterpret_cast<const float2*>(d + 64 * nt);
-            Mma1688(acc[nt], xa[half][step], b.x, b.y);
-            if constexpr (kIeee) {
-              const float2 bl =
-                  *reinterpret_cast<const float2*>(d + kDhBFloats + 64 * nt);
-              Mma1688(acc[nt], xa[half][step], bl.x, bl.y);
-            }
-            if constexpr (kSplitX) Mma1688(acc[nt], xl[half][step], b.x, b.y);
-          }
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < kAccTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dphi[t0 + nt][e] += acc[nt][e];
-      }
-    }
-  };
-
   // dx for the stage's tokens and this warp's columns, stored to global
   // (out: this lane's first store row of the stage, which the summed build's
   // caller steps and the others work out here). Rows past the stage's tokens
@@ -705,26 +578,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
                                        Terms::Residual(residual), terms, dt, nt,
                                        out);
             } else if constexpr (kTermsN < 0) {
-              const int j = j0 + 8 * nt + 2 * quad;
               const int row = lane_row + dt;
-              const T* dxn_row = dxns + row * RS;
-              const T* dy_row = dys + row * plan.dy_row;
-              const float* hp_row = hps + row * n;
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const Column col = ColumnOf(s, log_n, c0, j + e);
-                float acc = hp_row[col.stream] * ToFloat(dy_row[col.chan]);
-                if (residual) {
-                  const float* r_row = rs + (row * n + col.stream) * n;
-                  for (int i = 0; i < n; ++i) {
-                    acc = fmaf(
-                        r_row[i],
-                        ToFloat(dxn_row[TileColumn(s, log_n, i, col.chan)]),
-                        acc);
-                  }
-                }
-                out[e] += acc;
-              }
+              AddGenericTerms(s, log_n, c0, j0 + 8 * nt + 2 * quad,
+                              dxns + row * RS, dys + row * plan.dy_row,
+                              hps + row * n, rs + row * n * n, residual, out);
             }
             d[mt][nt][2 * h] = out[0];
             d[mt][nt][2 * h + 1] = out[1];
@@ -813,7 +670,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
         CpAsyncCommit();
       }
       const int buf = st % kStages;
-      convert_dh(buf);
+      ConvertDhFragments<NT, kIeee>(dh_raw + buf * kStageTokens * num_logits,
+                                    num_logits, dh_a, dh_b, tid, !a.skip_dx,
+                                    want_dphi);
       if constexpr (kRunMaps) {
         SumLandedTerms(terms_landing, sum_row, sum_c, landed(buf, 1),
                        landed(buf, 2), hps + buf * kStageTokens * 4,
@@ -840,7 +699,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
       } else {
         __syncthreads();
       }
-      if (want_dphi) stage_dphi(x_tile(buf));
+      if (want_dphi) {
+        StageDphiProducts<T, NT, kIeee, kTma, RS>(x_tile(buf), dh_b, lane, j0,
+                                                  dphi);
+      }
       if (!a.skip_dx) {
         stage_dx(buf, first_token(st), rows_of(st), dx_stage, any_scaled,
                  terms_tag);
@@ -890,22 +752,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 3 ? 2 : 1)
   }
   CpAsyncWait<0>();
   if (!want_dphi) return;
-  // dphi^T fragment: rows (columns of K) j0 + grp (+8), logits 8 nt + 2 quad
-  // (+1).
-  float* partial = a.dphi_partial + blockIdx.y * s.N * s.K;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const Column col = ColumnOf(s, log_n, c0, j0 + grp + 8 * h);
-    if (col.k < 0) continue;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int g = 8 * nt + 2 * quad + e;
-        if (g < s.N) partial[g * s.K + col.k] = dphi[nt][2 * h + e];
-      }
-    }
-  }
+  StoreDphiPartial(s, log_n, c0, j0, lane, dphi,
+                   a.dphi_partial + blockIdx.y * s.N * s.K);
 }
 
 }  // namespace mhc::cuda::dx_mma
