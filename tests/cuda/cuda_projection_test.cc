@@ -11,6 +11,7 @@
 #include "cuda/cuda_cases.h"
 #include "cuda/cuda_harness.h"
 #include "gtest/gtest.h"
+#include "projection/plan.h"
 
 namespace mhc::testing {
 namespace {
@@ -188,17 +189,25 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
 }
 
 // The wide TF32 units of two logit groups take phi' rounded once per launch
-// from a wave of units (264) and round it per unit below: n = 12 at C = 17000
-// (16 K chunks x 2 groups) and M = 1100 (9 tiles, 288 units) against 1024
-// tokens of it (256 units) and a token alone, bit for bit. No float64
+// from a wave of units (264) where the rounded rows fit the forward
+// scratch's share, and round it per unit below: n = 12 at C = 3000, fp32 (3
+// K chunks x 2 groups) and M = 5600 (44 tiles, 264 units) against 1024
+// tokens of it (48 units) and a token alone, bit for bit. No float64
 // reference at this size (minutes on the CPU): the per-unit form is held to
 // it above.
 TEST(CudaProjectionTilesTest, WideRoundedOnceMatchesPerUnitBits) {
   MHC_SKIP_WITHOUT_GPU();
   const LayerSpec spec =
-      CaseLayer(12, 17000, MatmulPrecision::kTf32, true, false);
-  constexpr DType kDt = DType::kBF16;
-  const int64_t M = 1100, K = spec.K(), N = spec.NumLogits();
+      CaseLayer(12, 3000, MatmulPrecision::kTf32, true, false);
+  constexpr DType kDt = DType::kF32;
+  const int64_t M = 5600, K = spec.K(), N = spec.NumLogits();
+  // The two forms this compares: rounded once for the batch, per unit for
+  // the part of it.
+  ASSERT_GT(cuda::PlanProjectionForward(spec, kDt, M, {}).workspace.phi_rounded,
+            0u);
+  ASSERT_EQ(
+      cuda::PlanProjectionForward(spec, kDt, 1024, {}).workspace.phi_rounded,
+      0u);
   Harness h;
   ProjectionInputs in = MakeInputs(h, spec, kDt, M);
   // h and the mean square of tokens [first, first + tokens), run alone.

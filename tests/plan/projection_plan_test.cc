@@ -296,43 +296,38 @@ TEST(ProjectionPlan, ForwardWorkspace) {
   EXPECT_EQ(PlanProjectionForward(static_layer, DType::kBF16, 4096, {})
                 .workspace.total,
             0u);
-  // TF32 layers past two logit groups round phi' once into [N][K] floats
-  // (n = 16, C = 256: 288 x 4096), after the partials: at one logit group
-  // (fp32 n = 8) at every M, at two (n = 16: one K chunk here) from 264
-  // units (132 tiles of 128 tokens x 2 groups); the bf16 wide unit's layers
-  // (N <= 80) and IEEE do not, nor does M = 0.
-  const ProjectionForwardPlan wide =
-      PlanProjectionForward(Layer(16, 256), DType::kBF16, 132 * 128, {});
-  EXPECT_EQ(wide.workspace.phi_split, 0u);
-  EXPECT_EQ(wide.workspace.phi_rounded, size_t{4} * 288 * 4096);
-  EXPECT_EQ(wide.workspace.phi_rounded_offset, wide.workspace.partials);
-  EXPECT_EQ(wide.workspace.counter_offset,
-            wide.workspace.phi_rounded_offset + wide.workspace.phi_rounded);
-  EXPECT_EQ(wide.workspace.total, wide.workspace.counter_offset + 256);
-  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 131 * 128, {})
-                .workspace.phi_rounded,
-            0u);
-  // n = 12, C = 17000: 16 K chunks x 2 groups, so 9 tiles reach 264 units
-  // and 8 do not.
-  EXPECT_GT(PlanProjectionForward(Layer(12, 17000), DType::kBF16, 1025, {})
-                .workspace.phi_rounded,
-            0u);
-  EXPECT_EQ(PlanProjectionForward(Layer(12, 17000), DType::kBF16, 1024, {})
-                .workspace.phi_rounded,
-            0u);
-  EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kF32, 1, {})
-                .workspace.phi_rounded,
-            size_t{4} * 80 * 2048);
-  EXPECT_EQ(PlanProjectionForward(Layer(8, 256), DType::kBF16, 4096, {})
-                .workspace.phi_rounded,
-            0u);
+  // TF32 layers past two logit groups round phi' once into [N][K] floats,
+  // after the partials: at one logit group (fp32 n = 8) at every M, at two
+  // from 264 units (token tiles of 128 x K chunks x 2 groups), and either
+  // way only where the rounded rows keep the forward scratch within its
+  // share of x (large M); the bf16 wide unit's layers (N <= 80) and IEEE
+  // do not, nor does M = 0. n = 16, C = 2048, fp32: 2 K chunks, so 66
+  // tiles reach 264 units (the share already fits); C = 4096: 3 chunks,
+  // 264 units from 44 tiles, the share from M = 5974.
+  auto rounded = [](int n, int64_t C, DType dtype, int64_t M) {
+    return PlanProjectionForward(Layer(n, C), dtype, M, {}).workspace;
+  };
+  const ProjectionForwardWorkspaceLayout wide =
+      rounded(16, 2048, DType::kF32, 8321);
+  EXPECT_EQ(wide.phi_split, 0u);
+  EXPECT_EQ(wide.phi_rounded, size_t{4} * 288 * 32768);
+  EXPECT_EQ(wide.phi_rounded_offset, wide.partials);
+  EXPECT_EQ(wide.counter_offset, wide.phi_rounded_offset + wide.phi_rounded);
+  EXPECT_EQ(wide.total, wide.counter_offset + 256);
+  EXPECT_EQ(rounded(16, 2048, DType::kF32, 8320).phi_rounded, 0u);
+  EXPECT_GT(rounded(16, 4096, DType::kF32, 5974).phi_rounded, 0u);
+  EXPECT_EQ(rounded(16, 4096, DType::kF32, 5973).phi_rounded, 0u);
+  // One group: the share alone (n = 8, C = 4096, fp32: from M = 2624).
+  EXPECT_EQ(rounded(8, 4096, DType::kF32, 2624).phi_rounded,
+            size_t{4} * 80 * 32768);
+  EXPECT_EQ(rounded(8, 4096, DType::kF32, 2623).phi_rounded, 0u);
+  EXPECT_EQ(rounded(8, 256, DType::kF32, 1 << 20).phi_rounded, 0u);
+  EXPECT_EQ(rounded(8, 4096, DType::kBF16, 32768).phi_rounded, 0u);
   EXPECT_EQ(
-      PlanProjectionForward(Layer(16, 256, kIeee), DType::kBF16, 132 * 128, {})
+      PlanProjectionForward(Layer(16, 2048, kIeee), DType::kF32, 32768, {})
           .workspace.phi_rounded,
       0u);
-  EXPECT_EQ(PlanProjectionForward(Layer(16, 256), DType::kBF16, 0, {})
-                .workspace.phi_rounded,
-            0u);
+  EXPECT_EQ(rounded(16, 2048, DType::kF32, 0).phi_rounded, 0u);
 }
 
 struct BackwardCase {

@@ -141,7 +141,8 @@ const std::vector<ForwardRule>& ForwardRules() {
         "kernels/cuda/projection/forward/wgmma_tf32_wide.cu",
         "128 tokens x 96 or 144 logits on `wgmma`, `x` converted to TF32 in a "
         "swizzled tile; `phi'` rounded to TF32 once per launch at one logit "
-        "group or from 264 units (a wave), else by each unit in place",
+        "group or from 264 units (a wave) where the rounded rows fit the "
+        "forward scratch's share of `x` (large M), else by each unit in place",
         Example(8, 256, DType::kF32)},
        [](const ForwardCase& c) {
          return c.l.N > 2 * proj::kLogitGroup && !c.l.ieee && c.vector_rows;
@@ -172,6 +173,25 @@ const std::vector<ForwardRule>& ForwardRules() {
 // phi' rounded once per launch.
 constexpr int64_t kRoundPhiOnceUnits = 2 * proj::kTunedSms;
 
+// The forward's scratch contract: at most this share of the bytes a request
+// reads and writes, which x alone bounds from below; from n = 10 the pre
+// forward keeps more per-token values beside the partials.
+double ForwardScratchShare(int n) { return n <= 9 ? 0.05 : 0.07; }
+
+// Whether `bytes` more keep the forward scratch of `partials` within its
+// share of x: the pre forward's kept per-token values (H_pre, and for the
+// mixing run as ops h, the mean square and the H_res logits) counted too,
+// so that both the projection and the pre forward stay inside.
+bool FitsForwardShare(const Launch& l, size_t partials, size_t bytes) {
+  const int64_t n = l.spec.n;
+  // Four slices, each aligned up to 256 bytes.
+  const double kept = 4.0 * l.tokens * (n + l.N + 1 + n * n) + 4 * 256.0;
+  const double x = static_cast<double>(l.tokens) * l.K * l.esize;
+  return static_cast<double>(partials + bytes) + kept +
+             proj::kUnitCounterBytes <=
+         ForwardScratchShare(l.spec.n) * x;
+}
+
 ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   ProjectionForwardWorkspaceLayout w;
   if (!l.spec.dynamic) return w;
@@ -191,17 +211,20 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // round each stage of it in shared memory, once per unit: at one logit
   // group (n = 7-11) at every M, at more from kRoundPhiOnceUnits units;
   // below that the units leave SMs idle and rounding once measured slower
-  // (docs/decisions.md). Sized whatever the alignment, which picks mma_wide
-  // instead for rows off 16 bytes, so that the workspace depends on the
-  // layer and M alone.
+  // (docs/decisions.md). The rounded rows are parameter-sized, so they are
+  // taken only where they fit the forward scratch's share (large M). Sized
+  // whatever the alignment, which picks mma_wide instead for rows off 16
+  // bytes, so that the workspace depends on the layer and M alone.
   const int wide_tile = proj::WgmmaWideTileLogits(l.N);
   const int wide_groups = (l.N + wide_tile - 1) / wide_tile;
   const int64_t wide_units = (l.tokens + proj::kMmaTileTokens - 1) /
                              proj::kMmaTileTokens * chunks * wide_groups;
+  const size_t rounded = AlignBytes(sizeof(float) * l.N * l.K);
   if (!l.ieee && l.N > 2 * proj::kLogitGroup &&
       !(l.bf16 && l.N <= proj::kBf16WideLogits) && l.tokens > 0 &&
-      (wide_groups == 1 || wide_units >= kRoundPhiOnceUnits)) {
-    w.phi_rounded = AlignBytes(sizeof(float) * l.N * l.K);
+      (wide_groups == 1 || wide_units >= kRoundPhiOnceUnits) &&
+      FitsForwardShare(l, w.partials + w.phi_split, rounded)) {
+    w.phi_rounded = rounded;
   }
   w.phi_split_offset = w.partials;
   w.phi_rounded_offset = w.phi_split_offset + w.phi_split;
