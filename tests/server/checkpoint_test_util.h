@@ -1,0 +1,123 @@
+// Helpers of the checkpoint tests (checkpoint_test.cc,
+// checkpoint_optimizer_test.cc): a --state_dir that outlives one test's
+// daemons, raw file access for forging variants, everything a client can
+// observe of the daemon's layers, and the save / load calls.
+#ifndef MHC_TESTS_SERVER_CHECKPOINT_TEST_UTIL_H_
+#define MHC_TESTS_SERVER_CHECKPOINT_TEST_UTIL_H_
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server_test_util.h"
+
+namespace mhc::testing {
+
+// A directory for --state_dir that outlives the daemons of one test.
+class StateDir {
+ public:
+  StateDir() {
+    char dir[] = "/tmp/mhcd-state-XXXXXX";
+    path_ = mkdtemp(dir) != nullptr ? dir : "";
+  }
+  ~StateDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+  std::string Flag() const { return "--state_dir=" + path_; }
+  std::string File(const std::string& name) const {
+    return path_ + "/" + name + ".safetensors";
+  }
+
+ private:
+  std::string path_;
+};
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// Parameters as name -> (shape, raw bytes): equal means bitwise equal.
+using RawTensors =
+    std::map<std::string, std::pair<std::vector<int64_t>, std::string>>;
+
+inline RawTensors Raw(const v1::Parameters& parameters) {
+  RawTensors raw;
+  for (const auto& [name, ref] : parameters.tensors()) {
+    raw[name] = {std::vector<int64_t>(ref.shape().begin(), ref.shape().end()),
+                 ref.inline_data()};
+  }
+  return raw;
+}
+
+// Everything a client can observe of the daemon's layers.
+struct Snapshot {
+  std::map<std::string, std::string> infos;  // name -> LayerInfo bytes
+  std::map<std::string, RawTensors> parameters;
+  std::map<std::string, RawTensors> gradients;
+  bool operator==(const Snapshot& o) const {
+    return infos == o.infos && parameters == o.parameters &&
+           gradients == o.gradients;
+  }
+};
+
+inline absl::StatusOr<Snapshot> Observe(client::Client& c) {
+  Snapshot snapshot;
+  auto list = c.ListLayers();
+  if (!list.ok()) return list.status();
+  for (const v1::LayerInfo& info : list->layers()) {
+    snapshot.infos[info.name()] = info.SerializeAsString();
+    auto params = c.GetParameters(info.name());
+    if (!params.ok()) return params.status();
+    snapshot.parameters[info.name()] = Raw(*params);
+    auto grads = c.GetGradients(info.name());
+    if (!grads.ok()) return grads.status();
+    snapshot.gradients[info.name()] = Raw(grads->gradients());
+  }
+  return snapshot;
+}
+
+// Saves checkpoint `name` of `layers` (all when empty), with the
+// gradients and the optimizer state as asked.
+inline absl::Status Save(client::Client& c, const std::string& name,
+                         std::vector<std::string> layers = {},
+                         bool gradients = false, bool optimizer = true) {
+  v1::SaveCheckpointRequest r;
+  r.set_name(name);
+  for (const auto& layer : layers) r.add_layers(layer);
+  r.set_include_gradients(gradients);
+  r.set_skip_optimizer_state(!optimizer);
+  return c.SaveCheckpoint(r).status();
+}
+
+// Loads checkpoint `name` (its `layers`, all when empty), over existing
+// layers with `replace`.
+inline absl::Status Load(client::Client& c, const std::string& name,
+                         bool replace = false,
+                         std::vector<std::string> layers = {}) {
+  v1::LoadCheckpointRequest r;
+  r.set_name(name);
+  r.set_replace(replace);
+  for (const auto& layer : layers) r.add_layers(layer);
+  return c.LoadCheckpoint(r).status();
+}
+
+}  // namespace mhc::testing
+
+#endif  // MHC_TESTS_SERVER_CHECKPOINT_TEST_UTIL_H_
