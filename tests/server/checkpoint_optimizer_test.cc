@@ -4,8 +4,6 @@
 // over the layers) or a --restore after a kill, saves without the state,
 // and files whose state is inconsistent or over the daemon's parameter
 // budget refused without side effects.
-#include <signal.h>
-
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -15,7 +13,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 #include "checkpoint_test_util.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_format.h"
@@ -214,9 +211,7 @@ TEST(CheckpointTest, RestoreKeepsAlgorithmAndStep) {
     MHC_ASSERT_OK_AND_ASSIGN(step4, Observe(*c));
     TrainStep(*c, 5);
     MHC_ASSERT_OK_AND_ASSIGN(step5, Observe(*c));
-    daemon->Signal(SIGKILL);
-    MHC_ASSERT_OK_AND_ASSIGN(int code, daemon->Wait(absl::Seconds(10)));
-    EXPECT_EQ(code, 128 + SIGKILL);
+    KillDaemon(*daemon);
   }
   MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
                            Daemon::Start({state.Flag(), "--restore"}));

@@ -3,8 +3,6 @@
 // files without side effects, names that would leave --state_dir, a SIGKILL
 // in the middle of a write, and --restore after a kill. The optimizer's
 // state and training across a load: checkpoint_optimizer_test.cc.
-#include <signal.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -308,9 +306,7 @@ TEST(CheckpointTest, RestartWithRestoreServesTheSameLayers) {
     absl::SleepFor(absl::Milliseconds(20));
     MHC_ASSERT_OK(Save(*c, "latest", {}, /*gradients=*/true));
     MHC_ASSERT_OK_AND_ASSIGN(saved, Observe(*c));
-    daemon->Signal(SIGKILL);
-    MHC_ASSERT_OK_AND_ASSIGN(int code, daemon->Wait(absl::Seconds(10)));
-    EXPECT_EQ(code, 128 + SIGKILL);
+    KillDaemon(*daemon);
   }
   MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
                            Daemon::Start({state.Flag(), "--restore"}));
@@ -389,9 +385,7 @@ TEST(CheckpointTest, KillDuringWriteKeepsThePreviousCheckpoint) {
     ASSERT_EQ(doomed.wait_for(std::chrono::seconds(0)),
               std::future_status::timeout)
         << "the save finished before the kill";
-    daemon->Signal(SIGKILL);
-    MHC_ASSERT_OK_AND_ASSIGN(int code, daemon->Wait(absl::Seconds(10)));
-    EXPECT_EQ(code, 128 + SIGKILL);
+    KillDaemon(*daemon);
     EXPECT_FALSE(doomed.get().ok());
     EXPECT_TRUE(fs::exists(temp));
     EXPECT_EQ(ReadFile(state.File("model")), first_bytes);

@@ -5,6 +5,7 @@
 #ifndef MHC_TESTS_SERVER_CHECKPOINT_TEST_UTIL_H_
 #define MHC_TESTS_SERVER_CHECKPOINT_TEST_UTIL_H_
 
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cstdint>
@@ -19,6 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include "server_test_util.h"
 
 namespace mhc::testing {
@@ -116,6 +119,14 @@ inline absl::Status Load(client::Client& c, const std::string& name,
   r.set_replace(replace);
   for (const auto& layer : layers) r.add_layers(layer);
   return c.LoadCheckpoint(r).status();
+}
+
+// Ends `daemon` as a crash would: SIGKILL, which it must die of.
+inline void KillDaemon(Daemon& daemon) {
+  daemon.Signal(SIGKILL);
+  absl::StatusOr<int> code = daemon.Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 128 + SIGKILL);
 }
 
 }  // namespace mhc::testing
