@@ -213,10 +213,7 @@ TEST(CheckpointTest, RestoreKeepsAlgorithmAndStep) {
     MHC_ASSERT_OK_AND_ASSIGN(step5, Observe(*c));
     KillDaemon(*daemon);
   }
-  MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
-                           Daemon::Start({state.Flag(), "--restore"}));
-  EXPECT_TRUE(absl::StrContains(daemon->Stdout(),
-                                "mhcd: restored checkpoint 'latest'"));
+  MHC_ASSERT_OK_AND_ASSIGN(auto daemon, StartRestored(state, "latest"));
   MHC_ASSERT_OK_AND_ASSIGN(auto c, daemon->Connect());
   ExpectOptimizer(*c, 3);
   // Step 5 depends on the state step 4 left, so it checks that too.

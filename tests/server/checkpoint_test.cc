@@ -308,10 +308,7 @@ TEST(CheckpointTest, RestartWithRestoreServesTheSameLayers) {
     MHC_ASSERT_OK_AND_ASSIGN(saved, Observe(*c));
     KillDaemon(*daemon);
   }
-  MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
-                           Daemon::Start({state.Flag(), "--restore"}));
-  EXPECT_TRUE(absl::StrContains(daemon->Stdout(),
-                                "mhcd: restored checkpoint 'latest'"));
+  MHC_ASSERT_OK_AND_ASSIGN(auto daemon, StartRestored(state, "latest"));
   MHC_ASSERT_OK_AND_ASSIGN(auto c, daemon->Connect());
   MHC_ASSERT_OK_AND_ASSIGN(Snapshot restored, Observe(*c));
   EXPECT_TRUE(restored == saved);
@@ -390,8 +387,7 @@ TEST(CheckpointTest, KillDuringWriteKeepsThePreviousCheckpoint) {
     EXPECT_TRUE(fs::exists(temp));
     EXPECT_EQ(ReadFile(state.File("model")), first_bytes);
   }
-  MHC_ASSERT_OK_AND_ASSIGN(auto daemon,
-                           Daemon::Start({state.Flag(), "--restore"}));
+  MHC_ASSERT_OK_AND_ASSIGN(auto daemon, StartRestored(state, "model"));
   MHC_ASSERT_OK_AND_ASSIGN(auto c, daemon->Connect());
   MHC_ASSERT_OK_AND_ASSIGN(Snapshot restored, Observe(*c));
   EXPECT_TRUE(restored == first);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -20,8 +21,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "mhc/status.h"
 #include "server_test_util.h"
 
 namespace mhc::testing {
@@ -127,6 +131,21 @@ inline void KillDaemon(Daemon& daemon) {
   absl::StatusOr<int> code = daemon.Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 128 + SIGKILL);
+}
+
+// A daemon started on `state` with --restore, which must report that it
+// restored checkpoint `name`.
+inline absl::StatusOr<std::unique_ptr<Daemon>> StartRestored(
+    const StateDir& state, const std::string& name) {
+  MHC_ASSIGN_OR_RETURN(std::unique_ptr<Daemon> daemon,
+                       Daemon::Start({state.Flag(), "--restore"}));
+  const std::string said =
+      absl::StrCat("mhcd: restored checkpoint '", name, "'");
+  if (!absl::StrContains(daemon->Stdout(), said)) {
+    return absl::InternalError(
+        absl::StrCat("no \"", said, "\" in: ", daemon->Stdout()));
+  }
+  return daemon;
 }
 
 }  // namespace mhc::testing
