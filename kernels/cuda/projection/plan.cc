@@ -189,7 +189,7 @@ bool FitsForwardShare(const Launch& l, size_t partials, size_t bytes) {
   const double x = static_cast<double>(l.tokens) * l.K * l.esize;
   return static_cast<double>(partials + bytes) + kept +
              proj::kUnitCounterBytes <=
-         ForwardScratchShare(l.spec.n) * x;
+         ForwardScratchShare(static_cast<int>(n)) * x;
 }
 
 ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
