@@ -133,6 +133,21 @@ inline void KillDaemon(Daemon& daemon) {
   EXPECT_EQ(*code, 128 + SIGKILL);
 }
 
+// Loading checkpoint `name` must fail with `code` and a message holding
+// `message`, and leave the daemon as `before` observed it. With replace,
+// a load that got through would change every layer.
+inline void ExpectLoadRefused(client::Client& c, const std::string& name,
+                              absl::StatusCode code, const std::string& message,
+                              const Snapshot& before) {
+  absl::Status status = Load(c, name, /*replace=*/true);
+  EXPECT_EQ(status.code(), code) << name << ": " << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), message))
+      << name << ": " << status;
+  absl::StatusOr<Snapshot> after = Observe(c);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(*after == before) << name << " changed the daemon";
+}
+
 // A daemon started on `state` with --restore, which must report that it
 // restored checkpoint `name`.
 inline absl::StatusOr<std::unique_ptr<Daemon>> StartRestored(
