@@ -126,7 +126,7 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
                                     cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kAggregateForward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
@@ -148,7 +148,7 @@ absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
                                      cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kAggregateBackward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -315,16 +316,40 @@ __device__ __forceinline__ void BlockSum(float (&v)[W], float* red,
 
 }  // namespace mhc::cuda
 
+namespace mhc::cuda {
+
+// A launch's layer shape, named in its error messages. Launchers keep one
+// for every call, so it holds the arguments and formats them only when a
+// message is made: no allocation on the launch path.
+struct LaunchShape {
+  LaunchShape(const LayerSpec& spec, int64_t tokens, DType dtype)
+      : spec(&spec), tokens(tokens), dtype(dtype) {}
+  const LayerSpec* spec;
+  int64_t tokens;
+  DType dtype;
+};
+
+inline std::string ShapeText(const LaunchShape& shape) {
+  return absl::StrCat("[M=", shape.tokens, " n=", shape.spec->n,
+                      " C=", shape.spec->hidden, " ", DTypeName(shape.dtype),
+                      " ", LayoutName(shape.spec->layout), "]");
+}
+// Launches that are not a layer's name what they run on in words.
+inline absl::string_view ShapeText(absl::string_view what) { return what; }
+
+}  // namespace mhc::cuda
+
 // Returns an INTERNAL status naming the op, its shape and the CUDA error.
-#define MHC_CUDA_RETURN_IF_ERROR(expr, op, shape)                              \
-  do {                                                                         \
-    const cudaError_t mhc_cuda_error_ = (expr);                                \
-    if (mhc_cuda_error_ != cudaSuccess) {                                      \
-      return ::absl::InternalError(                                            \
-          ::absl::StrCat("cuda ", (op), " ", (shape), ": ", #expr,             \
-                         " failed: ", cudaGetErrorName(mhc_cuda_error_), " (", \
-                         cudaGetErrorString(mhc_cuda_error_), ")"));           \
-    }                                                                          \
+// `shape` is a LaunchShape or words; it is evaluated only on an error.
+#define MHC_CUDA_RETURN_IF_ERROR(expr, op, shape)                         \
+  do {                                                                    \
+    const cudaError_t mhc_cuda_error_ = (expr);                           \
+    if (mhc_cuda_error_ != cudaSuccess) {                                 \
+      return ::absl::InternalError(::absl::StrCat(                        \
+          "cuda ", (op), " ", ::mhc::cuda::ShapeText(shape), ": ", #expr, \
+          " failed: ", cudaGetErrorName(mhc_cuda_error_), " (",           \
+          cudaGetErrorString(mhc_cuda_error_), ")"));                     \
+    }                                                                     \
   } while (0)
 
 // Checks the launch just issued.

@@ -159,11 +159,12 @@ bool DispatchRows(DType dtype, const RowAccessPlan& plan, F&& f) {
 }
 
 // What a row kernel's launcher returns where DispatchRows built nothing.
-inline absl::Status NoRowKernel(absl::string_view op, const std::string& shape,
+inline absl::Status NoRowKernel(absl::string_view op, const LaunchShape& shape,
                                 const RowAccessPlan& plan) {
-  return absl::InternalError(absl::StrCat(
-      "cuda ", op, " ", shape, ": no kernel built for ", ToString(plan.access),
-      " rows of ", plan.streams, " streams x ", plan.channels, " channels"));
+  return absl::InternalError(
+      absl::StrCat("cuda ", op, " ", ShapeText(shape), ": no kernel built for ",
+                   ToString(plan.access), " rows of ", plan.streams,
+                   " streams x ", plan.channels, " channels"));
 }
 
 // f(IntTag<NT>) for the per-token mixing kernels.
@@ -174,12 +175,6 @@ void DispatchMix(int n, F&& f) {
   } else {
     f(IntTag<kMaxStreams>{});
   }
-}
-
-inline std::string ShapeString(const LayerSpec& spec, int64_t tokens,
-                               DType dtype) {
-  return absl::StrCat("[M=", tokens, " n=", spec.n, " C=", spec.hidden, " ",
-                      DTypeName(dtype), " ", LayoutName(spec.layout), "]");
 }
 
 inline unsigned GridSize(int64_t blocks) {

@@ -51,39 +51,39 @@ class EventTimer final : public DeviceTimer {
   }
 
   absl::Status Stop() override {
-    const std::string what = absl::StrCat("device ", device_);
     if (!open_.has_value() || start_error_ != cudaSuccess) {
       if (open_.has_value()) free_.push_back(*open_);
       open_.reset();
-      MHC_CUDA_RETURN_IF_ERROR(start_error_, "timer start", what);
+      MHC_CUDA_RETURN_IF_ERROR(start_error_, "timer start", Device());
       return absl::FailedPreconditionError("timer: Stop without Start");
     }
     const Pair pair = *open_;
     open_.reset();
     const cudaError_t error = cudaEventRecord(pair.stop, stream_);
     if (error != cudaSuccess) free_.push_back(pair);
-    MHC_CUDA_RETURN_IF_ERROR(error, "timer stop", what);
+    MHC_CUDA_RETURN_IF_ERROR(error, "timer stop", Device());
     pending_.push_back(pair);
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::optional<double>> Poll() override {
     if (pending_.empty()) return std::optional<double>();
-    const std::string what = absl::StrCat("device ", device_);
-    MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "timer", what);
+    MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "timer", Device());
     const Pair pair = pending_.front();
     const cudaError_t done = cudaEventQuery(pair.stop);
     if (done == cudaErrorNotReady) return std::optional<double>();
     pending_.pop_front();
     free_.push_back(pair);
-    MHC_CUDA_RETURN_IF_ERROR(done, "timer", what);
+    MHC_CUDA_RETURN_IF_ERROR(done, "timer", Device());
     float ms = 0;
     MHC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, pair.start, pair.stop),
-                             "timer", what);
+                             "timer", Device());
     return std::optional<double>(ms * 1e-3);
   }
 
  private:
+  // Named in error messages only: Stop and Poll run on every timed call.
+  std::string Device() const { return absl::StrCat("device ", device_); }
   struct Pair {
     cudaEvent_t start = nullptr;
     cudaEvent_t stop = nullptr;

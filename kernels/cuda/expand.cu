@@ -70,7 +70,7 @@ absl::Status LaunchExpandForward(const ExpandForwardParams& p,
                                  cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   const bool built = DispatchRows<RowKernel::kExpandForward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto) {
         using T = typename decltype(tt)::type;
@@ -89,7 +89,7 @@ absl::Status LaunchExpandBackward(const ExpandBackwardParams& p,
                                   cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   const bool built = DispatchRows<RowKernel::kExpandBackward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;

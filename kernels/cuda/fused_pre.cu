@@ -406,14 +406,14 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
   const char* op = s.head ? "head forward" : "pre forward";
-  const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
+  const LaunchShape shape(*a.spec, a.tokens, a.act_dtype);
   const float* gamma = s.has_gamma ? a.weights.gamma : nullptr;
   ForwardDev d{a.weights.alpha, a.weights.beta, a.h_pre, a.h_post, a.h_res};
   const FusedVariant variant = PlanFusedForward(*a.spec).variant;
   if (variant != FusedVariant::kStatic) {
     if (ws.bytes < FusedForwardWorkspace(*a.spec, a.tokens, a.act_dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda ", op, " ", ShapeText(shape), ": workspace too small"));
     }
     char* base = static_cast<char*>(ws.data);
     const float* partial = reinterpret_cast<const float*>(base);
@@ -505,11 +505,11 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
                                  cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*a.spec);
   const char* op = s.head ? "head backward" : "pre backward";
-  const std::string shape = ShapeString(*a.spec, a.tokens, a.act_dtype);
+  const LaunchShape shape(*a.spec, a.tokens, a.act_dtype);
   const BackwardSlices b = Slices(*a.spec, a.tokens, a.act_dtype);
   if (ws.bytes < b.total) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda ", op, " ", shape, ": workspace too small"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda ", op, " ", ShapeText(shape), ": workspace too small"));
   }
   char* base = static_cast<char*>(ws.data);
   auto at = [&](size_t offset) {

@@ -271,7 +271,7 @@ absl::Status LaunchBackwardMix(const LayerSpec& spec, int64_t tokens,
     });
   }
   const char* op = s.head ? "head backward" : "pre backward";
-  const std::string shape = ShapeString(spec, tokens, act_dtype);
+  const LaunchShape shape(spec, tokens, act_dtype);
   MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
   MHC_CUDA_CHECK_LAUNCH(op, shape);
   return absl::OkStatus();

@@ -43,9 +43,9 @@ absl::Status LaunchRepairBackward(const LayerSpec& spec, int64_t tokens,
       : a.dtype == DType::kF16 ? launch(repair_backward_kernel<__half>)
                                : launch(repair_backward_kernel<float>);
   MHC_CUDA_RETURN_IF_ERROR(err, "overflow repair backward",
-                           ShapeString(spec, tokens, a.dtype));
+                           LaunchShape(spec, tokens, a.dtype));
   MHC_CUDA_CHECK_LAUNCH("overflow repair backward",
-                        ShapeString(spec, tokens, a.dtype));
+                        LaunchShape(spec, tokens, a.dtype));
   return absl::OkStatus();
 }
 

@@ -421,7 +421,7 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
   if (plan.variant == PostVariant::kMma) {
     return LaunchPostForwardMma(p, stream);
   }
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   cudaError_t err = cudaSuccess;
   const bool built = DispatchRows<RowKernel::kPost>(
       p.act_dtype, plan.rows, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
@@ -443,7 +443,7 @@ absl::Status LaunchPostForward(const PostForwardParams& p,
 absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
                                 cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(*p.spec);
-  const std::string shape = ShapeString(*p.spec, p.tokens, p.act_dtype);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
   const float* bias = BiasOf(*p.spec, p.weights);
   const PostPlan plan = PlanOf(p);
   cudaError_t err = cudaSuccess;
@@ -471,8 +471,8 @@ absl::Status LaunchPostBackward(const PostBackwardParams& p, Workspace ws,
   }
   if (!s.has_bias || p.grads.bias == nullptr) return absl::OkStatus();
   if (ws.bytes < PostBackwardWorkspace(*p.spec, p.tokens)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda post backward ", shape, ": workspace too small"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda post backward ", ShapeText(shape), ": workspace too small"));
   }
   float* partial = static_cast<float*>(ws.data);
   const int64_t chunks = NumChunks(p.tokens);

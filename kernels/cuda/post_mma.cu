@@ -416,9 +416,9 @@ absl::Status LaunchPostForwardMma(const PostForwardParams& p,
                               bias, static_cast<Bf16*>(p.x_next));
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "post forward",
-                           ShapeString(*p.spec, p.tokens, p.act_dtype));
+                           LaunchShape(*p.spec, p.tokens, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("post forward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+                        LaunchShape(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
 }
 
@@ -437,9 +437,9 @@ absl::Status LaunchPostBackwardMma(const PostBackwardParams& p,
                               static_cast<Bf16*>(p.dx), p.dh_post, p.dh_res);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "post backward",
-                           ShapeString(*p.spec, p.tokens, p.act_dtype));
+                           LaunchShape(*p.spec, p.tokens, p.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("post backward",
-                        ShapeString(*p.spec, p.tokens, p.act_dtype));
+                        LaunchShape(*p.spec, p.tokens, p.act_dtype));
   return absl::OkStatus();
 }
 

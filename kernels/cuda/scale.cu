@@ -671,9 +671,9 @@ absl::Status LaunchScaleForward(const ScaleForwardParams& p,
     });
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "scale forward",
-                           ShapeString(*p.spec, p.tokens, DType::kF32));
+                           LaunchShape(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("scale forward",
-                        ShapeString(*p.spec, p.tokens, DType::kF32));
+                        LaunchShape(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
 }
 
@@ -683,9 +683,10 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   const DevSpec s = MakeDevSpec(*p.spec);
   const ScaleRepair fix = repair != nullptr ? *repair : ScaleRepair{};
   if (ws.bytes < ScaleBackwardWorkspace(*p.spec, p.tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda scale backward ", ShapeString(*p.spec, p.tokens, DType::kF32),
-        ": workspace too small"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda scale backward ",
+                     ShapeText(LaunchShape(*p.spec, p.tokens, DType::kF32)),
+                     ": workspace too small"));
   }
   const int width = s.N + s.num_alpha;
   if (p.tokens == 0) return absl::OkStatus();
@@ -712,9 +713,9 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
           : launch(scale4_backward_kernel<6, false>);
     }
     MHC_CUDA_RETURN_IF_ERROR(err, "scale backward",
-                             ShapeString(*p.spec, p.tokens, DType::kF32));
+                             LaunchShape(*p.spec, p.tokens, DType::kF32));
     MHC_CUDA_CHECK_LAUNCH("scale backward",
-                          ShapeString(*p.spec, p.tokens, DType::kF32));
+                          LaunchShape(*p.spec, p.tokens, DType::kF32));
     return absl::OkStatus();
   }
   const bool grads = p.grads.beta != nullptr || grad_alpha != nullptr;
@@ -729,9 +730,9 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
                               p.dh, p.dmean_square, warp_rows, fix);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "scale backward",
-                           ShapeString(*p.spec, p.tokens, DType::kF32));
+                           LaunchShape(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("scale backward",
-                        ShapeString(*p.spec, p.tokens, DType::kF32));
+                        LaunchShape(*p.spec, p.tokens, DType::kF32));
   if (!grads) return absl::OkStatus();
   const int64_t rows = WarpRows(p.tokens);
   float* partial = reinterpret_cast<float*>(

@@ -435,9 +435,9 @@ absl::Status LaunchSinkhornForward(const SinkhornForwardParams& p,
     }
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "sinkhorn forward",
-                           ShapeString(*p.spec, p.tokens, DType::kF32));
+                           LaunchShape(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn forward",
-                        ShapeString(*p.spec, p.tokens, DType::kF32));
+                        LaunchShape(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
 }
 
@@ -479,9 +479,9 @@ absl::Status LaunchSinkhornBackward(const SinkhornBackwardParams& p,
     }
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "sinkhorn backward",
-                           ShapeString(*p.spec, p.tokens, DType::kF32));
+                           LaunchShape(*p.spec, p.tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward",
-                        ShapeString(*p.spec, p.tokens, DType::kF32));
+                        LaunchShape(*p.spec, p.tokens, DType::kF32));
   return absl::OkStatus();
 }
 
@@ -494,16 +494,17 @@ absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
   const SinkhornPlan plan =
       PlanSinkhornBackward(spec, LeastAlignment({logits, dh_res, dlogits}));
   if (plan.variant != SinkhornVariant::kLanes) {
-    return absl::InternalError(absl::StrCat(
-        "cuda sinkhorn backward (lanes) ",
-        ShapeString(spec, tokens, DType::kF32), ": the Sinkhorn plan picks ",
-        ToString(plan.variant), " for this layer, not the lane kernels"));
+    return absl::InternalError(
+        absl::StrCat("cuda sinkhorn backward (lanes) ",
+                     ShapeText(LaunchShape(spec, tokens, DType::kF32)),
+                     ": the Sinkhorn plan picks ", ToString(plan.variant),
+                     " for this layer, not the lane kernels"));
   }
   MHC_CUDA_RETURN_IF_ERROR(
       LaunchLanesBackward(s, plan, tokens, logits, dh_res, dlogits, r, stream),
-      "sinkhorn backward (lanes)", ShapeString(spec, tokens, DType::kF32));
+      "sinkhorn backward (lanes)", LaunchShape(spec, tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("sinkhorn backward (lanes)",
-                        ShapeString(spec, tokens, DType::kF32));
+                        LaunchShape(spec, tokens, DType::kF32));
   return absl::OkStatus();
 }
 

@@ -73,7 +73,7 @@ DxTerms TermsOf(const DxArgs& a) {
 std::string Label(absl::string_view direction, absl::string_view variant,
                   const LayerSpec& spec, int64_t tokens, DType dtype) {
   return absl::StrCat("cuda projection ", direction, " ", variant, " ",
-                      ShapeString(spec, tokens, dtype));
+                      ShapeText(LaunchShape(spec, tokens, dtype)));
 }
 
 ProjectionForwardPlan PlanForward(const LayerSpec& spec, int64_t tokens,

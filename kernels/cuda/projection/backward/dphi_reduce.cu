@@ -119,9 +119,9 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
     }
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "phi gradient reduce",
-                           ShapeString(spec, tokens, DType::kF32));
+                           LaunchShape(spec, tokens, DType::kF32));
   MHC_CUDA_CHECK_LAUNCH("phi gradient reduce",
-                        ShapeString(spec, tokens, DType::kF32));
+                        LaunchShape(spec, tokens, DType::kF32));
   return absl::OkStatus();
 }
 

@@ -192,9 +192,9 @@ absl::Status LaunchFmaDxAndPhiPartials(const DxArgs& a,
                                     stream, s, a.tokens, x, d);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward fma",
-                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+                           LaunchShape(*a.spec, a.tokens, a.act_dtype));
   MHC_CUDA_CHECK_LAUNCH("projection backward fma",
-                        ShapeString(*a.spec, a.tokens, a.act_dtype));
+                        LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

@@ -102,7 +102,7 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
     err = LaunchDxMmaFor<T>(s, a.tokens, a.x, d, ieee, stream);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward mma",
-                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+                           LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

@@ -215,7 +215,7 @@ absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
     }
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward wgmma_n4",
-                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+                           LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

@@ -310,7 +310,7 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
     });
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward wgmma_n4_terms",
-                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+                           LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

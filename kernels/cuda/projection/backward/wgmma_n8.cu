@@ -484,7 +484,7 @@ absl::Status LaunchWgmmaDxAndPhiPartials(const DxArgs& a,
     go(TypeTag<__half>{});
   }
   MHC_CUDA_RETURN_IF_ERROR(err, "projection backward wgmma_n8",
-                           ShapeString(*a.spec, a.tokens, a.act_dtype));
+                           LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

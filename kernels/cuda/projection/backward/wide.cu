@@ -594,7 +594,7 @@ absl::Status LaunchWideDxAndPhiPartials(const DxArgs& a,
   }
   MHC_CUDA_RETURN_IF_ERROR(
       err, absl::StrCat("projection backward ", ToString(plan.variant)),
-      ShapeString(*a.spec, a.tokens, a.act_dtype));
+      LaunchShape(*a.spec, a.tokens, a.act_dtype));
   return absl::OkStatus();
 }
 

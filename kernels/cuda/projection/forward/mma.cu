@@ -171,7 +171,7 @@ absl::Status LaunchMmaForwardPartials(const LayerSpec& spec, int64_t tokens,
                                       void* workspace, cudaStream_t stream) {
   const DevSpec s = MakeDevSpec(spec);
   const bool ieee = spec.matmul_precision == MatmulPrecision::kIeee;
-  const std::string shape = ShapeString(spec, tokens, dtype);
+  const LaunchShape shape(spec, tokens, dtype);
   char* base = static_cast<char*>(workspace);
   float* partial = reinterpret_cast<float*>(base);
   const bool vec_phi = plan.phi_vector;
@@ -242,9 +242,9 @@ absl::Status LaunchProjectionFinish(const LayerSpec& spec, int64_t tokens,
                  : launch(projection_finish_kernel<kMaxChunks, true>))
           : (few ? launch(projection_finish_kernel<kFewChunks, false>)
                  : launch(projection_finish_kernel<kMaxChunks, false>)),
-      "projection forward (chunk sum)", ShapeString(spec, tokens, dtype));
+      "projection forward (chunk sum)", LaunchShape(spec, tokens, dtype));
   MHC_CUDA_CHECK_LAUNCH("projection forward (chunk sum)",
-                        ShapeString(spec, tokens, dtype));
+                        LaunchShape(spec, tokens, dtype));
   return absl::OkStatus();
 }
 

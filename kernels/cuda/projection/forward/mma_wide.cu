@@ -416,7 +416,7 @@ absl::Status LaunchWideProjectionPartials(const LayerSpec& spec, int64_t tokens,
       });
     });
   });
-  const std::string shape = ShapeString(spec, tokens, dtype);
+  const LaunchShape shape(spec, tokens, dtype);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward mma_wide", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward mma_wide", shape);
   return absl::OkStatus();

@@ -467,7 +467,7 @@ absl::Status LaunchBf16WgmmaProjectionPartials(
                                             next_unit, stream);
         }
       });
-  const std::string shape = ShapeString(spec, tokens, DType::kBF16);
+  const LaunchShape shape(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward wgmma_bf16", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward wgmma_bf16", shape);
   return absl::OkStatus();

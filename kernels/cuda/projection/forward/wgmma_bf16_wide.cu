@@ -260,7 +260,7 @@ absl::Status LaunchBf16WideProjectionPartials(
         return LaunchWide<decltype(terms)::value, decltype(copy_bytes)::value>(
             s, tokens, x, phi, gamma, partial, next_unit, stream);
       });
-  const std::string shape = ShapeString(spec, tokens, DType::kBF16);
+  const LaunchShape shape(spec, tokens, DType::kBF16);
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward wgmma_bf16_wide", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward wgmma_bf16_wide", shape);
   return absl::OkStatus();

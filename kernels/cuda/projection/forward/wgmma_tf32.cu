@@ -332,11 +332,11 @@ absl::Status LaunchTf32WgmmaProjectionPartials(
     const LayerSpec& spec, int64_t tokens, DType dtype, const void* x,
     const float* phi, const float* gamma, const ProjectionForwardPlan& plan,
     void* workspace, cudaStream_t stream) {
-  const std::string shape = ShapeString(spec, tokens, dtype);
+  const LaunchShape shape(spec, tokens, dtype);
   if (!plan.split_phi || dtype == DType::kBF16) {
     return absl::InternalError(absl::StrCat(
         "projection forward wgmma_tf32: fp16 / fp32 with phi' planes, ",
-        shape));
+        ShapeText(shape)));
   }
   const bool half = dtype == DType::kF16;
   CUtensorMap x_map{};

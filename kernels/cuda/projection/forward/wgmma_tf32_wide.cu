@@ -369,7 +369,7 @@ absl::Status LaunchWgmmaProjectionPartials(
     const LayerSpec& spec, int64_t tokens, DType dtype, const void* x,
     const float* phi, const float* gamma, const ProjectionForwardPlan& plan,
     void* workspace, cudaStream_t stream) {
-  const std::string shape = ShapeString(spec, tokens, dtype);
+  const LaunchShape shape(spec, tokens, dtype);
   const DevSpec s = MakeDevSpec(spec);
   char* base = static_cast<char*>(workspace);
   float* partial = reinterpret_cast<float*>(base);
