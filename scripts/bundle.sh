@@ -32,6 +32,7 @@ binaries=(
   tests/cuda/cuda_dispatch_test
   tests/cuda/cuda_overflow_test
   tests/cuda/cuda_optimizer_test
+  tests/cuda/cuda_hot_path_test
   tests/server/server_shm_registry_test
   tests/server/server_cuda_shm_test
   tests/server/server_fault_injection_test

@@ -29,6 +29,7 @@ step cuda_fused_test "${bin}/cuda_fused_test" --gtest_brief=1
 step cuda_projection_test "${bin}/cuda_projection_test" --gtest_brief=1
 step cuda_dispatch_test "${bin}/cuda_dispatch_test" --gtest_brief=1
 step cuda_overflow_test "${bin}/cuda_overflow_test" --gtest_brief=1
+step cuda_hot_path_test "${bin}/cuda_hot_path_test" --gtest_brief=1
 step cuda_ipc "${bin}/server_shm_registry_test" \
   --gtest_filter='ShmRegistryTest.CudaIpc*'
 step cuda_pinned_shm "${bin}/server_shm_registry_test" \

@@ -3,7 +3,8 @@
 // one (the host clock would count launch latency and queueing instead) and
 // without waiting for the second (Poll reads only finished pairs), so that
 // timing every launch never holds the host.
-#include <deque>
+#include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -21,7 +22,7 @@ class EventTimer final : public DeviceTimer {
       : device_(device), stream_(stream) {}
   ~EventTimer() override {
     if (cudaSetDevice(device_) != cudaSuccess) return;
-    for (const Pair& pair : pending_) free_.push_back(pair);
+    while (pending_count_ > 0) free_.push_back(PopPending());
     if (open_.has_value()) free_.push_back(*open_);
     for (const Pair& pair : free_) {
       cudaEventDestroy(pair.start);
@@ -62,17 +63,17 @@ class EventTimer final : public DeviceTimer {
     const cudaError_t error = cudaEventRecord(pair.stop, stream_);
     if (error != cudaSuccess) free_.push_back(pair);
     MHC_CUDA_RETURN_IF_ERROR(error, "timer stop", Device());
-    pending_.push_back(pair);
+    PushPending(pair);
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::optional<double>> Poll() override {
-    if (pending_.empty()) return std::optional<double>();
+    if (pending_count_ == 0) return std::optional<double>();
     MHC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "timer", Device());
-    const Pair pair = pending_.front();
+    const Pair pair = pending_[pending_head_];
     const cudaError_t done = cudaEventQuery(pair.stop);
     if (done == cudaErrorNotReady) return std::optional<double>();
-    pending_.pop_front();
+    PopPending();
     free_.push_back(pair);
     MHC_CUDA_RETURN_IF_ERROR(done, "timer", Device());
     float ms = 0;
@@ -89,12 +90,36 @@ class EventTimer final : public DeviceTimer {
     cudaEvent_t stop = nullptr;
   };
 
+  void PushPending(const Pair& pair) {
+    if (pending_count_ == pending_.size()) {
+      std::vector<Pair> grown(std::max<size_t>(8, 2 * pending_.size()));
+      for (size_t i = 0; i < pending_count_; ++i) {
+        grown[i] = pending_[(pending_head_ + i) % pending_.size()];
+      }
+      pending_.swap(grown);
+      pending_head_ = 0;
+    }
+    pending_[(pending_head_ + pending_count_) % pending_.size()] = pair;
+    ++pending_count_;
+  }
+  Pair PopPending() {
+    const Pair pair = pending_[pending_head_];
+    pending_head_ = (pending_head_ + 1) % pending_.size();
+    --pending_count_;
+    return pair;
+  }
+
   const int device_;
   const cudaStream_t stream_;
   // Pairs are reused once read, so the pool grows only to the launches the
   // device runs behind the host.
   std::vector<Pair> free_;
-  std::deque<Pair> pending_;
+  // Stopped pairs in stop order, a ring of pending_.size() slots that grows
+  // only when the device runs further behind than before (a deque would
+  // allocate a block every few dozen timed calls).
+  std::vector<Pair> pending_;
+  size_t pending_head_ = 0;
+  size_t pending_count_ = 0;
   std::optional<Pair> open_;
   cudaError_t start_error_ = cudaSuccess;
 };
