@@ -2,7 +2,8 @@
 // shape (its plan, kernel attributes and occupancy answers cached), a second
 // call of it, timed as the daemon times it, makes no heap allocation on the
 // calling thread. This binary replaces the global operator new to count
-// them; on a failure it prints the stack of the first one.
+// them; on a failure it prints the stack of the first one. The optimizer
+// step, which the daemon runs after training steps, is held to the same.
 #include <execinfo.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "mhc/cuda.h"
 #include "mhc/cuda_tools.h"
 #include "mhc/dtype.h"
+#include "mhc/ops/optimizer.h"
 #include "mhc/types.h"
 
 namespace {
@@ -132,7 +134,7 @@ class DeviceTensors {
   }
   const Tensors& tensors() const { return t_; }
 
- private:
+  // Device memory freed with the tensors.
   void* Allocate(size_t bytes) {
     absl::StatusOr<void*> p = cuda_.Allocate(std::max<size_t>(bytes, 16));
     EXPECT_TRUE(p.ok()) << p.status();
@@ -141,6 +143,7 @@ class DeviceTensors {
     return *p;
   }
 
+ private:
   Backend& cuda_;
   Tensors t_;
   std::vector<void*> owned_;
@@ -197,6 +200,57 @@ TEST_P(CudaHotPathTest, SecondCallOfEveryOpAllocatesNothing) {
     counting = false;
     EXPECT_TRUE(seconds.ok() && seconds->has_value()) << name;
     EXPECT_EQ(allocations, 0) << name << " (timer poll)";
+  }
+}
+
+// The optimizer step over a layer's parameters, as the daemon runs it after
+// a training step: AdamW with clipping and the norm reported, grads zeroed.
+TEST(CudaHotPathOptimizerTest, SecondStepAllocatesNothing) {
+  MHC_SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Backend& cuda = **made;
+  absl::StatusOr<LayerSpec> spec = PresetSpec("deepseek_v4", 4, 4096);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  LayerSpec head = *spec;
+  head.kind = LayerKind::kHead;
+  DeviceTensors device(cuda, *spec, head, /*tokens=*/1, DType::kBF16);
+  const Tensors& t = device.tensors();
+  OptimizerStepParams p;
+  p.hyper.algorithm = OptimizerAlgorithm::kAdamW;
+  p.hyper.learning_rate = 1e-3f;
+  p.hyper.weight_decay = 0.01f;
+  p.hyper.max_grad_norm = 1.0f;
+  p.zero_grads = true;
+  const int slots = OptimizerSlotCount(p.hyper.algorithm);
+  std::vector<OptimizerTensor> tensors;
+  for (int param : {bench::kPhi, bench::kAlpha, bench::kBeta}) {
+    OptimizerTensor o;
+    o.values = t.f(param);
+    o.grads = t.f(param - bench::kPhi + bench::kGPhi);
+    o.count = bench::Elements(param, *spec);
+    const size_t slot_bytes = sizeof(float) * slots * o.count;
+    o.slots = static_cast<float*>(device.Allocate(slot_bytes));
+    ASSERT_TRUE(cuda.Memset(o.slots, 0, slot_bytes).ok());
+    tensors.push_back(o);
+  }
+  p.grad_norm = static_cast<double*>(device.Allocate(sizeof(double)));
+  p.tensors = tensors.data();
+  p.num_tensors = static_cast<int64_t>(tensors.size());
+  const size_t ws_bytes = cuda.OptimizerWorkspaceBytes(p);
+  const Workspace ws{device.Allocate(ws_bytes), ws_bytes};
+
+  for (int64_t step = 1; step <= 2; ++step) {
+    for (OptimizerTensor& o : tensors) o.step = step;
+    // The first step may allocate; the second is counted.
+    allocations = 0;
+    stack_printed = false;
+    counting = step == 2;
+    const absl::Status st = cuda.OptimizerStep(p, ws);
+    counting = false;
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(allocations, 0) << "step " << step;
+    ASSERT_TRUE(cuda.Synchronize().ok());
   }
 }
 
