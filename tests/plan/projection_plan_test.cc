@@ -181,8 +181,8 @@ TEST(ProjectionPlan, ForwardWideTilesAndVectors) {
   EXPECT_FALSE(plan.phi_vector);
 }
 
-// wgmma_bf16 with tensor copies: a deep ring while the units (64 tokens x
-// a K chunk) number fewer than an H200's SMs.
+// wgmma_bf16 with tensor copies, wgmma_tf32 and wgmma_tf32_wide: a deep
+// ring while the units number fewer than an H200's SMs.
 TEST(ProjectionPlan, ForwardDeepRing) {
   auto deep = [](int64_t C, int64_t M, int x_alignment = 16) {
     ProjectionForwardAlignment a;
@@ -206,6 +206,21 @@ TEST(ProjectionPlan, ForwardDeepRing) {
     EXPECT_FALSE(
         PlanProjectionForward(Layer(4, 4096), dtype, 2048, {}).deep_ring);
   }
+  // The wide TF32 units (128 tokens x a K chunk x a logit group): n = 16 at
+  // C = 1024 is one chunk of two groups, so 65 tiles make 130 units and 66
+  // make 132.
+  auto wide = [](int n, int64_t C, DType dtype, int64_t M) {
+    const ProjectionForwardPlan plan =
+        PlanProjectionForward(Layer(n, C), dtype, M, {});
+    EXPECT_EQ(plan.variant, FV::kWgmmaTf32Wide);
+    return plan.deep_ring;
+  };
+  EXPECT_TRUE(wide(16, 1024, DType::kBF16, 512));
+  EXPECT_TRUE(wide(16, 1024, DType::kBF16, 65 * 128));
+  EXPECT_FALSE(wide(16, 1024, DType::kBF16, 65 * 128 + 1));
+  EXPECT_FALSE(wide(16, 4096, DType::kBF16, 8192));
+  EXPECT_TRUE(wide(8, 1024, DType::kF16, 512));
+  EXPECT_FALSE(wide(8, 1024, DType::kF32, 512));  // fp32 x: never
 }
 
 // wgmma_bf16 with tensor copies and fewer units than SMs: each unit's

@@ -142,7 +142,8 @@ const std::vector<ForwardRule>& ForwardRules() {
         "128 tokens x 96 or 144 logits on `wgmma`, `x` converted to TF32 in a "
         "swizzled tile; `phi'` rounded to TF32 once per launch at one logit "
         "group or from 264 units (a wave) where the rounded rows fit the "
-        "forward scratch's share of `x` (large M), else by each unit in place",
+        "forward scratch's share of `x` (large M), else by each unit in "
+        "place; 16-bit `x` with fewer units than SMs: a ring of 7-8 stages",
         Example(8, 256, DType::kF32)},
        [](const ForwardCase& c) {
          return c.l.N > 2 * proj::kLogitGroup && !c.l.ieee && c.vector_rows;
@@ -513,6 +514,15 @@ ProjectionForwardPlan PlanProjectionForward(
     plan.tile_logits = proj::WideUnitLogits(proj::WideForwardTiles(l.N));
   } else if (plan.variant == FV::kWgmmaTf32Wide) {
     plan.tile_logits = proj::WgmmaWideTileLogits(l.N);
+    // Fewer units than SMs: one CTA per SM walks a whole K chunk, its
+    // copies in flight bounded by the ring (the same bits at any depth).
+    // 16-bit x only: fp32's stages are larger, and its deeper ring measured
+    // no faster (docs/decisions.md).
+    const int64_t units = (tokens + proj::kMmaTileTokens - 1) /
+                          proj::kMmaTileTokens *
+                          proj::PlanChunks(l.K, l.N).chunks *
+                          ((l.N + plan.tile_logits - 1) / plan.tile_logits);
+    plan.deep_ring = units < proj::kTunedSms && l.esize == 2;
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;

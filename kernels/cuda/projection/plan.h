@@ -120,8 +120,10 @@ struct ProjectionForwardPlan {
   // phi' split (bf16) or rounded (wgmma_tf32) once per launch: one logit
   // group.
   bool split_phi = false;
-  // wgmma_bf16 with x by tensor copies, or wgmma_tf32, fewer units than
-  // SMs: a ring of kBf16DeepStages stages (the same bits).
+  // wgmma_bf16 with x by tensor copies, wgmma_tf32, or wgmma_tf32_wide
+  // with 16-bit x, fewer units than SMs: a ring of kBf16DeepStages stages
+  // (the wide units: as many as one CTA's shared memory holds; the same
+  // bits).
   bool deep_ring = false;
   // wgmma_bf16 with rows 8 bytes off 16 on a 16-byte x, at least two
   // tokens: x by tensor copies of the even rows and of token pairs

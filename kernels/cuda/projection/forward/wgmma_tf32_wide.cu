@@ -37,15 +37,16 @@ namespace mhc::cuda {
 namespace {
 
 constexpr int kStageK = kWideStageK;
-constexpr int kStages = 3;
+constexpr int kStages = 3;           // two CTAs per SM
 constexpr int kRoundPhiCtas = 1024;  // grid-stride past this
 
 // Shared memory: two x tiles in tf32 (wgmma's A operand, 128 rows of the
-// swizzled layout; one computes while the next is written), then kStages
+// swizzled layout; one computes while the next is written), then kRing
 // copy stages (phi rows in the B layout, raw x rows as StagedIndex places
 // them), then (rounding in place) gamma for each stage. Every operand tile
-// starts on an atom.
-template <typename T, int kW, bool kRounded>
+// starts on an atom. kRing: kStages, or with fewer units than SMs (one CTA
+// per SM) as many as one CTA's shared memory holds.
+template <typename T, int kW, bool kRounded, int kRing>
 struct WgmmaPlan {
   static_assert(kW % 8 == 0, "B rows in whole swizzle atoms");
   static constexpr int kOperandBytes = kMmaTokens * kStageK * 4;
@@ -53,14 +54,30 @@ struct WgmmaPlan {
   static constexpr int kXBytes = kMmaTokens * kStageK * sizeof(T);
   static constexpr int kBytes = kPhiBytes + kXBytes;
   static constexpr int kStagesAt = 2 * kOperandBytes;
-  static constexpr int kGammaAt = kStagesAt + kStages * kBytes;
+  static constexpr int kGammaAt = kStagesAt + kRing * kBytes;
   // The dynamic shared memory's start is aligned up to an atom in-kernel.
   static constexpr int kSmem =
-      kGammaAt + (kRounded ? 0 : kStages * kStageK * 4) + kSwizzleAtomBytes;
+      kGammaAt + (kRounded ? 0 : kRing * kStageK * 4) + kSwizzleAtomBytes;
   static_assert(kOperandBytes % kSwizzleAtomBytes == 0 &&
                     kBytes % kSwizzleAtomBytes == 0,
                 "tiles stay on atoms");
 };
+
+// The deepest ring one CTA's shared memory holds, at most kBf16DeepStages.
+template <typename T, int kW, bool kRounded>
+constexpr int DeepRing() {
+  using Shallow = WgmmaPlan<T, kW, kRounded, kStages>;
+  constexpr int kPerStage =
+      (Shallow::kSmem - Shallow::kStagesAt - kSwizzleAtomBytes) / kStages;
+  constexpr int kFits =
+      (proj::kMaxSmemPerBlock - Shallow::kStagesAt - kSwizzleAtomBytes) /
+      kPerStage;
+  constexpr int kRing = std::min(kFits, proj::kBf16DeepStages);
+  static_assert(
+      WgmmaPlan<T, kW, kRounded, kRing>::kSmem <= proj::kMaxSmemPerBlock,
+      "the deep ring fits one CTA");
+  return kRing;
+}
 
 // 16 consecutive x values (k0 a multiple of 16) of staged row r as floats.
 template <typename T>
@@ -126,14 +143,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // kRounded: phi is phi' rounded (round_phi_rows_kernel) and gamma unused.
-template <typename T, int kW, bool kRounded>
+template <typename T, int kW, bool kRounded, int kRing>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     wgmma_projection_kernel(DevSpec s, int64_t tokens, const T* __restrict__ x,
                             const float* __restrict__ phi,
                             const float* __restrict__ gamma, float* partial,
                             unsigned long long* next_unit) {
   if constexpr (kRounded) WaitForPrerequisiteGrid();  // phi' rounded
-  using Plan = WgmmaPlan<T, kW, kRounded>;
+  using Plan = WgmmaPlan<T, kW, kRounded, kRing>;
   constexpr int kXPer = 16 / static_cast<int>(sizeof(T));  // x per chunk
   constexpr int kXChunks = kStageK / kXPer;
   constexpr int kXStep = kMmaThreads / kXChunks;
@@ -203,7 +220,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     }
     auto load = [&](int st) {
       if (st >= u.stages) return;
-      const int buf = st % kStages;
+      const int buf = st % kRing;
       const int kst = st * kStageK;
       T* xs = x_stage(buf);
       float* ps = phi_stage(buf);
@@ -236,7 +253,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     float ss_run = 0.0f;
     auto prepare = [&](int st) {
       if (st >= u.stages) return;
-      const int buf = st % kStages;
+      const int buf = st % kRing;
       const int r = tid >> 1, k0 = 16 * (tid & 1);
       float v[16];
       StagedX16(x_stage(buf), r, k0, v);
@@ -281,7 +298,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const uint64_t a_desc =
           DescriptorPlus(a_desc0, (st & 1) * Plan::kOperandBytes);
       const uint64_t b_desc =
-          DescriptorPlus(b_desc0, (st % kStages) * Plan::kBytes);
+          DescriptorPlus(b_desc0, (st % kRing) * Plan::kBytes);
       WgmmaFence();
 #pragma unroll
       for (int j = 0; j < kStageK / 8; ++j) {
@@ -295,20 +312,20 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     // the copies' wait also orders every thread's wait for st - 1's wgmmas
     // before its buffer is refilled.
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
+    for (int st = 0; st < kRing - 1; ++st) {
       load(st);
       CpAsyncCommit();
     }
-    CpAsyncWait<kStages - 2>();
+    CpAsyncWait<kRing - 2>();
     __syncthreads();
     prepare(0);
     FenceProxyAsyncShared();
     __syncthreads();
     for (int st = 0; st < u.stages; ++st) {
       compute(st);
-      CpAsyncWait<kStages - 3>();
+      CpAsyncWait<kRing - 3>();
       __syncthreads();
-      load(st + kStages - 1);
+      load(st + kRing - 1);
       CpAsyncCommit();
       prepare(st + 1);
       FenceProxyAsyncShared();
@@ -333,18 +350,25 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 // With `rounded` the rounding runs first; the units' CTAs take their slots
 // beside it and wait for it before their first copy.
-template <typename T, int kW>
+template <typename T, int kW, int kShallow, int kDeep>
 cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
                         const float* phi, const float* gamma, float* rounded,
                         float* partial, unsigned long long* next_unit,
-                        cudaStream_t stream) {
+                        bool deep_ring, cudaStream_t stream) {
+  if constexpr (kDeep > kShallow) {
+    if (deep_ring) {
+      return LaunchTiles<T, kW, kDeep, kDeep>(
+          s, tokens, x, phi, gamma, rounded, partial, next_unit, false, stream);
+    }
+  }
+  constexpr int kRing = kShallow;
   const int64_t chunks = PlanChunks(s.K, s.N).chunks;
   const int64_t units = MmaTiles(tokens) * chunks * ((s.N + kW - 1) / kW);
   if (rounded == nullptr) {
-    return LaunchPersistent(wgmma_projection_kernel<T, kW, false>, units,
-                            WgmmaPlan<T, kW, false>::kSmem, next_unit, stream,
-                            s, tokens, static_cast<const T*>(x), phi, gamma,
-                            partial);
+    return LaunchPersistent(wgmma_projection_kernel<T, kW, false, kRing>, units,
+                            WgmmaPlan<T, kW, false, kRing>::kSmem, next_unit,
+                            stream, s, tokens, static_cast<const T*>(x), phi,
+                            gamma, partial);
   }
   const int64_t vectors = int64_t{s.N} * s.K / 4;
   return LaunchPersistentBlocksAfter(
@@ -356,9 +380,9 @@ cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
                                                           rounded);
         return cudaGetLastError();
       },
-      wgmma_projection_kernel<T, kW, true>, kMmaThreads,
-      /*equal_shares=*/false, units, WgmmaPlan<T, kW, true>::kSmem, next_unit,
-      stream, s, tokens, static_cast<const T*>(x),
+      wgmma_projection_kernel<T, kW, true, kRing>, kMmaThreads,
+      /*equal_shares=*/false, units, WgmmaPlan<T, kW, true, kRing>::kSmem,
+      next_unit, stream, s, tokens, static_cast<const T*>(x),
       static_cast<const float*>(rounded), static_cast<const float*>(nullptr),
       partial);
 }
@@ -383,11 +407,18 @@ absl::Status LaunchWgmmaProjectionPartials(
   cudaError_t err = cudaSuccess;
   DispatchDType(dtype, [&](auto tt) {
     using T = typename decltype(tt)::type;
-    err = plan.tile_logits == 144
-              ? LaunchTiles<T, 144>(s, tokens, x, phi, gamma, rounded, partial,
-                                    next_unit, stream)
-              : LaunchTiles<T, 96>(s, tokens, x, phi, gamma, rounded, partial,
-                                   next_unit, stream);
+    // The per-unit form's gamma stages take the most: its depth fits both.
+    // The plan deepens 16-bit x only (fp32 measured no faster).
+    constexpr bool kDeepens = sizeof(T) == 2;
+    err = plan.tile_logits == 144 ? LaunchTiles < T, 144, kStages,
+    kDeepens ? DeepRing<T, 144, false>()
+             : kStages > (s, tokens, x, phi, gamma, rounded, partial, next_unit,
+                          plan.deep_ring, stream)
+        : LaunchTiles < T,
+    96, kStages,
+    kDeepens ? DeepRing<T, 96, false>()
+             : kStages > (s, tokens, x, phi, gamma, rounded, partial, next_unit,
+                          plan.deep_ring, stream);
   });
   MHC_CUDA_RETURN_IF_ERROR(err, "projection forward wgmma_tf32_wide", shape);
   MHC_CUDA_CHECK_LAUNCH("projection forward wgmma_tf32_wide", shape);
