@@ -314,10 +314,6 @@ __device__ __forceinline__ void BlockSum(float (&v)[W], float* red,
   GroupSum<W>(v, blockDim.x, red, out);
 }
 
-}  // namespace mhc::cuda
-
-namespace mhc::cuda {
-
 // A launch's layer shape, named in its error messages. Launchers keep one
 // for every call, so it holds the arguments and formats them only when a
 // message is made: no allocation on the launch path.
