@@ -193,6 +193,17 @@ bool FitsForwardShare(const Launch& l, size_t partials, size_t bytes) {
          ForwardScratchShare(static_cast<int>(n)) * x;
 }
 
+// Logit groups and units (token tiles x K chunks x groups) of the
+// wgmma_tf32_wide units.
+int WideGroups(const Launch& l) {
+  const int tile = proj::WgmmaWideTileLogits(l.N);
+  return (l.N + tile - 1) / tile;
+}
+int64_t WideUnits(const Launch& l) {
+  return (l.tokens + proj::kMmaTileTokens - 1) / proj::kMmaTileTokens *
+         proj::PlanChunks(l.K, l.N).chunks * WideGroups(l);
+}
+
 ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   ProjectionForwardWorkspaceLayout w;
   if (!l.spec.dynamic) return w;
@@ -216,14 +227,10 @@ ProjectionForwardWorkspaceLayout ForwardWorkspace(const Launch& l) {
   // taken only where they fit the forward scratch's share (large M). Sized
   // whatever the alignment, which picks mma_wide instead for rows off 16
   // bytes, so that the workspace depends on the layer and M alone.
-  const int wide_tile = proj::WgmmaWideTileLogits(l.N);
-  const int wide_groups = (l.N + wide_tile - 1) / wide_tile;
-  const int64_t wide_units = (l.tokens + proj::kMmaTileTokens - 1) /
-                             proj::kMmaTileTokens * chunks * wide_groups;
   const size_t rounded = AlignBytes(sizeof(float) * l.N * l.K);
   if (!l.ieee && l.N > 2 * proj::kLogitGroup &&
       !(l.bf16 && l.N <= proj::kBf16WideLogits) && l.tokens > 0 &&
-      (wide_groups == 1 || wide_units >= kRoundPhiOnceUnits) &&
+      (WideGroups(l) == 1 || WideUnits(l) >= kRoundPhiOnceUnits) &&
       FitsForwardShare(l, w.partials + w.phi_split, rounded)) {
     w.phi_rounded = rounded;
   }
@@ -518,11 +525,7 @@ ProjectionForwardPlan PlanProjectionForward(
     // copies in flight bounded by the ring (the same bits at any depth).
     // 16-bit x only: fp32's stages are larger, and its deeper ring measured
     // no faster (docs/decisions.md).
-    const int64_t units = (tokens + proj::kMmaTileTokens - 1) /
-                          proj::kMmaTileTokens *
-                          proj::PlanChunks(l.K, l.N).chunks *
-                          ((l.N + plan.tile_logits - 1) / plan.tile_logits);
-    plan.deep_ring = units < proj::kTunedSms && l.esize == 2;
+    plan.deep_ring = WideUnits(l) < proj::kTunedSms && l.esize == 2;
   }
   plan.workspace = ForwardWorkspace(l);
   plan.split_phi = plan.workspace.phi_split > 0;
