@@ -38,6 +38,7 @@ binaries=(
   tests/server/server_fault_injection_test
   bench/mhc_rpc_bench
   bench/mhc_gpu_bench
+  bench/mhc_l2_reuse_bench
   client/cpp/stream_ordered_step
 )
 explicit=0

@@ -1,10 +1,13 @@
 // Device measurements beside the CUDA backend (kernels/cuda/tools, library
 // mhc_cuda_tools): the daemon's copy bandwidth probe and the GPU
-// benchmark's timing kernels. Built only when CUDA is enabled.
+// benchmark's timing kernels, and a probe of how far L2 holds a streamed
+// tensor for a second read. Built only when CUDA is enabled.
 #ifndef MHC_CUDA_TOOLS_H_
 #define MHC_CUDA_TOOLS_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +33,28 @@ absl::Status EnqueueCudaSpin(Backend& cuda_backend, double microseconds);
 // never pays for evicting the flush's dirty lines.
 absl::Status EnqueueCudaReadFlush(Backend& cuda_backend, const void* buffer,
                                   size_t bytes);
+
+// One configuration of the L2 reuse probe (kernels/cuda/tools/l2_reuse.cu):
+// CTAs take units of a tensor in order and read each from HBM by bulk
+// tensor-engine copies; then, with `reread`, each reads again the unit
+// lag_bytes before it (modulo the tensor) by 16-byte loads, and with
+// `writes` writes a quarter of those bytes to another buffer. `hints` marks
+// the first read evict_last and the re-read and writes evict_first in L2.
+struct L2ReuseProbe {
+  int64_t unit_bytes = 32 << 10;  // a multiple of 16 KiB
+  int64_t lag_bytes = 0;          // a multiple of unit_bytes
+  bool reread = true;
+  bool writes = false;
+  bool hints = false;
+  int ctas_per_sm = 4;
+};
+
+// The median event time in microseconds of each probe over `repeats` runs
+// on an x_bytes tensor of `device`, each run after a write flush of L2.
+// Allocates x_bytes * 5 / 4 plus 256 MiB of device memory while it runs.
+absl::StatusOr<std::vector<double>> ProbeCudaL2Reuse(
+    int device, size_t x_bytes, const std::vector<L2ReuseProbe>& probes,
+    int repeats);
 
 }  // namespace mhc
 
