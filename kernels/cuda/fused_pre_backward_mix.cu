@@ -181,15 +181,11 @@ __global__ void __launch_bounds__(kMixThreads)
 constexpr int kQuadMixTokens = 16;
 using QuadMixKeep = sk4::QuadKeep<kQuadMixTokens>;
 
+// g_row: row q of the token's dH_res; dq4: its dH_post.
 __device__ __forceinline__ void QuadBackwardMixToken(
     const DevSpec& s, int64_t m, const float* h_row, float ms,
-    const float (&dhp)[4], const BackwardMixDev& a, const QuadMixKeep& keep,
-    const sk4::Quad& quad) {
-  float g_row[4], dq4[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) g_row[j] = a.dh_res[m * 16 + 4 * quad.q + j];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) dq4[i] = a.dh_post[m * 4 + i];
+    const float (&dhp)[4], const float (&g_row)[4], const float (&dq4)[4],
+    const BackwardMixDev& a, const QuadMixKeep& keep, const sk4::Quad& quad) {
   float hp[4], hq[4], logits[16];
   ScaleForwardToken<4>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
   const bool writer = quad.q == 0;
@@ -229,9 +225,15 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
   if (m >= tokens) return;  // the whole quad
   const sk4::Quad quad = sk4::Quad::OfLane();
   const QuadMixKeep keep{kept, token};
-  float dhp[4];
+  // Every upstream row is asked for before the repair test, so that the
+  // token's chain waits out one load latency, not two.
+  float dhp[4], g_row[4], dq4[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) dhp[i] = dh_pre[m * 4 + i];
+  for (int i = 0; i < 4; ++i) {
+    dhp[i] = dh_pre[m * 4 + i];
+    g_row[i] = a.dh_res[m * 16 + 4 * quad.q + i];
+    dq4[i] = a.dh_post[m * 4 + i];
+  }
   const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
   if (s.dynamic && NeedsRepair(s, h_row, ms)) {
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
     }
     return;
   }
-  QuadBackwardMixToken(s, m, h_row, ms, dhp, a, keep, quad);
+  QuadBackwardMixToken(s, m, h_row, ms, dhp, g_row, dq4, a, keep, quad);
   if (s.dynamic && quad.q == 0) rows.flag[m] = 0;
 }
 
