@@ -221,13 +221,15 @@ TEST_P(CudaFusedTest, PreAndHead) {
 // on 16 bytes; projection/backward/wgmma_n4_terms.cu) with and without
 // dx_next: a partial channel tile (C = 1032), chunks split over two CTAs
 // (M = 1100: a partial last stage in the second token chunk; M = 1034: a
-// second chunk of one stage, so its second CTA has none) and a batch of one
-// partial stage, gamma on and off.
+// second chunk of one stage, so its second CTA has none) or three, one per
+// SM (M = 600: runs of four, four and two stages, the last partial; M =
+// 130: a stage each, the third of two tokens), and a batch of one partial
+// stage, gamma on and off.
 TEST(CudaFusedN4Test, PreOnWarpgroupMmas) {
   MHC_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (bool gamma : {true, false}) {
-      for (int64_t m : {1100, 1034, 37}) {
+      for (int64_t m : {1100, 1034, 600, 130, 37}) {
         LayerSpec spec = PresetSpec("deepseek_v4", 4, 1032).value();
         spec.matmul_precision = MatmulPrecision::kTf32;
         spec.has_gamma = gamma;
@@ -408,6 +410,8 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
       // The backward mixing one thread per token past kQuadMixMaxTokens,
       // single tokens on quads of lanes: the same bits.
       {4, 64, cuda::kQuadMixMaxTokens + 5, DType::kBF16, "deepseek_v4"},
+      // One token chunk split over a cluster of three CTAs, one per SM.
+      {4, 1024, 600, DType::kBF16, "deepseek_v4"},
   };
   const Case& c = cases[GetParam()];
   LayerSpec spec = PresetSpec(c.preset, c.n, c.C).value();
@@ -455,7 +459,7 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 8));
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDeterminismTest, ::testing::Range(0, 9));
 
 // The n = 4 pre backward's dx kernel takes its stages by tensor copies where
 // every tensor sits on 16 bytes, else by realigned cp.async slots (here

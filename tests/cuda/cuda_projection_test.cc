@@ -402,7 +402,8 @@ void CheckBackward(const BackwardCase& c) {
 // gamma, C = 1024 without, fp16, three token chunks) and of n = 4 layers
 // (C = 4096 with gamma, a partial last stage; C = 1000 without, fp16, a
 // partial channel tile, two stages in the last chunk; chunks split over two
-// CTAs at C = 1000, M = 1034 the last chunk's second CTA with no stage).
+// CTAs at C = 1000, M = 1034 the last chunk's second CTA with no stage, and
+// over three, one per SM, at M = 600).
 TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
   const BackwardCase cases[] = {
@@ -425,6 +426,7 @@ TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
       {8, 1024, 2100, DType::kF16, MatmulPrecision::kTf32, false, false, false},
       {4, 1000, 1100, DType::kF16, MatmulPrecision::kTf32, false, false, false},
       {4, 1000, 1034, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
+      {4, 1000, 600, DType::kBF16, MatmulPrecision::kTf32, true, false, false},
   };
   for (const BackwardCase& c : cases) CheckBackward(c);
 }

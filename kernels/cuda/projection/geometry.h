@@ -113,10 +113,18 @@ inline constexpr int kWgmmaVec = 8;  // 16-bit elements per 16-byte copy
 inline constexpr int kWgmmaN4StageTokens = 64;
 inline constexpr int kWgmmaN4Chans = 32;  // channels of every stream per CTA
 inline constexpr int kWgmmaN4CtasPerSm = 2;
-// The n = 4 kernels split a chunk's stages over a cluster of up to this many
-// CTAs while the chunks leave SMs idle (more measured slower: docs/
-// decisions.md).
-inline constexpr int kMaxChunkCtas = 2;
+// The n = 4 kernels split a chunk's stages over a cluster of CTAs while the
+// chunks leave SMs idle: of kMaxChunkCtas where the clusters all fit with an
+// SM per CTA (kOneCtaPerSmSmem), else of up to kMaxSharedChunkCtas, two per
+// SM. Clusters of four measured slower: fewer fit one CTA per SM than a
+// chunk split in four needs, and two per SM place them unevenly
+// (docs/decisions.md).
+inline constexpr int kMaxChunkCtas = 3;
+inline constexpr int kMaxSharedChunkCtas = 2;
+// Clusters of kMaxChunkCtas CTAs, one per SM, that the tuned GPU holds at
+// once (cudaOccupancyMaxActiveClusters: a cluster stays inside one GPC, so
+// some SMs go unused).
+inline constexpr int64_t kMaxSoloClusters = 39;
 inline constexpr int kWgmmaN8StageTokens = 32;
 
 // ---- Backward: the register-resident mma.sync kernel (backward/mma.cuh).
@@ -125,6 +133,9 @@ inline constexpr int kDxCols = 128;  // columns of K per CTA
 inline constexpr int kDxStageTokens = 32;
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90 opt-in limit
 inline constexpr int kDxMaxTiles = 10;               // logit tiles of 8
+// A dynamic shared-memory request that leaves an SM no room for a second CTA
+// (each CTA also holds 1 KiB the driver reserves).
+inline constexpr int kOneCtaPerSmSmem = kMaxSmemPerBlock / 2 + 1024;
 // A launch of fewer CTAs (128 columns x a token chunk) than kTunedSms runs
 // dphi and dx apart, dx in CTAs of at most this many tokens, halved down to
 // one stage while they number fewer than kDxApartCtasPerSm per SM.

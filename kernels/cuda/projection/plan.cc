@@ -317,10 +317,11 @@ const std::vector<BackwardRule>& BackwardRules() {
         "kernels/cuda/projection/backward/wgmma_n4.cu",
         "64-token stages, `dx` as the `wgmma` result written over `x` in the "
         "staged tile and stored in whole rows, `dphi^T` on `wgmma`; while "
-        "twice the chunks' CTAs fit two per SM, a chunk's stages split over "
-        "a cluster of two CTAs (`chunk_ctas`); with one token chunk (`M <= "
-        "1024`) the kernel adds `dphi` into the gradients itself "
-        "(`grads_in_kernel`), with no reduction launch",
+        "the chunks' CTAs leave SMs idle, a chunk's stages split over a "
+        "cluster of three CTAs with an SM each, or of two, two per SM "
+        "(`chunk_ctas`); with one token chunk (`M <= 1024`) the kernel adds "
+        "`dphi` into the gradients itself (`grads_in_kernel`), with no "
+        "reduction launch",
         Example(4, 256)},
        [](const BackwardCase& c) {
          return !c.terms.aggregate && !c.terms.residual &&
@@ -335,8 +336,9 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`wgmma_n4`'s tiles with the terms' tiles in one buffer refilled a "
         "stage ahead; each warpgroup's `dx` covers 16 channels of all four "
         "streams, so a thread reads each `dx_next` pair once for four "
-        "outputs; chunks split over two CTAs, and one chunk's `dphi` (with "
-        "the overflow repair's pass) added in the kernel, as `wgmma_n4`'s",
+        "outputs; chunks split over two or three CTAs, and one chunk's `dphi` "
+        "(with the overflow repair's pass) added in the kernel, as "
+        "`wgmma_n4`'s",
         WithAggregate(Example(4, 256))},
        [](const BackwardCase& c) {
          const auto& a = c.a;
@@ -646,17 +648,22 @@ ProjectionBackwardPlan PlanProjectionBackward(
   }
   // n = 4 warpgroup kernels: a CTA walks its chunk's stages one after
   // another on one SM, so with fewer CTAs than the SMs hold most SMs idle:
-  // a cluster of CTAs splits each chunk (one stage each at least).
+  // a cluster of CTAs splits each chunk (one stage each at least), of three
+  // where all the clusters fit with an SM per CTA, else of two, two per SM.
   if (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) {
-    const int64_t ctas =
-        DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk);
+    const int64_t ctas = std::max<int64_t>(
+        1, DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk));
     const int64_t stages =
         (std::min(tokens, proj::kTokenChunk) + proj::kWgmmaN4StageTokens - 1) /
         proj::kWgmmaN4StageTokens;
-    const int64_t fit =
-        ctas > 0 ? proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas : 1;
-    plan.chunk_ctas = static_cast<int>(std::max<int64_t>(
-        1, std::min({int64_t{proj::kMaxChunkCtas}, fit, stages})));
+    const int64_t shared = proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas;
+    if (ctas <= proj::kMaxSoloClusters && stages >= proj::kMaxChunkCtas) {
+      plan.chunk_ctas = proj::kMaxChunkCtas;
+      plan.one_cta_per_sm = true;
+    } else {
+      plan.chunk_ctas = static_cast<int>(std::max<int64_t>(
+          1, std::min({int64_t{proj::kMaxSharedChunkCtas}, shared, stages})));
+    }
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   plan.grads_in_kernel =

@@ -7,10 +7,10 @@
 // L1 / shared-memory pipe three quarters busy: each of its eight warps reads
 // the whole staged dh tile for both of its products. Here a CTA owns 32
 // channels of every stream (128 columns of K) and one chunk of kTokenChunk
-// tokens (in small batches half of one, the plan's chunk_ctas: a cluster of
-// two CTAs per chunk whose dphi the first adds, wgmma_tile.cuh), staged 64
-// tokens at a time through a cp.async ring; warpgroup wg owns columns
-// 64 wg .. 64 wg + 63:
+// tokens (in small batches a part of one, the plan's chunk_ctas: a cluster
+// of two or three CTAs per chunk whose dphi the first adds, wgmma_tile.cuh),
+// staged 64 tokens at a time through a cp.async ring; warpgroup wg owns
+// columns 64 wg .. 64 wg + 63:
 //   dx    [64 tokens x 64 cols] = dh [64 x 24] . phi' [24 x 64 cols]
 //         wgmma.m64n64k8, dh token rows and phi'^T column rows (rounded to
 //         tf32 once per CTA) both from shared memory;
@@ -26,7 +26,7 @@
 // Numerics are the mma.sync kernel's under TF32: phi' and dh rounded to
 // tf32 to nearest, x exact, fp32 accumulation over the logits in the same
 // k steps of 8, then fmaf(dm, x, dx); dphi sums a chunk's tokens in the
-// tensor cores' fp32 accumulators (split chunks: the two CTAs' sums added
+// tensor cores' fp32 accumulators (split chunks: the CTAs' sums added
 // in rank order). Determinism / batch invariance: a token's
 // dx is the same products in a fixed order whatever M and the token's slot;
 // dphi partials are per (chunk, logit, column), reduced over chunks in
@@ -194,6 +194,7 @@ absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
   const DevSpec s = MakeDevSpec(*a.spec);
   // chunk_ctas CTAs per token chunk, one cluster each.
   const int ranks = plan.chunk_ctas;
+  const size_t smem = ChunkSplitSmem(plan, Plan::kSmem);
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
                   GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
@@ -203,7 +204,7 @@ absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
     using T = typename decltype(tt)::type;
     err = LaunchLargeSmemClusters(
         dx_rows_wgmma_kernel<T, decltype(in_kernel_tag)::value>, grid,
-        dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
+        dim3(1, ranks, 1), kThreads, smem, stream, s, a.tokens,
         static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms,
         static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);
   };

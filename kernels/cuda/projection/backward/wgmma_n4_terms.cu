@@ -9,9 +9,9 @@
 //
 // The geometry is wgmma_n4's (projection/backward/wgmma_n4.cu): a CTA owns
 // 32 channels of every stream (128 columns of K) and one chunk of
-// kTokenChunk tokens (or half of one, as there), staged 64 tokens at a
-// time, two CTAs per SM so that one's products overlap the other's
-// epilogue. Two changes make room for the terms:
+// kTokenChunk tokens (or a part of one, as there), staged 64 tokens at a
+// time, two CTAs per SM (where the chunks fill the GPU) so that one's
+// products overlap the other's epilogue. Two changes make room for the terms:
 //   - x, dh and dms go through a ring of two stages; the terms' tiles
 //     (dx_next, dy, H_pre, R) have one buffer, refilled for the next stage
 //     as soon as this stage's epilogue has read it, so they land while the
@@ -285,6 +285,7 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
   const DevSpec s = MakeDevSpec(*a.spec);
   // chunk_ctas CTAs per token chunk, one cluster each.
   const int ranks = plan.chunk_ctas;
+  const size_t smem = ChunkSplitSmem(plan, Plan::kSmem);
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
                   GridSize(NumChunks(a.tokens) * ranks));
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
@@ -295,7 +296,7 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
     err = LaunchLargeSmemClusters(
         dx_terms_wgmma_kernel<T, decltype(residual_tag)::value,
                               decltype(in_kernel_tag)::value>,
-        grid, dim3(1, ranks, 1), kThreads, Plan::kSmem, stream, s, a.tokens,
+        grid, dim3(1, ranks, 1), kThreads, smem, stream, s, a.tokens,
         static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms, a.h_pre,
         static_cast<const T*>(a.dy), a.r, static_cast<const T*>(a.dx_next),
         static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);

@@ -7,6 +7,8 @@
 #ifndef MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_BACKWARD_WGMMA_TILE_CUH_
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "dispatch.cuh"
@@ -15,6 +17,8 @@
 #include "primitives/wgmma.cuh"
 #include "projection/backward/dphi_grads.cuh"
 #include "projection/forward/mma.cuh"
+#include "projection/geometry.h"
+#include "projection/plan.h"
 
 namespace mhc::cuda {
 
@@ -37,6 +41,15 @@ struct DxTile {
     return min(kStageTokens, chunk_tokens - st * kStageTokens);
   }
 };
+
+// The dynamic shared memory of a chunk-split launch: the kernel's own or,
+// with plan.one_cta_per_sm, enough that no SM holds a second CTA.
+inline size_t ChunkSplitSmem(const ProjectionBackwardPlan& plan,
+                             size_t kernel_smem) {
+  return plan.one_cta_per_sm
+             ? std::max(kernel_smem, size_t{proj::kOneCtaPerSmSmem})
+             : kernel_smem;
+}
 
 // This CTA's tile. With chunk_ctas > 1 the grid's y is chunk_ctas CTAs per
 // chunk, launched as clusters along y: rank q of a chunk's cluster takes the
