@@ -4,7 +4,6 @@
 // changes the workspace. No GPU needed.
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -489,30 +488,28 @@ TEST(ProjectionPlan, BackwardTermsByGrid) {
 
 TEST(ProjectionPlan, BackwardChunkCtas) {
   const DxTerms both = Terms(true, true);
-  // {chunk_ctas, one_cta_per_sm}
   auto split = [&](int64_t C, int64_t M, DxTerms terms, BV want) {
     const ProjectionBackwardPlan plan =
         PlanProjectionBackward(Layer(4, C), DType::kBF16, M, {}, terms);
     EXPECT_EQ(plan.variant, want) << C << " " << M;
-    return std::make_pair(plan.chunk_ctas, plan.one_cta_per_sm);
+    return plan.chunk_ctas;
   };
-  using Split = std::pair<int, bool>;
   // Chunks (CTAs of 32 channels x 1024 tokens) split in three while the
   // clusters of three fit one CTA per SM (39 of them) and a chunk has three
   // stages of 64 tokens; else in two while twice their CTAs fit two per SM
   // and a chunk has two stages.
-  EXPECT_EQ(split(1024, 512, both, BV::kWgmmaN4Terms), Split(3, true));
-  EXPECT_EQ(split(1248, 1024, both, BV::kWgmmaN4Terms), Split(3, true));
-  EXPECT_EQ(split(1280, 1024, both, BV::kWgmmaN4Terms), Split(2, false));
-  EXPECT_EQ(split(2560, 1024, both, BV::kWgmmaN4Terms), Split(2, false));
-  EXPECT_EQ(split(4224, 1024, both, BV::kWgmmaN4Terms), Split(2, false));
-  EXPECT_EQ(split(4256, 1024, both, BV::kWgmmaN4Terms), Split(1, false));
-  EXPECT_EQ(split(4096, 2048, both, BV::kWgmmaN4Terms), Split(1, false));
-  EXPECT_EQ(split(1024, 64, both, BV::kWgmmaN4Terms), Split(1, false));
-  EXPECT_EQ(split(1024, 65, both, BV::kWgmmaN4Terms), Split(2, false));
-  EXPECT_EQ(split(1024, 129, both, BV::kWgmmaN4Terms), Split(3, true));
-  EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), Split(3, true));
-  EXPECT_EQ(split(1024, 8193, both, BV::kMma), Split(1, false));
+  EXPECT_EQ(split(1024, 512, both, BV::kWgmmaN4Terms), 3);
+  EXPECT_EQ(split(1248, 1024, both, BV::kWgmmaN4Terms), 3);
+  EXPECT_EQ(split(1280, 1024, both, BV::kWgmmaN4Terms), 2);
+  EXPECT_EQ(split(2560, 1024, both, BV::kWgmmaN4Terms), 2);
+  EXPECT_EQ(split(4224, 1024, both, BV::kWgmmaN4Terms), 2);
+  EXPECT_EQ(split(4256, 1024, both, BV::kWgmmaN4Terms), 1);
+  EXPECT_EQ(split(4096, 2048, both, BV::kWgmmaN4Terms), 1);
+  EXPECT_EQ(split(1024, 64, both, BV::kWgmmaN4Terms), 1);
+  EXPECT_EQ(split(1024, 65, both, BV::kWgmmaN4Terms), 2);
+  EXPECT_EQ(split(1024, 129, both, BV::kWgmmaN4Terms), 3);
+  EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), 3);
+  EXPECT_EQ(split(1024, 8193, both, BV::kMma), 1);
 }
 
 TEST(ProjectionPlan, BackwardGradsInKernel) {

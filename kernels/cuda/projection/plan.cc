@@ -659,7 +659,6 @@ ProjectionBackwardPlan PlanProjectionBackward(
     const int64_t shared = proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas;
     if (ctas <= proj::kMaxSoloClusters && stages >= proj::kMaxChunkCtas) {
       plan.chunk_ctas = proj::kMaxChunkCtas;
-      plan.one_cta_per_sm = true;
     } else {
       plan.chunk_ctas = static_cast<int>(std::max<int64_t>(
           1, std::min({int64_t{proj::kMaxSharedChunkCtas}, shared, stages})));

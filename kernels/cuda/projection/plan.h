@@ -193,10 +193,9 @@ struct ProjectionBackwardPlan {
   int dx_apart_tokens = 0;
   // wgmma_n4 / wgmma_n4_terms: the CTAs (one cluster) that split each token
   // chunk's stages, 1 to kMaxChunkCtas; rank 0 adds the others' dphi in
-  // rank order (dx keeps its bits). one_cta_per_sm: the launch pads its
-  // shared memory so that no SM holds two of them.
+  // rank order (dx keeps its bits). Above kMaxSharedChunkCtas the launch
+  // pads its shared memory so that no SM holds two of them.
   int chunk_ctas = 1;
-  bool one_cta_per_sm = false;
   // wgmma_n4 / wgmma_n4_terms with one dphi chunk: the dx kernel adds that
   // chunk's dphi into the phi / gamma gradients itself (and runs the fused
   // backward's repair pass), as the reduction would, so no second launch.

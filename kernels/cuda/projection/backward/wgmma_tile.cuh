@@ -43,10 +43,11 @@ struct DxTile {
 };
 
 // The dynamic shared memory of a chunk-split launch: the kernel's own or,
-// with plan.one_cta_per_sm, enough that no SM holds a second CTA.
+// for clusters of more than kMaxSharedChunkCtas CTAs (one per SM), enough
+// that no SM holds a second CTA.
 inline size_t ChunkSplitSmem(const ProjectionBackwardPlan& plan,
                              size_t kernel_smem) {
-  return plan.one_cta_per_sm
+  return plan.chunk_ctas > proj::kMaxSharedChunkCtas
              ? std::max(kernel_smem, size_t{proj::kOneCtaPerSmSmem})
              : kernel_smem;
 }
