@@ -16,6 +16,12 @@
 
 namespace mhc {
 namespace cuda {
+namespace {
+
+// The scale backward's counter, then the projection backward's.
+constexpr int kArrivals = 1 + proj::kSplitArrivals;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   const int count = CudaDeviceCount();
@@ -46,10 +52,11 @@ absl::Status CudaBackend::CreateResources() {
   MHC_CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&ops_done_, cudaEventDisableTiming),
       "create backend", what);
-  MHC_CUDA_RETURN_IF_ERROR(cudaMalloc(&arrivals_, sizeof(unsigned)),
+  MHC_CUDA_RETURN_IF_ERROR(cudaMalloc(&arrivals_, sizeof(unsigned) * kArrivals),
                            "create backend", what);
-  MHC_CUDA_RETURN_IF_ERROR(cudaMemset(arrivals_, 0, sizeof(unsigned)),
-                           "create backend", what);
+  MHC_CUDA_RETURN_IF_ERROR(
+      cudaMemset(arrivals_, 0, sizeof(unsigned) * kArrivals), "create backend",
+      what);
   MHC_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "create backend", what);
   return absl::OkStatus();
 }
@@ -426,7 +433,7 @@ absl::Status CudaBackend::RunProjectionForward(const ProjectionForwardParams& p,
 }
 absl::Status CudaBackend::RunProjectionBackward(
     const ProjectionBackwardParams& p, Workspace ws) {
-  MHC_CUDA_RUN_(LaunchProjectionBackward(p, ws, stream_));
+  MHC_CUDA_RUN_(LaunchProjectionBackward(p, ws, arrivals_ + 1, stream_));
 }
 absl::Status CudaBackend::RunScaleForward(const ScaleForwardParams& p,
                                           Workspace) {

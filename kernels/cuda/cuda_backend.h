@@ -143,8 +143,10 @@ class CudaBackend final : public Backend {
   cudaStream_t upload_stream_ = nullptr;
   cudaStream_t download_stream_ = nullptr;
   // Zeroed once here; single-launch reductions count their finished blocks
-  // in it and the last block puts it back to 0. One per op stream: kernels
-  // on one stream never overlap, so they can share it.
+  // in them and the last block puts its counter back to 0. The scale
+  // backward takes the first, the projection backward's split dx kernels
+  // the others. One set per op stream: each user's launches follow one
+  // another on it.
   unsigned* arrivals_ = nullptr;
   // Recorded on the op stream for each download to wait for.
   cudaEvent_t ops_done_ = nullptr;

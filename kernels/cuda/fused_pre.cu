@@ -38,6 +38,7 @@ namespace {
 using fused_pre::BackwardSlices;
 using fused_pre::ForwardSlices;
 using fused_pre::ForwardSlicesOf;
+using fused_pre::kBackwardArrivals;
 using fused_pre::Slices;
 
 struct ForwardDev {
@@ -279,10 +280,12 @@ __global__ void __launch_bounds__(kDhPreWarps * 32, kDhPreBlocks<NT, kStrided>)
                   float* dh_pre, int* repair_count, unsigned* arrivals) {
   WaitForPrerequisiteGrid();  // dy, and the workspace's earlier readers
   // The mixing kernel, next in the stream, counts its repaired tokens; the
-  // column sums, last, their finished CTAs.
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    if (repair_count != nullptr) *repair_count = 0;
-    *arrivals = 0;
+  // dx kernel's split chunks and the column sums, last, their finished CTAs.
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0 && repair_count != nullptr) *repair_count = 0;
+    for (int i = threadIdx.x; i < kBackwardArrivals; i += blockDim.x) {
+      arrivals[i] = 0;
+    }
   }
   const int lane = threadIdx.x & 31;
   const int64_t m =
@@ -587,6 +590,8 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   dx.dx_next = residual ? a.dx_next : nullptr;
   dx.dx = a.dx;
   dx.dphi_partial = want_phi ? at(b.dphi) : nullptr;
+  dx.split_partials = at(b.split_dphi);
+  dx.split_arrivals = arrivals + 1;
   dx.wide_scratch = at(b.wide);
   // The repair pass for the tokens the mixing kernel repaired rides on the
   // phi / gamma gradients' launch, which runs after dx anyway: no launch of

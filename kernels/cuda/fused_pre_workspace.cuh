@@ -21,12 +21,15 @@ namespace mhc::cuda::fused_pre {
 // directions: the fused plan's split_mix rows (plans/fused.h).
 using ::mhc::cuda::SplitMix;
 
+// The fused backward's arrival counters (BackwardSlices::arrivals).
+inline constexpr int kBackwardArrivals = 1 + proj::kSplitArrivals;
+
 // Workspace slices of the fused backward, in order (h_post, logits and
 // dlogits only for SplitMix layers).
 struct BackwardSlices {
-  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, wide, h_fwd,
-      ms_fwd, h_post, logits, dlogits, repair_scaled, repair_flag, repair_count,
-      arrivals, proj_partial, total;
+  size_t dh, dms, h_pre, dh_pre, r, contrib, col_partial, dphi, split_dphi,
+      wide, h_fwd, ms_fwd, h_post, logits, dlogits, repair_scaled, repair_flag,
+      repair_count, arrivals, proj_partial, total;
 };
 
 // Byte offsets of consecutive 256-B aligned float slices.
@@ -59,6 +62,7 @@ inline BackwardSlices Slices(const LayerSpec& spec, int64_t tokens,
   b.col_partial = take(split ? 0 : NumChunks(tokens) * width);
   b.dphi =
       take(spec.dynamic ? NumPhiChunks(spec, tokens) * rows * spec.K() : 0);
+  b.split_dphi = take(SplitPartialBytes(spec, tokens) / sizeof(float));
   b.wide = take(WideDxScratchBytes(spec, tokens, dtype, /*terms=*/true) /
                 sizeof(float));
   b.h_fwd = take(spec.dynamic ? tokens * rows : 0);
@@ -71,9 +75,10 @@ inline BackwardSlices Slices(const LayerSpec& spec, int64_t tokens,
   b.repair_scaled = take(repair ? tokens * (rows + 1) : 0);
   b.repair_flag = take(repair ? tokens : 0);
   b.repair_count = take(repair ? 1 : 0);
-  // The counter of the single-launch column sums (LaunchColumnSum), which
-  // the dh_pre kernel zeroes.
-  b.arrivals = take(1);
+  // The counters of the single-launch column sums (LaunchColumnSum) and of
+  // the dx kernels' split chunks (DxArgs::split_arrivals), which the dh_pre
+  // kernel zeroes.
+  b.arrivals = take(kBackwardArrivals);
   b.proj_partial = take.offset;
   b.total = take.offset + MmaProjectionWorkspace(spec, tokens, dtype);
   return b;

@@ -65,8 +65,12 @@ PostPlan PlanOf(const PostBackwardParams& p);
 
 absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
                                      Workspace ws, cudaStream_t stream);
+// arrivals: proj::kSplitArrivals device counters, 0 between launches (the
+// backend owns them and its stream serialises the users), for the dx
+// kernels that split a token chunk over several CTAs.
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
-                                      Workspace ws, cudaStream_t stream);
+                                      Workspace ws, unsigned* arrivals,
+                                      cudaStream_t stream);
 // `repair` (overflow_repair.h): the overflow repair of the SplitMix path in
 // the fused ops, which alone have x (n != 4); null for the single op.
 struct ScaleRepair;
@@ -202,6 +206,11 @@ struct DxArgs {
   const void* dx_next = nullptr;  // [M, K] with r
   void* dx = nullptr;
   float* dphi_partial = nullptr;  // optional
+  // For plans with chunk_ctas > 1 that sum dphi: the workspace's
+  // split_partials bytes and proj::kSplitArrivals counters, 0 between
+  // launches (the kernel's last CTAs leave them 0).
+  float* split_partials = nullptr;
+  unsigned* split_arrivals = nullptr;
   // WideDxScratchBytes of scratch, for the plan's wide variants
   // (projection/backward/wide.h).
   void* wide_scratch = nullptr;

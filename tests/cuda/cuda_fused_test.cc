@@ -219,12 +219,12 @@ TEST_P(CudaFusedTest, PreAndHead) {
 
 // The n = 4 pre backward on warpgroup mmas (TF32, stream-major, 16-bit rows
 // on 16 bytes; projection/backward/wgmma_n4_terms.cu) with and without
-// dx_next: a partial channel tile (C = 1032), chunks split over two CTAs
-// (M = 1100: a partial last stage in the second token chunk; M = 1034: a
-// second chunk of one stage, so its second CTA has none) or three, one per
-// SM (M = 600: runs of four, four and two stages, the last partial; M =
-// 130: a stage each, the third of two tokens), and a batch of one partial
-// stage, gamma on and off.
+// dx_next: a partial channel tile (C = 1032, 33 tiles), chunks split over
+// four CTAs two per SM (M = 1100: a partial last stage in the second token
+// chunk, whose last two CTAs have none; M = 1034: a second chunk of one
+// stage) or one per SM (M = 600: runs of three stages and one, the last
+// partial), over three (M = 130: a stage each, the third of two tokens), and
+// a batch of one partial stage, gamma on and off.
 TEST(CudaFusedN4Test, PreOnWarpgroupMmas) {
   MHC_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -410,7 +410,7 @@ TEST_P(CudaDeterminismTest, BitwiseRepeatableAndBatchInvariant) {
       // The backward mixing one thread per token past kQuadMixMaxTokens,
       // single tokens on quads of lanes: the same bits.
       {4, 64, cuda::kQuadMixMaxTokens + 5, DType::kBF16, "deepseek_v4"},
-      // One token chunk split over a cluster of three CTAs, one per SM.
+      // One token chunk split over four CTAs, one per SM.
       {4, 1024, 600, DType::kBF16, "deepseek_v4"},
   };
   const Case& c = cases[GetParam()];

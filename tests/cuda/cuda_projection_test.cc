@@ -401,9 +401,9 @@ void CheckBackward(const BackwardCase& c) {
 // stream-major, 16-bit rows on 16 bytes) of n = 8 layers (C = 1000 with
 // gamma, C = 1024 without, fp16, three token chunks) and of n = 4 layers
 // (C = 4096 with gamma, a partial last stage; C = 1000 without, fp16, a
-// partial channel tile, two stages in the last chunk; chunks split over two
-// CTAs at C = 1000, M = 1034 the last chunk's second CTA with no stage, and
-// over three, one per SM, at M = 600).
+// partial channel tile, two stages in the last chunk; chunks split over four
+// CTAs at C = 1000, M = 1034, two per SM, the last chunk's last three with
+// no stage, and one per SM at M = 600).
 TEST(CudaProjectionTilesTest, BackwardMatchesReferenceAndIsDeterministic) {
   MHC_SKIP_WITHOUT_GPU();
   const BackwardCase cases[] = {

@@ -494,21 +494,26 @@ TEST(ProjectionPlan, BackwardChunkCtas) {
     EXPECT_EQ(plan.variant, want) << C << " " << M;
     return plan.chunk_ctas;
   };
-  // Chunks (CTAs of 32 channels x 1024 tokens) split in three while the
-  // clusters of three fit one CTA per SM (39 of them) and a chunk has three
-  // stages of 64 tokens; else in two while twice their CTAs fit two per SM
-  // and a chunk has two stages.
-  EXPECT_EQ(split(1024, 512, both, BV::kWgmmaN4Terms), 3);
-  EXPECT_EQ(split(1248, 1024, both, BV::kWgmmaN4Terms), 3);
-  EXPECT_EQ(split(1280, 1024, both, BV::kWgmmaN4Terms), 2);
-  EXPECT_EQ(split(2560, 1024, both, BV::kWgmmaN4Terms), 2);
-  EXPECT_EQ(split(4224, 1024, both, BV::kWgmmaN4Terms), 2);
-  EXPECT_EQ(split(4256, 1024, both, BV::kWgmmaN4Terms), 1);
+  // Chunks (CTAs of 32 channels x 1024 tokens) split over as many CTAs as
+  // fit one per SM, up to four and a stage each, where that is three or
+  // more; else over as many as fit two per SM.
+  EXPECT_EQ(split(1024, 512, both, BV::kWgmmaN4Terms), 4);   // 32 tiles
+  EXPECT_EQ(split(1056, 1024, both, BV::kWgmmaN4Terms), 4);  // 33
+  EXPECT_EQ(split(1088, 1024, both, BV::kWgmmaN4Terms), 3);  // 34
+  EXPECT_EQ(split(1408, 1024, both, BV::kWgmmaN4Terms), 3);  // 44
+  EXPECT_EQ(split(1440, 1024, both, BV::kWgmmaN4Terms), 4);  // 45, shared
+  EXPECT_EQ(split(2112, 1024, both, BV::kWgmmaN4Terms), 4);  // 66
+  EXPECT_EQ(split(2144, 1024, both, BV::kWgmmaN4Terms), 3);  // 67
+  EXPECT_EQ(split(2560, 1024, both, BV::kWgmmaN4Terms), 3);  // 80
+  EXPECT_EQ(split(2848, 1024, both, BV::kWgmmaN4Terms), 2);  // 89
+  EXPECT_EQ(split(4224, 1024, both, BV::kWgmmaN4Terms), 2);  // 132
+  EXPECT_EQ(split(4256, 1024, both, BV::kWgmmaN4Terms), 1);  // 133
   EXPECT_EQ(split(4096, 2048, both, BV::kWgmmaN4Terms), 1);
+  EXPECT_EQ(split(1024, 2048, both, BV::kWgmmaN4Terms), 4);  // 2 chunks
   EXPECT_EQ(split(1024, 64, both, BV::kWgmmaN4Terms), 1);
   EXPECT_EQ(split(1024, 65, both, BV::kWgmmaN4Terms), 2);
   EXPECT_EQ(split(1024, 129, both, BV::kWgmmaN4Terms), 3);
-  EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), 3);
+  EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), 4);
   EXPECT_EQ(split(1024, 8193, both, BV::kMma), 1);
 }
 
@@ -638,7 +643,22 @@ TEST(ProjectionPlan, BackwardWorkspace) {
       PlanProjectionBackward(Layer(4, 4096), DType::kBF16, 4096, {});
   EXPECT_EQ(n4.workspace.dphi_partials, size_t{4} * 4 * 24 * 16384);
   EXPECT_EQ(n4.workspace.wide_scratch, 0u);
+  EXPECT_EQ(n4.workspace.split_partials, 0u);
   EXPECT_EQ(n4.workspace.total, n4.workspace.dphi_partials);
+  // n = 4, M = 512, C = 1024: one chunk split over four CTAs, each leaving
+  // its 24 x 128 dphi^T for the last, beside the chunk's partial.
+  const ProjectionBackwardPlan split =
+      PlanProjectionBackward(Layer(4, 1024), DType::kBF16, 512, {});
+  ASSERT_EQ(split.chunk_ctas, 4);
+  EXPECT_EQ(split.workspace.dphi_partials, size_t{4} * 24 * 4096);
+  EXPECT_EQ(split.workspace.split_partials, size_t{4} * 32 * 4 * 24 * 128);
+  EXPECT_EQ(split.workspace.total,
+            split.workspace.dphi_partials + split.workspace.split_partials);
+  // Whichever variant runs: the mma kernel's layers and heads split nothing.
+  EXPECT_EQ(SplitPartialBytes(Layer(4, 1024), 512),
+            split.workspace.split_partials);
+  EXPECT_EQ(SplitPartialBytes(Layer(4, 1024), 8192), 0u);
+  EXPECT_EQ(SplitPartialBytes(Layer(8, 1024), 512), 0u);
   // n = 3, M = 100, C = 64 under IEEE: two parts of dh [100][32], dh^T
   // [32][104] and phi'^T [192][32], each rounded to 256 bytes; the residual
   // term adds one chunk of 8 channels per stream and token.

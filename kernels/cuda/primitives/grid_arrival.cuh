@@ -1,9 +1,10 @@
-// The last CTA of a grid, found without a second launch: every CTA writes
-// its partial result, then counts itself in at a device counter; the CTA
-// that brings the count to the grid's size sees every other CTA's partial
-// and finishes the reduction in a fixed order. The counter is 0 when the
-// kernel starts and that last CTA sets it back to 0 (ResetArrivals), so one
-// counter serves every launch that its stream serialises.
+// The last CTA of a grid, or of a group of its CTAs, found without a second
+// launch: every CTA writes its partial result, then counts itself in at a
+// device counter; the CTA that brings the count to the grid's (the group's)
+// size sees every other CTA's partial and finishes the reduction in a fixed
+// order. The counter is 0 when the kernel starts and that last CTA sets it
+// back to 0 (ResetArrivals), so one counter serves every launch that its
+// stream serialises.
 #ifndef MHC_KERNELS_CUDA_PRIMITIVES_GRID_ARRIVAL_CUH_
 #define MHC_KERNELS_CUDA_PRIMITIVES_GRID_ARRIVAL_CUH_
 
@@ -19,23 +20,28 @@ __device__ __forceinline__ unsigned AddAcqRel(unsigned* counter, unsigned v) {
   return old;
 }
 
-// True in every thread of the grid's last CTA to get here. Every thread of
-// the CTA calls it once, after its writes of the partial result. The count
-// is an acq_rel atomic: as a release it publishes the writes the barrier
-// ordered before it, as an acquire (in the last CTA) every other CTA's.
-// __threadfence's sequentially consistent fences, one per writer and one in
-// the last CTA, cost more and order nothing more. The last CTA reads the
-// partials through L2 (__ldcg): its L1 may hold none of them, but nothing
-// else keeps it coherent.
-__device__ __forceinline__ bool LastCtaToArrive(unsigned* arrivals) {
+// True in every thread of the last of `ctas` CTAs to count themselves in at
+// `arrivals`. Every thread of each CTA calls it once, after its writes of the
+// partial result. The count is an acq_rel atomic: as a release it publishes
+// the writes the barrier ordered before it, as an acquire (in the last CTA)
+// every other CTA's. __threadfence's sequentially consistent fences, one per
+// writer and one in the last CTA, cost more and order nothing more. The last
+// CTA reads the partials through L2 (__ldcg): its L1 may hold none of them,
+// but nothing else keeps it coherent.
+__device__ __forceinline__ bool LastOfCtasToArrive(unsigned* arrivals,
+                                                   unsigned ctas) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
     last = AddAcqRel(arrivals, 1u) == ctas - 1;
   }
   __syncthreads();
   return last;
+}
+
+// LastOfCtasToArrive over the whole grid.
+__device__ __forceinline__ bool LastCtaToArrive(unsigned* arrivals) {
+  return LastOfCtasToArrive(arrivals, gridDim.x * gridDim.y * gridDim.z);
 }
 
 // By the last CTA, once it has its answer: ready for the next launch.

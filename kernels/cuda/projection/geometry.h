@@ -113,18 +113,15 @@ inline constexpr int kWgmmaVec = 8;  // 16-bit elements per 16-byte copy
 inline constexpr int kWgmmaN4StageTokens = 64;
 inline constexpr int kWgmmaN4Chans = 32;  // channels of every stream per CTA
 inline constexpr int kWgmmaN4CtasPerSm = 2;
-// The n = 4 kernels split a chunk's stages over a cluster of CTAs while the
-// chunks leave SMs idle: of kMaxChunkCtas where the clusters all fit with an
-// SM per CTA (kOneCtaPerSmSmem), else of up to kMaxSharedChunkCtas, two per
-// SM. Clusters of four measured slower: fewer fit one CTA per SM than a
-// chunk split in four needs, and two per SM place them unevenly
-// (docs/decisions.md).
-inline constexpr int kMaxChunkCtas = 3;
-inline constexpr int kMaxSharedChunkCtas = 2;
-// Clusters of kMaxChunkCtas CTAs, one per SM, that the tuned GPU holds at
-// once (cudaOccupancyMaxActiveClusters: a cluster stays inside one GPC, so
-// some SMs go unused).
-inline constexpr int64_t kMaxSoloClusters = 39;
+// The n = 4 kernels split a chunk's stages over up to kMaxChunkCtas CTAs
+// while the chunks leave SMs idle: as many as fit one per SM
+// (kOneCtaPerSmSmem) where that is at least kMinSoloChunkCtas, else as many
+// as fit two per SM. The last of a chunk's CTAs to finish adds their dphi,
+// behind one arrival counter per (channel tile, chunk): a launch splits
+// only while those number at most kSplitArrivals (docs/decisions.md).
+inline constexpr int kMaxChunkCtas = 4;
+inline constexpr int kMinSoloChunkCtas = 3;
+inline constexpr int kSplitArrivals = static_cast<int>(kTunedSms);
 inline constexpr int kWgmmaN8StageTokens = 32;
 
 // ---- Backward: the register-resident mma.sync kernel (backward/mma.cuh).

@@ -260,12 +260,15 @@ absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
 }
 
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
-                                      Workspace ws, cudaStream_t stream) {
+                                      Workspace ws, unsigned* arrivals,
+                                      cudaStream_t stream) {
   const ProjectionBackwardPlan plan = PlanOf(p);
   const bool want_grads =
       p.grads.phi != nullptr || (p.spec->has_gamma && p.grads.gamma != nullptr);
   const size_t scratch = plan.workspace.wide_scratch;
-  const size_t partial_bytes = plan.workspace.dphi_partials;
+  // The dphi partials, the split chunks' partials, the wide scratch.
+  const size_t partial_bytes =
+      plan.workspace.dphi_partials + plan.workspace.split_partials;
   if ((want_grads || scratch > 0) && ws.bytes < partial_bytes + scratch) {
     return absl::InvalidArgumentError(
         absl::StrCat(Label("backward", ToString(plan.variant), *p.spec,
@@ -283,6 +286,11 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   a.dms = p.dmean_square;
   a.dx = p.dx;
   a.dphi_partial = want_grads ? static_cast<float*>(ws.data) : nullptr;
+  a.split_partials =
+      want_grads ? reinterpret_cast<float*>(static_cast<char*>(ws.data) +
+                                            plan.workspace.dphi_partials)
+                 : nullptr;
+  a.split_arrivals = arrivals;
   a.wide_scratch =
       scratch > 0 ? static_cast<char*>(ws.data) + partial_bytes : nullptr;
   PhiGradArgs g;

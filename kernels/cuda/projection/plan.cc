@@ -317,11 +317,11 @@ const std::vector<BackwardRule>& BackwardRules() {
         "kernels/cuda/projection/backward/wgmma_n4.cu",
         "64-token stages, `dx` as the `wgmma` result written over `x` in the "
         "staged tile and stored in whole rows, `dphi^T` on `wgmma`; while "
-        "the chunks' CTAs leave SMs idle, a chunk's stages split over a "
-        "cluster of three CTAs with an SM each, or of two, two per SM "
-        "(`chunk_ctas`); with one token chunk (`M <= 1024`) the kernel adds "
-        "`dphi` into the gradients itself (`grads_in_kernel`), with no "
-        "reduction launch",
+        "the chunks' CTAs leave SMs idle, a chunk's stages split over up "
+        "to four CTAs, one or two per SM, the last to finish adding their "
+        "`dphi` (`chunk_ctas`); with one token chunk (`M <= 1024`) the "
+        "kernel adds `dphi` into the gradients itself (`grads_in_kernel`), "
+        "with no reduction launch",
         Example(4, 256)},
        [](const BackwardCase& c) {
          return !c.terms.aggregate && !c.terms.residual &&
@@ -336,7 +336,7 @@ const std::vector<BackwardRule>& BackwardRules() {
         "`wgmma_n4`'s tiles with the terms' tiles in one buffer refilled a "
         "stage ahead; each warpgroup's `dx` covers 16 channels of all four "
         "streams, so a thread reads each `dx_next` pair once for four "
-        "outputs; chunks split over two or three CTAs, and one chunk's `dphi` "
+        "outputs; chunks split over up to four CTAs, and one chunk's `dphi` "
         "(with the overflow repair's pass) added in the kernel, as "
         "`wgmma_n4`'s",
         WithAggregate(Example(4, 256))},
@@ -433,7 +433,8 @@ ProjectionBackwardWorkspaceLayout BackwardWorkspace(const Launch& l, bool wide,
     w.wide_scratch =
         w.parts * (w.part_dh + w.part_dh_t + w.part_phi_t) + w.terms;
   }
-  w.total = w.dphi_partials + w.wide_scratch;
+  w.split_partials = SplitPartialBytes(l.spec, l.tokens);
+  w.total = w.dphi_partials + w.split_partials + w.wide_scratch;
   return w;
 }
 
@@ -646,29 +647,47 @@ ProjectionBackwardPlan PlanProjectionBackward(
       plan.dx_apart_tokens = chunk;
     }
   }
-  // n = 4 warpgroup kernels: a CTA walks its chunk's stages one after
-  // another on one SM, so with fewer CTAs than the SMs hold most SMs idle:
-  // a cluster of CTAs splits each chunk (one stage each at least), of three
-  // where all the clusters fit with an SM per CTA, else of two, two per SM.
   if (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) {
-    const int64_t ctas = std::max<int64_t>(
-        1, DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk));
-    const int64_t stages =
-        (std::min(tokens, proj::kTokenChunk) + proj::kWgmmaN4StageTokens - 1) /
-        proj::kWgmmaN4StageTokens;
-    const int64_t shared = proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas;
-    if (ctas <= proj::kMaxSoloClusters && stages >= proj::kMaxChunkCtas) {
-      plan.chunk_ctas = proj::kMaxChunkCtas;
-    } else {
-      plan.chunk_ctas = static_cast<int>(std::max<int64_t>(
-          1, std::min({int64_t{proj::kMaxSharedChunkCtas}, shared, stages})));
-    }
+    plan.chunk_ctas = ChunkCtasFor(spec, tokens);
   }
   plan.workspace = BackwardWorkspace(l, IsWide(plan.variant), terms);
   plan.grads_in_kernel =
       (plan.variant == BV::kWgmmaN4 || plan.variant == BV::kWgmmaN4Terms) &&
       plan.workspace.phi_chunks == 1;
   return plan;
+}
+
+// A CTA walks its chunk's stages one after another on one SM, so with fewer
+// CTAs than the SMs hold most SMs idle: the chunk's stages split over
+// several (one stage each at least).
+int ChunkCtasFor(const LayerSpec& spec, int64_t tokens) {
+  if (!spec.dynamic || spec.kind != LayerKind::kMhc || spec.n != 4 ||
+      tokens <= 0) {
+    return 1;
+  }
+  const int64_t ctas =
+      DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk);
+  const int64_t stages =
+      (std::min(tokens, proj::kTokenChunk) + proj::kWgmmaN4StageTokens - 1) /
+      proj::kWgmmaN4StageTokens;
+  const int64_t most = std::min<int64_t>(proj::kMaxChunkCtas, stages);
+  const int64_t solo = std::min(most, proj::kTunedSms / ctas);
+  const int64_t shared =
+      std::min(most, proj::kWgmmaN4CtasPerSm * proj::kTunedSms / ctas);
+  // Two per SM split only while ctas <= kTunedSms: the arrival counters.
+  static_assert(proj::kWgmmaN4CtasPerSm * proj::kTunedSms / 2 ==
+                proj::kSplitArrivals);
+  return static_cast<int>(
+      std::max<int64_t>(1, solo >= proj::kMinSoloChunkCtas ? solo : shared));
+}
+
+size_t SplitPartialBytes(const LayerSpec& spec, int64_t tokens) {
+  const int chunk_ctas = ChunkCtasFor(spec, tokens);
+  if (chunk_ctas == 1) return 0;
+  const int64_t groups =
+      DxTileCtas(spec, tokens, proj::kWgmmaN4Chans, proj::kTokenChunk);
+  return AlignBytes(sizeof(float) * groups * chunk_ctas * spec.NumLogits() *
+                    proj::kWgmmaN4Chans * spec.n);
 }
 
 int64_t PhiChunkTokens(const LayerSpec& spec) {

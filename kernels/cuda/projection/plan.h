@@ -169,6 +169,9 @@ struct ProjectionBackwardWorkspaceLayout {
   int64_t phi_chunk_tokens = 0;
   int64_t phi_chunks = 0;
   size_t dphi_partials = 0;
+  // The split chunks' per-CTA dphi (chunk_ctas > 1): [chunks][tiles]
+  // [chunk_ctas][N x kWgmmaN4Chans n], summed by the last CTA of each.
+  size_t split_partials = 0;
   int parts = 0;  // wide: tf32 high part, and low part under IEEE
   size_t part_dh = 0, part_dh_t = 0, part_phi_t = 0;  // bytes of each
   size_t terms = 0;
@@ -191,10 +194,10 @@ struct ProjectionBackwardPlan {
   // mma: 0, or (small batches) dphi alone over each token chunk, then dx
   // alone over chunks of this many tokens (the same bits).
   int dx_apart_tokens = 0;
-  // wgmma_n4 / wgmma_n4_terms: the CTAs (one cluster) that split each token
-  // chunk's stages, 1 to kMaxChunkCtas; rank 0 adds the others' dphi in
-  // rank order (dx keeps its bits). Above kMaxSharedChunkCtas the launch
-  // pads its shared memory so that no SM holds two of them.
+  // wgmma_n4 / wgmma_n4_terms: the CTAs that split each token chunk's
+  // stages, 1 to kMaxChunkCtas (ChunkCtasFor); the last of them to finish
+  // adds their dphi in rank order (dx keeps its bits). A launch whose CTAs
+  // all fit one per SM pads its shared memory so that no SM holds two.
   int chunk_ctas = 1;
   // wgmma_n4 / wgmma_n4_terms with one dphi chunk: the dx kernel adds that
   // chunk's dphi into the phi / gamma gradients itself (and runs the fused
@@ -211,6 +214,14 @@ ProjectionBackwardPlan PlanProjectionBackward(
 // subset of the mma row's launches), so this is every plan's.
 ProjectionBackwardWorkspaceLayout PlanProjectionBackwardWorkspace(
     const LayerSpec& spec, DType dtype, int64_t tokens, DxTerms terms = {});
+
+// The n = 4 warpgroup dx kernels' CTAs per token chunk (the plan's
+// chunk_ctas) for this layer and M, whichever variant runs: 1 for other
+// layers.
+int ChunkCtasFor(const LayerSpec& spec, int64_t tokens);
+// The split chunks' per-CTA dphi (ProjectionBackwardWorkspaceLayout::
+// split_partials): 0 unless ChunkCtasFor > 1.
+size_t SplitPartialBytes(const LayerSpec& spec, int64_t tokens);
 
 // Tokens per dphi partial (a function of the layer alone, so the order of
 // the sum over tokens never depends on M): kTokenChunk, or for the layers

@@ -7,8 +7,8 @@
 // L1 / shared-memory pipe three quarters busy: each of its eight warps reads
 // the whole staged dh tile for both of its products. Here a CTA owns 32
 // channels of every stream (128 columns of K) and one chunk of kTokenChunk
-// tokens (in small batches a part of one, the plan's chunk_ctas: a cluster
-// of two or three CTAs per chunk whose dphi the first adds, wgmma_tile.cuh),
+// tokens (in small batches a part of one, the plan's chunk_ctas: up to four
+// CTAs per chunk whose dphi the last to finish adds, wgmma_tile.cuh),
 // staged 64 tokens at a time through a cp.async ring; warpgroup wg owns
 // columns 64 wg .. 64 wg + 63:
 //   dx    [64 tokens x 64 cols] = dh [64 x 24] . phi' [24 x 64 cols]
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                          const float* __restrict__ gamma,
                          const float* __restrict__ dh,
                          const float* __restrict__ dms, T* __restrict__ dx,
-                         float* __restrict__ dphi_partial, int chunk_ctas,
+                         float* __restrict__ dphi_partial, ChunkSplit split,
                          DphiGrads grads) {
   WaitForPrerequisiteGrid();  // dh and dms
   using P = Plan;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, split.ctas);
   const bool want_dphi = kGradsInKernel || dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage.
@@ -179,8 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   });
   if (!want_dphi) return;
   FinishChunkDphi<T, kGradsInKernel, kLogits, kChans>(
-      dphi, s, tokens, tile, col0, lane, chunk_ctas,
-      reinterpret_cast<float*>(stage_at(0, 0)), dphi_partial, grads);
+      dphi, s, tokens, tile, col0, lane, split, dphi_partial, grads);
 }
 
 }  // namespace
@@ -192,21 +191,21 @@ absl::Status LaunchRowsWgmmaDxAndPhiPartials(const DxArgs& a,
       proj::kWgmmaVec == kVec && proj::kWgmmaN4StageTokens == kStageTokens,
       "the plan's geometry is the kernel's");
   const DevSpec s = MakeDevSpec(*a.spec);
-  // chunk_ctas CTAs per token chunk, one cluster each.
-  const int ranks = plan.chunk_ctas;
-  const size_t smem = ChunkSplitSmem(plan, Plan::kSmem);
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
-                  GridSize(NumChunks(a.tokens) * ranks));
+                  GridSize(NumChunks(a.tokens) * plan.chunk_ctas));
+  ChunkSplit split;
+  MHC_RETURN_IF_ERROR(ChunkSplitOf(a, plan, grid, &split));
+  const size_t smem =
+      ChunkSplitSmem(plan, static_cast<int64_t>(grid.x) * grid.y, Plan::kSmem);
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   const DphiGrads grads = DphiGradsOf(a, plan);
   auto go = [&](auto tt, auto in_kernel_tag) {
     using T = typename decltype(tt)::type;
-    err = LaunchLargeSmemClusters(
-        dx_rows_wgmma_kernel<T, decltype(in_kernel_tag)::value>, grid,
-        dim3(1, ranks, 1), kThreads, smem, stream, s, a.tokens,
-        static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms,
-        static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);
+    err = LaunchLargeSmem(
+        dx_rows_wgmma_kernel<T, decltype(in_kernel_tag)::value>, grid, kThreads,
+        smem, stream, s, a.tokens, static_cast<const T*>(a.x), a.phi, gamma,
+        a.dh, a.dms, static_cast<T*>(a.dx), a.dphi_partial, split, grads);
   };
   DispatchBool(grads.InKernel(), [&](auto in_kernel_tag) {
     if (a.act_dtype == DType::kBF16) {

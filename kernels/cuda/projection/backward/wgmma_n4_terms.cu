@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const float* __restrict__ h_pre,
                           const T* __restrict__ dy, const float* __restrict__ r,
                           const T* __restrict__ dx_next, T* __restrict__ dx,
-                          float* __restrict__ dphi_partial, int chunk_ctas,
+                          float* __restrict__ dphi_partial, ChunkSplit split,
                           DphiGrads grads) {
   using P = Plan;
   extern __shared__ __align__(16) char dx_terms_smem[];
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int wg = warp >> 2;
-  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, chunk_ctas);
+  const auto tile = ThisDxTile<kChans, kStageTokens>(s, tokens, split.ctas);
   const bool want_dphi = kGradsInKernel || dphi_partial != nullptr;
 
   // This thread's copies and stores, the same slots at every stage. x and
@@ -271,8 +271,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   CpAsyncWait<0>();
   if (!want_dphi) return;
   FinishChunkDphi<T, kGradsInKernel, kLogits, kChans>(
-      dphi, s, tokens, tile, col0, lane, chunk_ctas,
-      reinterpret_cast<float*>(stage_at(0, 0)), dphi_partial, grads);
+      dphi, s, tokens, tile, col0, lane, split, dphi_partial, grads);
 }
 
 }  // namespace
@@ -283,23 +282,24 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
       proj::kWgmmaVec == kVec && proj::kWgmmaN4StageTokens == kStageTokens,
       "the plan's geometry is the kernel's");
   const DevSpec s = MakeDevSpec(*a.spec);
-  // chunk_ctas CTAs per token chunk, one cluster each.
-  const int ranks = plan.chunk_ctas;
-  const size_t smem = ChunkSplitSmem(plan, Plan::kSmem);
   const dim3 grid(GridSize((s.C + kChans - 1) / kChans),
-                  GridSize(NumChunks(a.tokens) * ranks));
+                  GridSize(NumChunks(a.tokens) * plan.chunk_ctas));
+  ChunkSplit split;
+  MHC_RETURN_IF_ERROR(ChunkSplitOf(a, plan, grid, &split));
+  const size_t smem =
+      ChunkSplitSmem(plan, static_cast<int64_t>(grid.x) * grid.y, Plan::kSmem);
   const float* gamma = s.has_gamma ? a.gamma : nullptr;
   cudaError_t err = cudaSuccess;
   const DphiGrads grads = DphiGradsOf(a, plan);
   auto go = [&](auto tt, auto residual_tag, auto in_kernel_tag) {
     using T = typename decltype(tt)::type;
-    err = LaunchLargeSmemClusters(
+    err = LaunchLargeSmem(
         dx_terms_wgmma_kernel<T, decltype(residual_tag)::value,
                               decltype(in_kernel_tag)::value>,
-        grid, dim3(1, ranks, 1), kThreads, smem, stream, s, a.tokens,
-        static_cast<const T*>(a.x), a.phi, gamma, a.dh, a.dms, a.h_pre,
-        static_cast<const T*>(a.dy), a.r, static_cast<const T*>(a.dx_next),
-        static_cast<T*>(a.dx), a.dphi_partial, ranks, grads);
+        grid, kThreads, smem, stream, s, a.tokens, static_cast<const T*>(a.x),
+        a.phi, gamma, a.dh, a.dms, a.h_pre, static_cast<const T*>(a.dy), a.r,
+        static_cast<const T*>(a.dx_next), static_cast<T*>(a.dx), a.dphi_partial,
+        split, grads);
   };
   DispatchBool(a.r != nullptr, [&](auto residual_tag) {
     DispatchBool(grads.InKernel(), [&](auto in_kernel_tag) {

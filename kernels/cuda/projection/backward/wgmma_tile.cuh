@@ -1,6 +1,6 @@
 // What the warpgroup-mma dx / dphi kernels (projection/backward/wgmma_n8.cu,
 // projection/backward/wgmma_n4*.cu) share: a CTA's tile (kChans channels of
-// every stream, one token chunk or, split over a cluster, a run of its
+// every stream, one token chunk or, split over several CTAs, a run of its
 // stages), the per-stage rounding of dh into both operand layouts, and the
 // dphi^T accumulators into the chunk's partial rows or, for a launch of one
 // chunk, straight into the phi / gamma gradients.
@@ -11,9 +11,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common.cuh"
 #include "dispatch.cuh"
+#include "launch.h"
 #include "overflow_repair.cuh"
-#include "primitives/cluster.cuh"
+#include "primitives/grid_arrival.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/backward/dphi_grads.cuh"
 #include "projection/forward/mma.cuh"
@@ -42,20 +46,54 @@ struct DxTile {
   }
 };
 
-// The dynamic shared memory of a chunk-split launch: the kernel's own or,
-// for clusters of more than kMaxSharedChunkCtas CTAs (one per SM), enough
-// that no SM holds a second CTA.
-inline size_t ChunkSplitSmem(const ProjectionBackwardPlan& plan,
+// How a launch splits its token chunks: ctas CTAs per chunk and, where they
+// sum dphi, each CTA's accumulators at partials ([group][rank][kLogits / 2]
+// [threads], group = chunk x gridDim.x + channel tile) and one arrival
+// counter per group, 0 between launches (its last CTA resets it).
+struct ChunkSplit {
+  int ctas = 1;
+  float* partials = nullptr;
+  unsigned* arrivals = nullptr;
+};
+
+// The split of a launch of `grid` CTAs by `plan`, with the scratch and
+// counters of `a` where its CTAs sum dphi.
+inline absl::Status ChunkSplitOf(const DxArgs& a,
+                                 const ProjectionBackwardPlan& plan, dim3 grid,
+                                 ChunkSplit* split) {
+  split->ctas = plan.chunk_ctas;
+  const bool want_dphi =
+      a.dphi_partial != nullptr || DphiGradsOf(a, plan).InKernel();
+  if (plan.chunk_ctas == 1 || !want_dphi) return absl::OkStatus();
+  const int64_t groups =
+      static_cast<int64_t>(grid.x) * grid.y / plan.chunk_ctas;
+  if (a.split_partials == nullptr || a.split_arrivals == nullptr ||
+      groups > proj::kSplitArrivals) {
+    return absl::InternalError(
+        absl::StrCat("projection backward ",
+                     ShapeText(LaunchShape(*a.spec, a.tokens, a.act_dtype)),
+                     ": a split chunk's dphi needs its scratch and one "
+                     "counter per chunk and tile"));
+  }
+  split->partials = a.split_partials;
+  split->arrivals = a.split_arrivals;
+  return absl::OkStatus();
+}
+
+// The dynamic shared memory of a chunk-split launch of `ctas` CTAs: the
+// kernel's own or, where they all fit one per SM, enough that no SM holds a
+// second.
+inline size_t ChunkSplitSmem(const ProjectionBackwardPlan& plan, int64_t ctas,
                              size_t kernel_smem) {
-  return plan.chunk_ctas > proj::kMaxSharedChunkCtas
+  return plan.chunk_ctas > 1 && ctas <= proj::kTunedSms
              ? std::max(kernel_smem, size_t{proj::kOneCtaPerSmSmem})
              : kernel_smem;
 }
 
 // This CTA's tile. With chunk_ctas > 1 the grid's y is chunk_ctas CTAs per
-// chunk, launched as clusters along y: rank q of a chunk's cluster takes the
-// q-th run of ceil(stages / chunk_ctas) consecutive stages (possibly none),
-// so the ranks hold the chunk's tokens in rank order.
+// chunk: rank q of a chunk takes the q-th run of ceil(stages / chunk_ctas)
+// consecutive stages (possibly none), so the ranks hold the chunk's tokens
+// in rank order.
 template <int kChans, int kStageTokens>
 __device__ __forceinline__ DxTile<kStageTokens> ThisDxTile(const DevSpec& s,
                                                            int64_t tokens,
@@ -112,52 +150,69 @@ __device__ __forceinline__ void StoreDphiPartial(
   }
 }
 
+// What AddDphiToGrads reads besides dphi: this thread's columns' phi, phi
+// gradient and gamma values and their gamma gradients, loaded apart so
+// that a split chunk's last CTA has them before its exchange ends.
+template <int kLogits>
+struct DphiGradOperands {
+  int64_t k[2];
+  bool in[2];
+  float gamma_k[2];
+  float dgamma[2];
+  float phi[kLogits / 2];
+  float grad[kLogits / 2];
+};
+
+template <int kLogits, int kChans, int kStageTokens>
+__device__ __forceinline__ DphiGradOperands<kLogits> LoadDphiGradOperands(
+    const DevSpec& s, const DxTile<kStageTokens>& tile, int col0, int lane,
+    const DphiGrads& grads) {
+  const int grp = lane >> 2, quad = lane & 3;
+  DphiGradOperands<kLogits> o;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = col0 + grp + 8 * h;
+    o.in[h] = j % kChans < tile.chans;
+    o.k[h] = o.in[h] ? (j / kChans) * s.C + tile.c0 + j % kChans : 0;
+    o.gamma_k[h] =
+        o.in[h] && grads.gamma != nullptr ? grads.gamma[o.k[h]] : 1.0f;
+    o.dgamma[h] = o.in[h] && quad == 0 && grads.grads_gamma != nullptr
+                      ? grads.grads_gamma[o.k[h]]
+                      : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kLogits / 2; ++i) {
+    const int h = (i >> 1) & 1;
+    const int64_t at = (8 * (i >> 2) + 2 * quad + (i & 1)) * s.K + o.k[h];
+    o.phi[i] = o.in[h] ? grads.phi[at] : 0.0f;
+    o.grad[i] =
+        o.in[h] && grads.grads_phi != nullptr ? grads.grads_phi[at] : 0.0f;
+  }
+  return o;
+}
+
 // Adds this CTA's dphi^T accumulators (StoreDphiPartial's layout), the
 // whole of a one-chunk launch, into the gradients as PhiGradAfter and the
 // reduction's dgamma order (dphi_grads.cuh) say: lane quad holds rows
 // 2 quad and 2 quad + 1 of each of its two columns, every g of them in
 // order, so the column's row sums come together by shuffles. Every lane of
-// the warp calls it.
-template <int kLogits, int kChans, int kStageTokens>
-__device__ __forceinline__ void AddDphiToGrads(const float (&dphi)[kLogits / 2],
-                                               const DevSpec& s,
-                                               const DxTile<kStageTokens>& tile,
-                                               int col0, int lane,
-                                               const DphiGrads& grads) {
+// the warp calls it, with the operands LoadDphiGradOperands read.
+template <int kLogits>
+__device__ __forceinline__ void AddDphiToGrads(
+    const float (&dphi)[kLogits / 2], const DphiGradOperands<kLogits>& o,
+    const DevSpec& s, int lane, const DphiGrads& grads) {
   static_assert(kPhiGradRows == 8, "a quad's lanes hold two rows each");
-  constexpr int kCount = kLogits / 2;
-  const int grp = lane >> 2, quad = lane & 3;
-  int64_t k[2];
-  bool in[2];
-  float gamma_k[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int j = col0 + grp + 8 * h;
-    in[h] = j % kChans < tile.chans;
-    k[h] = in[h] ? (j / kChans) * s.C + tile.c0 + j % kChans : 0;
-    gamma_k[h] = in[h] && grads.gamma != nullptr ? grads.gamma[k[h]] : 1.0f;
-  }
-  // Every load before any store: a store may alias them as far as the
-  // compiler knows.
-  float phi_v[kCount], grad_v[kCount];
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    const int h = (i >> 1) & 1;
-    const int64_t at = (8 * (i >> 2) + 2 * quad + (i & 1)) * s.K + k[h];
-    phi_v[i] = in[h] ? grads.phi[at] : 0.0f;
-    grad_v[i] =
-        in[h] && grads.grads_phi != nullptr ? grads.grads_phi[at] : 0.0f;
-  }
+  const int quad = lane & 3;
   float row_sum[2][2] = {};  // [column h][row 2 quad + b]
 #pragma unroll
-  for (int i = 0; i < kCount; ++i) {
+  for (int i = 0; i < kLogits / 2; ++i) {
     const int h = (i >> 1) & 1, b = i & 1;
     const float sum = 0.0f + dphi[i];  // the reduction's sum of one chunk
-    if (in[h] && grads.grads_phi != nullptr) {
-      grads.grads_phi[(8 * (i >> 2) + 2 * quad + b) * s.K + k[h]] =
-          PhiGradAfter(grad_v[i], sum, gamma_k[h]);
+    if (o.in[h] && grads.grads_phi != nullptr) {
+      grads.grads_phi[(8 * (i >> 2) + 2 * quad + b) * s.K + o.k[h]] =
+          PhiGradAfter(o.grad[i], sum, o.gamma_k[h]);
     }
-    row_sum[h][b] = fmaf(sum, phi_v[i], row_sum[h][b]);
+    row_sum[h][b] = fmaf(sum, o.phi[i], row_sum[h][b]);
   }
   if (grads.grads_gamma == nullptr) return;
 #pragma unroll
@@ -168,12 +223,12 @@ __device__ __forceinline__ void AddDphiToGrads(const float (&dphi)[kLogits / 2],
       total +=
           __shfl_sync(0xffffffffu, row_sum[h][r & 1], (lane & ~3) | (r >> 1));
     }
-    if (quad == 0 && in[h]) grads.grads_gamma[k[h]] += total;
+    if (quad == 0 && o.in[h]) grads.grads_gamma[o.k[h]] = o.dgamma[h] + total;
   }
 }
 
 // The overflow repair's pass (RepairColumn) over this thread's columns, once
-// the cluster's dx stores and this warp's gradient stores are visible.
+// the chunk's dx stores and this warp's gradient stores are visible.
 template <typename T, int kChans, int kStageTokens>
 __device__ __forceinline__ void RepairDxColumns(
     const DevSpec& s, int64_t tokens, const DxTile<kStageTokens>& tile,
@@ -188,10 +243,9 @@ __device__ __forceinline__ void RepairDxColumns(
   }
 }
 
-// The chunk's dphi when chunk_ctas CTAs (one cluster) split it: each leaves
-// its accumulators in `scratch` (kLogits / 2 floats per thread of its own
-// shared memory, free once its last stage is out), and rank 0 adds the
-// others' to its own in rank order, which is the chunk's stage order. Rank 0
+// The chunk's dphi when split.ctas CTAs split it: each leaves its
+// accumulators in split.partials and counts itself in; the last to arrive
+// adds every rank's in rank order, which is the chunk's stage order. That CTA
 // (or the chunk's one CTA) then stores the sum into the chunk's partial rows
 // (partial: [chunks][N][K]) or, with grads.InKernel() (a one-chunk launch),
 // adds it into the gradients and runs the repair pass. Every thread of the
@@ -200,43 +254,55 @@ __device__ __forceinline__ void RepairDxColumns(
 template <typename T, bool kInKernel, int kLogits, int kChans, int kStageTokens>
 __device__ __forceinline__ void FinishChunkDphi(
     float (&dphi)[kLogits / 2], const DevSpec& s, int64_t tokens,
-    const DxTile<kStageTokens>& tile, int col0, int lane, int chunk_ctas,
-    float* scratch, float* partial, const DphiGrads& grads) {
+    const DxTile<kStageTokens>& tile, int col0, int lane,
+    const ChunkSplit& split, float* partial, const DphiGrads& grads) {
   constexpr int kCount = kLogits / 2;
-  // Loaded first, so its latency hides under the cluster's sum.
+  // Loaded first, so that their latency hides under the split's exchange.
   [[maybe_unused]] int repaired = 0;
+  [[maybe_unused]] DphiGradOperands<kLogits> operands;
   if constexpr (kInKernel) {
     if (grads.repair.count != nullptr) repaired = *grads.repair.count;
+    operands =
+        LoadDphiGradOperands<kLogits, kChans>(s, tile, col0, lane, grads);
   }
-  if (chunk_ctas > 1) {
+  if (split.ctas > 1) {
     const int slot = threadIdx.x, threads = blockDim.x;
-    __syncthreads();  // every warp is done with what scratch held
+    const int rank = static_cast<int>(blockIdx.y) % split.ctas;
+    const unsigned group = blockIdx.y / split.ctas * gridDim.x + blockIdx.x;
+    const float* ranks = split.partials + static_cast<size_t>(group) *
+                                              split.ctas * kCount * threads;
+    float* mine =
+        split.partials +
+        (static_cast<size_t>(group) * split.ctas + rank) * kCount * threads;
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) scratch[i * threads + slot] = dphi[i];
-    // Also: the peers' dx stores are visible to rank 0 after it.
-    ClusterSync();
-    const unsigned rank = ClusterCtaRank();
-    if (rank == 0) {
-      for (int q = 1; q < chunk_ctas; ++q) {
-        const uint32_t peer = PeerSharedAddress(scratch + slot, q);
-        float v[kCount];
+    for (int i = 0; i < kCount; ++i) __stcg(mine + i * threads + slot, dphi[i]);
+    // Also: the other ranks' dx stores are visible to the last after it.
+    if (!LastOfCtasToArrive(split.arrivals + group, split.ctas)) return;
+    float v[proj::kMaxChunkCtas][kCount];
 #pragma unroll
-        for (int i = 0; i < kCount; ++i) {
-          v[i] = LoadPeerShared(peer + 4u * i * threads);
-        }
+    for (int q = 0; q < proj::kMaxChunkCtas; ++q) {
 #pragma unroll
-        for (int i = 0; i < kCount; ++i) dphi[i] += v[i];
+      for (int i = 0; i < kCount; ++i) {
+        v[q][i] = q < split.ctas
+                      ? __ldcg(ranks + (q * kCount + i) * threads + slot)
+                      : 0.0f;
       }
     }
-    // The peers' shared memory must outlive rank 0's reads of it.
-    ClusterSync();
-    if (rank != 0) return;
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      dphi[i] = v[0][i];
+#pragma unroll
+      for (int q = 1; q < proj::kMaxChunkCtas; ++q) {
+        if (q < split.ctas) dphi[i] += v[q][i];
+      }
+    }
+    ResetArrivals(split.arrivals + group);
   }
   if constexpr (!kInKernel) {
     StoreDphiPartial<kLogits, kChans>(dphi, s, tile, col0, lane,
                                       partial + tile.chunk * s.N * s.K);
   } else {
-    AddDphiToGrads<kLogits, kChans>(dphi, s, tile, col0, lane, grads);
+    AddDphiToGrads<kLogits>(dphi, operands, s, lane, grads);
     if (repaired == 0) return;
     __syncthreads();  // this CTA's dx and gradient stores
     RepairDxColumns<T, kChans>(s, tokens, tile, col0, lane, grads.repair);
