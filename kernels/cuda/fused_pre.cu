@@ -619,9 +619,12 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   grads.repair = repair ? &fix : nullptr;
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiGrads(dx, grads, stream));
   if (split) return absl::OkStatus();  // the scale backward summed them
+  // The mixing kernel wrote the rows before the dx launches above passed
+  // their waits: the sums may run beside them.
   return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
                          at(b.col_partial), arrivals, a.grads.beta,
-                         s.dynamic ? a.grads.alpha : nullptr, stream);
+                         s.dynamic ? a.grads.alpha : nullptr, stream,
+                         /*rows_before_previous=*/true);
 }
 
 absl::Status LaunchPreForward(const PreForwardParams& p, Workspace ws,

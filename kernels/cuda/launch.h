@@ -244,10 +244,14 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
 // scratch), then out_a[w] += total[w] for w < split and out_b[w - split] +=
 // total[w] for w >= split (null outputs are skipped). One launch: arrivals
 // is a device counter that is 0 at launch; the kernel's last CTA adds the
-// chunks and leaves it 0.
+// chunks and leaves it 0. rows_before_previous: the rows were written before
+// the stream's previous kernel passed its WaitForPrerequisiteGrid, and that
+// kernel allows its dependents (if at all) only past it; the sums then run
+// beside it and wait for it only before they finish.
 absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
                              int split, float* partial, unsigned* arrivals,
-                             float* out_a, float* out_b, cudaStream_t stream);
+                             float* out_a, float* out_b, cudaStream_t stream,
+                             bool rows_before_previous = false);
 // out[w] += sum over chunks of partial[chunk][w], chunks in order.
 absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,
                             float* out, cudaStream_t stream);

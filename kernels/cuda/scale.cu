@@ -524,6 +524,10 @@ __global__ void __launch_bounds__(kScaleTile* kQuarters, kQuarters == 1 ? 4 : 2)
 // chunk in order, then a fixed xor tree; the order depends on the chunk's
 // token count alone. The last CTA to finish then adds each column's chunk
 // partials in chunk order, as chunk_sum_kernel does, in the same launch.
+// kEarly (LaunchColumnSum's rows_before_previous): the rows are complete
+// when the kernel starts, so it sums them beside the previous kernel, and
+// waits for that kernel only at its end, so that whatever follows still
+// finds every earlier kernel finished.
 constexpr int kColumnWarps = 4;
 // out_a[c] += total for c < split, out_b[c - split] += total above (null:
 // not asked for).
@@ -532,11 +536,11 @@ __device__ __forceinline__ void AddColumn(int c, float total, int split,
   float* out = c < split ? out_a : out_b;
   if (out != nullptr) out[c < split ? c : c - split] += total;
 }
-__global__ void __launch_bounds__(kColumnWarps * 32)
-    column_sum_kernel(const float* rows, int64_t tokens, int width, int split,
-                      float* partial, unsigned* arrivals, float* out_a,
-                      float* out_b) {
-  WaitForPrerequisiteGrid();  // the rows
+template <bool kEarly>
+__device__ __forceinline__ void SumColumns(const float* rows, int64_t tokens,
+                                           int width, int split, float* partial,
+                                           unsigned* arrivals, float* out_a,
+                                           float* out_b) {
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.y * kColumnWarps + (threadIdx.x >> 5);
   const int64_t chunk = blockIdx.x;
@@ -545,7 +549,8 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     const int64_t end = min(tokens, begin + kTokenChunk);
     float sum = 0.0f;
     for (int64_t m = begin + lane; m < end; m += 32) {
-      sum += rows[m * width + w];
+      // Early, through L2: this SM's L1 may hold lines of an older kernel.
+      sum += kEarly ? __ldcg(rows + m * width + w) : rows[m * width + w];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -568,6 +573,17 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
     AddColumn(c, sum, split, out_a, out_b);
   }
   ResetArrivals(arrivals);
+}
+
+template <bool kEarly>
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    column_sum_kernel(const float* rows, int64_t tokens, int width, int split,
+                      float* partial, unsigned* arrivals, float* out_a,
+                      float* out_b) {
+  if constexpr (!kEarly) WaitForPrerequisiteGrid();  // the rows
+  SumColumns<kEarly>(rows, tokens, width, split, partial, arrivals, out_a,
+                     out_b);
+  if constexpr (kEarly) WaitForPrerequisiteGrid();
 }
 
 __global__ void chunk_sum_kernel(const float* partial, int64_t chunks,
@@ -593,7 +609,8 @@ ScalePlan PlanOf(const ScaleBackwardParams& p) {
 
 absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
                              int split, float* partial, unsigned* arrivals,
-                             float* out_a, float* out_b, cudaStream_t stream) {
+                             float* out_a, float* out_b, cudaStream_t stream,
+                             bool rows_before_previous) {
   if (out_a == nullptr && out_b == nullptr) return absl::OkStatus();
   if (arrivals == nullptr) {
     return absl::InternalError("column sum: no arrival counter");
@@ -601,8 +618,9 @@ absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
   const dim3 grid(GridSize(NumChunks(tokens)),
                   GridSize((width + kColumnWarps - 1) / kColumnWarps));
   const cudaError_t err = LaunchAfterPrevious(
-      column_sum_kernel, grid, dim3(kColumnWarps * 32), 0, stream, rows, tokens,
-      width, split, partial, arrivals, out_a, out_b);
+      rows_before_previous ? column_sum_kernel<true> : column_sum_kernel<false>,
+      grid, dim3(kColumnWarps * 32), 0, stream, rows, tokens, width, split,
+      partial, arrivals, out_a, out_b);
   MHC_CUDA_RETURN_IF_ERROR(err, "column sum",
                            absl::StrCat("[M=", tokens, " W=", width, "]"));
   MHC_CUDA_CHECK_LAUNCH("column sum",

@@ -170,6 +170,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // this kernel launch early, still runs. What follows reads its outputs
   // (dh, dms, H_pre, R).
   WaitForPrerequisiteGrid();
+  // A one-chunk launch is the fused backward's last before its column sums,
+  // which read only the mixing kernel's rows and run beside this kernel
+  // (LaunchColumnSum's rows_before_previous). Launches of more chunks are
+  // followed by the dphi reduction, which would only hold SMs waiting.
+  if constexpr (kGradsInKernel) AllowDependentLaunch();
 
   const uint64_t dhx_desc = SwizzledDescriptor(dhx);
   const uint64_t dht_desc = SwizzledDescriptor(dht);
