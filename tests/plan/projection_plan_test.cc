@@ -2,11 +2,13 @@
 // reaches that row; a grid of launches keeps the variants, launch shapes
 // and workspace the dispatch chose before the plan existed; alignment never
 // changes the workspace. No GPU needed.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "projection/geometry.h"
 #include "projection/plan.h"
 
 namespace mhc::cuda {
@@ -515,6 +517,37 @@ TEST(ProjectionPlan, BackwardChunkCtas) {
   EXPECT_EQ(split(1024, 129, both, BV::kWgmmaN4Terms), 3);
   EXPECT_EQ(split(1024, 512, {}, BV::kWgmmaN4), 4);
   EXPECT_EQ(split(1024, 8193, both, BV::kMma), 1);
+}
+
+// Every split the plan takes fits its launch: no more CTAs per chunk than
+// stages, at most two per SM, and one arrival counter per (channel tile,
+// chunk) within the kSplitArrivals the fused workspace and the backend
+// hold; the split's scratch is each CTA's 24 x 128 dphi^T.
+TEST(ProjectionPlan, EverySplitFitsItsCounters) {
+  int splits = 0;
+  for (int64_t C = 8; C <= 8192; C += 8) {
+    for (int64_t M :
+         {1, 63, 64, 65, 200, 512, 1000, 1024, 1025, 2048, 3000, 4096, 8192}) {
+      const int ctas = ChunkCtasFor(Layer(4, C), M);
+      const int64_t tiles = (C + proj::kWgmmaN4Chans - 1) / proj::kWgmmaN4Chans;
+      const int64_t groups = tiles * ((M + 1023) / 1024);
+      const int64_t stages = (std::min<int64_t>(M, 1024) + 63) / 64;
+      ASSERT_GE(ctas, 1);
+      ASSERT_LE(ctas, std::min<int64_t>(proj::kMaxChunkCtas, stages))
+          << C << " " << M;
+      if (ctas == 1) {
+        EXPECT_EQ(SplitPartialBytes(Layer(4, C), M), 0u);
+        continue;
+      }
+      ++splits;
+      ASSERT_LE(groups, proj::kSplitArrivals) << C << " " << M;
+      ASSERT_LE(groups * ctas, proj::kWgmmaN4CtasPerSm * proj::kTunedSms)
+          << C << " " << M;
+      EXPECT_EQ(SplitPartialBytes(Layer(4, C), M),
+                sizeof(float) * groups * ctas * 24 * 128);
+    }
+  }
+  EXPECT_GT(splits, 1000);
 }
 
 TEST(ProjectionPlan, BackwardGradsInKernel) {
