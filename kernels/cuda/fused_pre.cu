@@ -617,14 +617,19 @@ absl::Status LaunchFusedBackward(const FusedBackwardArgs& a, Workspace ws,
   grads.grads_phi = a.grads.phi;
   grads.grads_gamma = a.grads.gamma;
   grads.repair = repair ? &fix : nullptr;
-  MHC_RETURN_IF_ERROR(LaunchDxAndPhiGrads(dx, grads, stream));
-  if (split) return absl::OkStatus();  // the scale backward summed them
-  // The mixing kernel wrote the rows before the dx launches above passed
-  // their waits: the sums may run beside them.
-  return LaunchColumnSum(at(b.contrib), a.tokens, s.N + s.num_alpha, s.N,
-                         at(b.col_partial), arrivals, a.grads.beta,
-                         s.dynamic ? a.grads.alpha : nullptr, stream,
-                         /*rows_before_previous=*/true);
+  // The mixing kernel wrote the rows of dalpha / dbeta before the dx
+  // launches passed their waits, so their sums may run beside dx (unless
+  // the scale backward summed them).
+  ColumnSumArgs sums;
+  sums.rows = at(b.contrib);
+  sums.tokens = a.tokens;
+  sums.width = s.N + s.num_alpha;
+  sums.split = s.N;
+  sums.partial = at(b.col_partial);
+  sums.arrivals = arrivals;
+  sums.out_a = a.grads.beta;
+  sums.out_b = s.dynamic ? a.grads.alpha : nullptr;
+  return LaunchDxAndPhiGrads(dx, grads, stream, split ? nullptr : &sums);
 }
 
 absl::Status LaunchPreForward(const PreForwardParams& p, Workspace ws,

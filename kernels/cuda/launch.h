@@ -216,14 +216,36 @@ struct DxArgs {
   void* wide_scratch = nullptr;
   // Set by LaunchDxAndPhiGrads for plans with grads_in_kernel.
   const PhiGradArgs* grads = nullptr;
+  // Set by LaunchDxAndPhiGrads where column sums run beside the dx kernel:
+  // the kernel lets them launch once past its wait.
+  bool dependents_beside = false;
 };
+// Sums rows [M, W] over tokens (LaunchColumnSum): out_a[w] += total[w] for
+// w < split and out_b[w - split] += total[w] for w >= split (null outputs
+// are skipped). partial: [NumChunks(M), W] scratch; arrivals: a device
+// counter that is 0 at launch, and is left 0.
+struct ColumnSumArgs {
+  const float* rows = nullptr;
+  int64_t tokens = 0;
+  int width = 0;
+  int split = 0;
+  float* partial = nullptr;
+  unsigned* arrivals = nullptr;
+  float* out_a = nullptr;
+  float* out_b = nullptr;
+};
+
 // dx, then the phi / gamma gradients from the chunk partials in
 // a.dphi_partial (null: no gradient asked for) by LaunchPhiGradReduce; or,
 // where the plan has the dx kernel add a single chunk itself
 // (grads_in_kernel), that kernel alone. Without partials, g.repair's pass
-// runs as a kernel of its own.
+// runs as a kernel of its own. column_sums (optional): sums of rows written
+// before the stream's last kernel (LaunchColumnSum's rows_before_previous),
+// launched beside the dx kernel where its variant allows dependents past
+// its wait, else after the last kernel.
 absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream,
+                                 const ColumnSumArgs* column_sums = nullptr);
 // The mma variant (projection/backward/mma.cu), with the plan's row copies.
 absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
                                        const ProjectionBackwardPlan& plan,
@@ -240,17 +262,12 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
                                  float* grads_gamma, cudaStream_t stream,
                                  const RepairBackwardArgs* repair = nullptr);
 
-// Sums rows [M, W] over tokens in fixed chunks (partial: [NumChunks(M), W]
-// scratch), then out_a[w] += total[w] for w < split and out_b[w - split] +=
-// total[w] for w >= split (null outputs are skipped). One launch: arrivals
-// is a device counter that is 0 at launch; the kernel's last CTA adds the
-// chunks and leaves it 0. rows_before_previous: the rows were written before
-// the stream's previous kernel passed its WaitForPrerequisiteGrid, and that
-// kernel allows its dependents (if at all) only past it; the sums then run
-// beside it and wait for it only before they finish.
-absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
-                             int split, float* partial, unsigned* arrivals,
-                             float* out_a, float* out_b, cudaStream_t stream,
+// The column sums of c in fixed token chunks, in one launch: the last CTA
+// adds the chunks in order. rows_before_previous: the rows were written
+// before the stream's previous kernel passed its WaitForPrerequisiteGrid,
+// and that kernel allows its dependents (if at all) only past it; the sums
+// then run beside it and wait for it only before they finish.
+absl::Status LaunchColumnSum(const ColumnSumArgs& c, cudaStream_t stream,
                              bool rows_before_previous = false);
 // out[w] += sum over chunks of partial[chunk][w], chunks in order.
 absl::Status LaunchChunkSum(const float* partial, int64_t chunks, int64_t width,

@@ -607,24 +607,22 @@ ScalePlan PlanOf(const ScaleBackwardParams& p) {
                    LeastAlignment({p.h, p.dh, p.dh_pre, p.dh_post, p.dlogits}));
 }
 
-absl::Status LaunchColumnSum(const float* rows, int64_t tokens, int width,
-                             int split, float* partial, unsigned* arrivals,
-                             float* out_a, float* out_b, cudaStream_t stream,
+absl::Status LaunchColumnSum(const ColumnSumArgs& c, cudaStream_t stream,
                              bool rows_before_previous) {
-  if (out_a == nullptr && out_b == nullptr) return absl::OkStatus();
-  if (arrivals == nullptr) {
+  if (c.out_a == nullptr && c.out_b == nullptr) return absl::OkStatus();
+  if (c.arrivals == nullptr) {
     return absl::InternalError("column sum: no arrival counter");
   }
-  const dim3 grid(GridSize(NumChunks(tokens)),
-                  GridSize((width + kColumnWarps - 1) / kColumnWarps));
+  const dim3 grid(GridSize(NumChunks(c.tokens)),
+                  GridSize((c.width + kColumnWarps - 1) / kColumnWarps));
   const cudaError_t err = LaunchAfterPrevious(
       rows_before_previous ? column_sum_kernel<true> : column_sum_kernel<false>,
-      grid, dim3(kColumnWarps * 32), 0, stream, rows, tokens, width, split,
-      partial, arrivals, out_a, out_b);
+      grid, dim3(kColumnWarps * 32), 0, stream, c.rows, c.tokens, c.width,
+      c.split, c.partial, c.arrivals, c.out_a, c.out_b);
   MHC_CUDA_RETURN_IF_ERROR(err, "column sum",
-                           absl::StrCat("[M=", tokens, " W=", width, "]"));
+                           absl::StrCat("[M=", c.tokens, " W=", c.width, "]"));
   MHC_CUDA_CHECK_LAUNCH("column sum",
-                        absl::StrCat("[M=", tokens, " W=", width, "]"));
+                        absl::StrCat("[M=", c.tokens, " W=", c.width, "]"));
   return absl::OkStatus();
 }
 
@@ -752,11 +750,18 @@ absl::Status LaunchScaleBackward(const ScaleBackwardParams& p, Workspace ws,
   MHC_CUDA_CHECK_LAUNCH("scale backward",
                         LaunchShape(*p.spec, p.tokens, DType::kF32));
   if (!grads) return absl::OkStatus();
-  const int64_t rows = WarpRows(p.tokens);
-  float* partial = reinterpret_cast<float*>(
-      static_cast<char*>(ws.data) + AlignBytes(sizeof(float) * rows * width));
-  return LaunchColumnSum(warp_rows, rows, width, s.N, partial, arrivals,
-                         p.grads.beta, grad_alpha, stream);
+  ColumnSumArgs sums;
+  sums.rows = warp_rows;
+  sums.tokens = WarpRows(p.tokens);
+  sums.width = width;
+  sums.split = s.N;
+  sums.partial =
+      reinterpret_cast<float*>(static_cast<char*>(ws.data) +
+                               AlignBytes(sizeof(float) * sums.tokens * width));
+  sums.arrivals = arrivals;
+  sums.out_a = p.grads.beta;
+  sums.out_b = grad_alpha;
+  return LaunchColumnSum(sums, stream);
 }
 
 }  // namespace mhc::cuda

@@ -229,34 +229,50 @@ absl::Status LaunchProjectionForward(const ProjectionForwardParams& p,
 namespace {
 
 // LaunchDxAndPhiGrads for the plan of a's tensors.
-absl::Status LaunchPlannedDxAndPhiGrads(const DxArgs& a,
+absl::Status LaunchPlannedDxAndPhiGrads(const DxArgs& args,
                                         const ProjectionBackwardPlan& plan,
                                         const PhiGradArgs& g,
+                                        const ColumnSumArgs* column_sums,
                                         cudaStream_t stream) {
-  if (a.dphi_partial == nullptr) {
-    MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
-    if (g.repair == nullptr) return absl::OkStatus();
-    return LaunchRepairBackward(*a.spec, a.tokens, *g.repair, stream);
-  }
-  if (plan.grads_in_kernel) {
-    DxArgs in_kernel = a;
-    in_kernel.grads = &g;
-    return LaunchDxAndPhiPartials(in_kernel, plan, stream);
-  }
+  // Only the wgmma_n4_terms kernel (a wave at most) lets dependents launch
+  // past its wait: beside the multi-wave mma kernel, whose last wave they
+  // would share, they cost more than they save (docs/decisions.md).
+  const bool sums = column_sums != nullptr && (column_sums->out_a != nullptr ||
+                                               column_sums->out_b != nullptr);
+  const bool beside =
+      sums && plan.variant == ProjectionBackwardVariant::kWgmmaN4Terms;
+  DxArgs a = args;
+  a.dependents_beside = beside;
+  if (a.dphi_partial != nullptr && plan.grads_in_kernel) a.grads = &g;
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
-  return LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial, g.phi, g.gamma,
-                             g.grads_phi, g.grads_gamma, stream, g.repair);
+  if (beside) {
+    MHC_RETURN_IF_ERROR(
+        LaunchColumnSum(*column_sums, stream, /*rows_before_previous=*/true));
+  }
+  if (a.dphi_partial == nullptr) {
+    if (g.repair != nullptr) {
+      MHC_RETURN_IF_ERROR(
+          LaunchRepairBackward(*a.spec, a.tokens, *g.repair, stream));
+    }
+  } else if (!plan.grads_in_kernel) {
+    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial,
+                                            g.phi, g.gamma, g.grads_phi,
+                                            g.grads_gamma, stream, g.repair));
+  }
+  if (!sums || beside) return absl::OkStatus();
+  return LaunchColumnSum(*column_sums, stream, /*rows_before_previous=*/true);
 }
 
 }  // namespace
 
 absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream,
+                                 const ColumnSumArgs* column_sums) {
   return LaunchPlannedDxAndPhiGrads(
       a,
       PlanProjectionBackward(*a.spec, a.act_dtype, a.tokens,
                              BackwardAlignmentOf(a), TermsOf(a)),
-      g, stream);
+      g, column_sums, stream);
 }
 
 absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
@@ -298,7 +314,8 @@ absl::Status LaunchProjectionBackward(const ProjectionBackwardParams& p,
   g.gamma = p.weights.gamma;
   g.grads_phi = p.grads.phi;
   g.grads_gamma = p.grads.gamma;
-  return LaunchPlannedDxAndPhiGrads(a, plan, g, stream);
+  return LaunchPlannedDxAndPhiGrads(a, plan, g, /*column_sums=*/nullptr,
+                                    stream);
 }
 
 }  // namespace mhc::cuda

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           const T* __restrict__ dy, const float* __restrict__ r,
                           const T* __restrict__ dx_next, T* __restrict__ dx,
                           float* __restrict__ dphi_partial, ChunkSplit split,
-                          DphiGrads grads) {
+                          DphiGrads grads, bool dependents_beside) {
   using P = Plan;
   extern __shared__ __align__(16) char dx_terms_smem[];
   char* smem = AtomAligned(dx_terms_smem);
@@ -170,11 +170,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // this kernel launch early, still runs. What follows reads its outputs
   // (dh, dms, H_pre, R).
   WaitForPrerequisiteGrid();
-  // A one-chunk launch is the fused backward's last before its column sums,
-  // which read only the mixing kernel's rows and run beside this kernel
-  // (LaunchColumnSum's rows_before_previous). Launches of more chunks are
-  // followed by the dphi reduction, which would only hold SMs waiting.
-  if constexpr (kGradsInKernel) AllowDependentLaunch();
+  // The column sums that may follow read only the mixing kernel's rows.
+  if (dependents_beside) AllowDependentLaunch();
 
   const uint64_t dhx_desc = SwizzledDescriptor(dhx);
   const uint64_t dht_desc = SwizzledDescriptor(dht);
@@ -304,7 +301,7 @@ absl::Status LaunchTermsWgmmaDxAndPhiPartials(
         grid, kThreads, smem, stream, s, a.tokens, static_cast<const T*>(a.x),
         a.phi, gamma, a.dh, a.dms, a.h_pre, static_cast<const T*>(a.dy), a.r,
         static_cast<const T*>(a.dx_next), static_cast<T*>(a.dx), a.dphi_partial,
-        split, grads);
+        split, grads, a.dependents_beside);
   };
   DispatchBool(a.r != nullptr, [&](auto residual_tag) {
     DispatchBool(grads.InKernel(), [&](auto in_kernel_tag) {
