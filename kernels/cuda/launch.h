@@ -216,8 +216,8 @@ struct DxArgs {
   void* wide_scratch = nullptr;
   // Set by LaunchDxAndPhiGrads for plans with grads_in_kernel.
   const PhiGradArgs* grads = nullptr;
-  // Set by LaunchDxAndPhiGrads where column sums run beside the dx kernel:
-  // the kernel lets them launch once past its wait.
+  // Set by LaunchDxAndPhiGrads where column sums run beside the dx kernel
+  // (wgmma_n4_terms alone): the kernel lets them launch once past its wait.
   bool dependents_beside = false;
 };
 // Sums rows [M, W] over tokens (LaunchColumnSum): out_a[w] += total[w] for
