@@ -242,7 +242,7 @@ struct ColumnSumArgs {
 // runs as a kernel of its own. column_sums (optional): sums of rows written
 // before the stream's last kernel (LaunchColumnSum's rows_before_previous),
 // launched beside the dx kernel where its variant allows dependents past
-// its wait, else after the last kernel.
+// its wait, else beside the dphi reduction, else after the last kernel.
 absl::Status LaunchDxAndPhiGrads(const DxArgs& a, const PhiGradArgs& g,
                                  cudaStream_t stream,
                                  const ColumnSumArgs* column_sums = nullptr);
@@ -256,11 +256,14 @@ absl::Status LaunchMmaDxAndPhiPartials(const DxArgs& a,
 // `repair` (the fused backward of a dynamic layer), then the overflow
 // repair's pass for the tokens the mixing kernel repaired, in the same
 // launch (or in its own when there is nothing to reduce).
+// dependents_beside: the kernel lets the next launch start once past its
+// wait (column sums of rows it does not touch, LaunchDxAndPhiGrads).
 absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
                                  const float* partial, const float* phi,
                                  const float* gamma, float* grads_phi,
                                  float* grads_gamma, cudaStream_t stream,
-                                 const RepairBackwardArgs* repair = nullptr);
+                                 const RepairBackwardArgs* repair = nullptr,
+                                 bool dependents_beside = false);
 
 // The column sums of c in fixed token chunks, in one launch: the last CTA
 // adds the chunks in order. rows_before_previous: the rows were written

@@ -236,30 +236,31 @@ absl::Status LaunchPlannedDxAndPhiGrads(const DxArgs& args,
                                         cudaStream_t stream) {
   // Only the wgmma_n4_terms kernel (a wave at most) lets dependents launch
   // past its wait: beside the multi-wave mma kernel, whose last wave they
-  // would share, they cost more than they save (docs/decisions.md).
+  // would share, they cost more than they save (docs/decisions.md). After
+  // any other dx kernel the sums run beside the dphi reduction.
   const bool sums = column_sums != nullptr && (column_sums->out_a != nullptr ||
                                                column_sums->out_b != nullptr);
-  const bool beside =
+  const bool beside_dx =
       sums && plan.variant == ProjectionBackwardVariant::kWgmmaN4Terms;
+  const bool reduce = args.dphi_partial != nullptr && !plan.grads_in_kernel;
   DxArgs a = args;
-  a.dependents_beside = beside;
+  a.dependents_beside = beside_dx;
   if (a.dphi_partial != nullptr && plan.grads_in_kernel) a.grads = &g;
   MHC_RETURN_IF_ERROR(LaunchDxAndPhiPartials(a, plan, stream));
-  if (beside) {
+  if (beside_dx) {
     MHC_RETURN_IF_ERROR(
         LaunchColumnSum(*column_sums, stream, /*rows_before_previous=*/true));
   }
-  if (a.dphi_partial == nullptr) {
-    if (g.repair != nullptr) {
-      MHC_RETURN_IF_ERROR(
-          LaunchRepairBackward(*a.spec, a.tokens, *g.repair, stream));
-    }
-  } else if (!plan.grads_in_kernel) {
-    MHC_RETURN_IF_ERROR(LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial,
-                                            g.phi, g.gamma, g.grads_phi,
-                                            g.grads_gamma, stream, g.repair));
+  if (reduce) {
+    MHC_RETURN_IF_ERROR(
+        LaunchPhiGradReduce(*a.spec, a.tokens, a.dphi_partial, g.phi, g.gamma,
+                            g.grads_phi, g.grads_gamma, stream, g.repair,
+                            /*dependents_beside=*/sums && !beside_dx));
+  } else if (a.dphi_partial == nullptr && g.repair != nullptr) {
+    MHC_RETURN_IF_ERROR(
+        LaunchRepairBackward(*a.spec, a.tokens, *g.repair, stream));
   }
-  if (!sums || beside) return absl::OkStatus();
+  if (!sums || beside_dx) return absl::OkStatus();
   return LaunchColumnSum(*column_sums, stream, /*rows_before_previous=*/true);
 }
 

@@ -30,6 +30,9 @@ namespace {
 // With the pass the kernel is capped at the registers it has without it
 // (40: six CTAs per SM, whose loads in flight the reduction needs); uncapped
 // it took 48, and the pass out of line spilled.
+// dependents_beside: the column sums that follow (rows written before this
+// kernel, outputs it does not touch) start once every CTA is past its wait
+// and overlap the reduction instead of following it.
 constexpr int kReduceCols = 32;
 constexpr int kReduceRows = kPhiGradRows;
 constexpr int kReduceGroup = 8;
@@ -40,8 +43,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows, kReduceBlocks<T>)
     phi_grad_reduce_kernel(DevSpec s, int64_t chunks, const float* partial,
                            const float* phi, const float* gamma,
                            float* grads_phi, float* grads_gamma, int64_t tokens,
-                           RepairBackwardArgs repair) {
+                           RepairBackwardArgs repair, bool dependents_beside) {
   WaitForPrerequisiteGrid();  // the dphi partials
+  if (dependents_beside) AllowDependentLaunch();
   constexpr bool kRepair = !std::is_void_v<T>;
   __shared__ float dgamma_rows[kReduceRows][kReduceCols];
   const int col = threadIdx.x % kReduceCols;
@@ -85,7 +89,8 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
                                  const float* partial, const float* phi,
                                  const float* gamma, float* grads_phi,
                                  float* grads_gamma, cudaStream_t stream,
-                                 const RepairBackwardArgs* repair) {
+                                 const RepairBackwardArgs* repair,
+                                 bool dependents_beside) {
   const DevSpec s = MakeDevSpec(spec);
   if (!s.has_gamma) grads_gamma = nullptr;
   if (grads_phi == nullptr && grads_gamma == nullptr) {
@@ -101,7 +106,7 @@ absl::Status LaunchPhiGradReduce(const LayerSpec& spec, int64_t tokens,
     err = LaunchAfterPrevious(
         kernel, dim3(grid), dim3(kReduceCols * kReduceRows), 0, stream, s,
         chunks, partial, phi, gamma, grads_phi, grads_gamma, tokens,
-        repair != nullptr ? *repair : RepairBackwardArgs{});
+        repair != nullptr ? *repair : RepairBackwardArgs{}, dependents_beside);
   };
   if (repair == nullptr || tokens == 0 || !s.dynamic) {
     launch(phi_grad_reduce_kernel<void>);
