@@ -508,8 +508,15 @@ __host__ __device__ inline bool FewChunks(int chunks) {
 
 // LaunchPersistentBlocksAfter's `first` when nothing precedes the launch.
 struct NoFirstKernel {
-  cudaError_t operator()() const { return cudaSuccess; }
+  cudaError_t operator()(unsigned long long*) const { return cudaSuccess; }
 };
+
+// In a `first` kernel (an ordinary launch, so every earlier kernel is done):
+// zeroes the units' counter (null: none) for the launch after it, whose
+// CTAs take units only past their WaitForPrerequisiteGrid.
+__device__ __forceinline__ void ZeroUnitCounter(unsigned long long* counter) {
+  if (counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *counter = 0;
+}
 
 // Launches CTAs of `threads` that take the units in turn: the co-resident
 // count, or with `equal_shares` as many as divide the units into equal
@@ -519,12 +526,14 @@ struct NoFirstKernel {
 // bf16 warpgroup-mma forward and slower for the compute-bound wide wgmma
 // forward at n = 16, which they leave on fewer slots (docs/decisions.md).
 // The kernel's last parameter receives
-// next_unit when there is more than one wave (zeroed here first; the CTAs
-// take units from it) and null otherwise (each CTA strides by gridDim.x).
+// next_unit when there is more than one wave (zeroed first; the CTAs take
+// units from it) and null otherwise (each CTA strides by gridDim.x).
 //
-// With `first` (a callable that enqueues the kernel this one reads from) the
-// counter is zeroed before it and this launch is programmatic
-// (LaunchAfterPrevious, common.cuh).
+// With `first` (a callable that enqueues, as an ordinary launch, the kernel
+// this one reads from, given the counter to zero with ZeroUnitCounter or
+// null) this launch is programmatic (LaunchAfterPrevious, common.cuh) and
+// the counter needs no memset node of its own; without it a memset zeroes
+// the counter.
 template <typename First, typename... Exp, typename... Act>
 cudaError_t LaunchPersistentBlocksAfter(First&& first, void (*kernel)(Exp...),
                                         int threads, bool equal_shares,
@@ -539,18 +548,18 @@ cudaError_t LaunchPersistentBlocksAfter(First&& first, void (*kernel)(Exp...),
   const int64_t ctas = !equal_shares ? (units < resident ? units : resident)
                        : waves > 0   ? (units + waves - 1) / waves
                                      : 0;
-  const bool take_in_turn = units > ctas;
-  if (take_in_turn) {
-    e = cudaMemsetAsync(next_unit, 0, sizeof(*next_unit), stream);
+  constexpr bool kAfterFirst =
+      !std::is_same<std::decay_t<First>, NoFirstKernel>::value;
+  unsigned long long* counter = units > ctas ? next_unit : nullptr;
+  if (!kAfterFirst && counter != nullptr) {
+    e = cudaMemsetAsync(counter, 0, sizeof(*counter), stream);
     if (e != cudaSuccess) return e;
   }
-  e = first();
+  e = first(counter);
   if (e != cudaSuccess) return e;
   return LaunchKernelEx(
       kernel, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, stream,
-      /*after_previous=*/
-      !std::is_same<std::decay_t<First>, NoFirstKernel>::value,
-      std::forward<Act>(args)..., take_in_turn ? next_unit : nullptr);
+      /*after_previous=*/kAfterFirst, std::forward<Act>(args)..., counter);
 }
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,

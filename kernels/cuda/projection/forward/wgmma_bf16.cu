@@ -101,12 +101,13 @@ static_assert(Terms(false) * kTermTileBytes == kBf16HiMidWords * 4 &&
               "same split bytes per stage");
 
 // phi' split once for the launch: a CTA per 64-k stage, its term tiles
-// where the units copy them from.
+// where the units copy them from; and the units' counter zeroed.
 template <int kTerms>
 __global__ void __launch_bounds__(kSplitChunks)
     phi_planes_kernel(DevSpec s, const float* phi, const float* gamma, bool vec,
-                      char* planes) {
+                      char* planes, unsigned long long* unit_counter) {
   AllowDependentLaunch();  // the units may take their slots beside it
+  ZeroUnitCounter(unit_counter);
   const int g = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
   float v[8];
@@ -321,10 +322,12 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
 
 template <int kTerms>
 cudaError_t LaunchPlanes(const DevSpec& s, const float* phi, const float* gamma,
-                         bool vec_phi, char* planes, cudaStream_t stream) {
+                         bool vec_phi, char* planes,
+                         unsigned long long* unit_counter,
+                         cudaStream_t stream) {
   phi_planes_kernel<kTerms>
       <<<GridSize((s.K + kStageK - 1) / kStageK), kSplitChunks, 0, stream>>>(
-          s, phi, gamma, vec_phi, planes);
+          s, phi, gamma, vec_phi, planes, unit_counter);
   return cudaGetLastError();
 }
 
@@ -340,8 +343,9 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const CUtensorMap& odd_map,
   const int64_t units =
       bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocksAfter(
-      [&] {
-        return LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, stream);
+      [&](unsigned long long* counter) {
+        return LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, counter,
+                                    stream);
       },
       bf16_wgmma_projection_kernel<kTerms, kCopyBytes, kTma, kStages, false,
                                    kPairRows>,
@@ -364,7 +368,8 @@ cudaError_t LaunchSplitUnits(const CUtensorMap& x_map, const DevSpec& s,
       bf16_unit::UnitTiles<kUnitTokens>(tokens) * chunks.chunks;
   const size_t slot_bytes = sizeof(float) * kUnitTokens * (s.N + 1) *
                             proj::GroupsPerCta(chunks.chunk, unit_ctas);
-  cudaError_t e = LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, stream);
+  cudaError_t e = LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes,
+                                       /*unit_counter=*/nullptr, stream);
   if (e != cudaSuccess) return e;
   constexpr int kStages = proj::kSplitRingStages;
   return LaunchLargeSmemClusters(

@@ -133,10 +133,12 @@ __device__ __forceinline__ uint32_t Tf32Operand(float v) {
 // phi' rounded to TF32 once for the launch, in the units' k order: a CTA
 // per 64-k stage, a thread per 16-byte chunk of its two B tiles. Chunk c of
 // a tile row is step c / 2, columns 4 (c % 2) .. 4 (c % 2) + 3: k = c + 8 i.
+// Also zeroes the units' counter.
 __global__ void __launch_bounds__(kBlocks* kTileLogits * 8)
     phi_tf32_planes_kernel(DevSpec s, const float* phi, const float* gamma,
-                           char* planes) {
+                           char* planes, unsigned long long* unit_counter) {
   AllowDependentLaunch();  // the units may take their slots beside it
+  ZeroUnitCounter(unit_counter);
   const int c = threadIdx.x % 8;
   const int g = threadIdx.x / 8 % kTileLogits;
   const int b = threadIdx.x / (8 * kTileLogits);
@@ -303,10 +305,10 @@ cudaError_t LaunchUnits(const CUtensorMap& x_map, const DevSpec& s,
   const int64_t units =
       bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
   return LaunchPersistentBlocksAfter(
-      [&] {
+      [&](unsigned long long* counter) {
         phi_tf32_planes_kernel<<<GridSize((s.K + kStageK - 1) / kStageK),
                                  kBlocks * kTileLogits * 8, 0, stream>>>(
-            s, phi, gamma, planes);
+            s, phi, gamma, planes, counter);
         return cudaGetLastError();
       },
       tf32_wgmma_projection_kernel<T, kStages>, kUnitThreads,

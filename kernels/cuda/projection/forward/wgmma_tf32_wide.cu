@@ -125,12 +125,15 @@ __device__ __forceinline__ float4 RoundPhiTf32(float4 p, float4 g) {
 // phi' = phi * gamma rounded to tf32, as phi's [N][K] rows (K % 4 == 0:
 // the plan's vector rows): each unit rounding its stages in shared memory
 // costs a load, multiply, rounding and store per element per unit, and the
-// shared memory traffic with it, which bounds the units at large M.
+// shared memory traffic with it, which bounds the units at large M. Also
+// zeroes the units' counter.
 __global__ void __launch_bounds__(kMmaThreads)
     round_phi_rows_kernel(DevSpec s, const float* __restrict__ phi,
                           const float* __restrict__ gamma,
-                          float* __restrict__ rounded) {
+                          float* __restrict__ rounded,
+                          unsigned long long* unit_counter) {
   AllowDependentLaunch();  // the units may take their slots beside it
+  ZeroUnitCounter(unit_counter);
   const int64_t vectors = int64_t{s.N} * s.K / 4;
   for (int64_t q = int64_t{blockIdx.x} * kMmaThreads + threadIdx.x; q < vectors;
        q += int64_t{gridDim.x} * kMmaThreads) {
@@ -372,12 +375,12 @@ cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
   }
   const int64_t vectors = int64_t{s.N} * s.K / 4;
   return LaunchPersistentBlocksAfter(
-      [&] {
+      [&](unsigned long long* counter) {
         round_phi_rows_kernel<<<GridSize(std::min<int64_t>(
                                     (vectors + kMmaThreads - 1) / kMmaThreads,
                                     kRoundPhiCtas)),
                                 kMmaThreads, 0, stream>>>(s, phi, gamma,
-                                                          rounded);
+                                                          rounded, counter);
         return cudaGetLastError();
       },
       wgmma_projection_kernel<T, kW, true, kRing>, kMmaThreads,
