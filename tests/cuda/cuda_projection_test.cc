@@ -43,6 +43,14 @@ ProjectionInputs MakeInputs(Harness& h, const LayerSpec& spec, DType dt,
   return in;
 }
 
+// A workspace holds whatever the op before it left: the CUDA forward's is
+// poisoned, so that a forward reading a byte it did not write first (the
+// units' work counter, which its first kernel zeroes) fails.
+void PoisonWorkspace(Harness& h, const Workspace& ws) {
+  if (ws.bytes == 0) return;
+  ASSERT_TRUE(h.cuda().Memset(ws.data, 0xFF, ws.bytes).ok());
+}
+
 // The fields the forward and backward params share, for backend b.
 template <typename Params>
 void SetInputs(Params& p, const LayerSpec& spec, int64_t M, DType dt,
@@ -145,6 +153,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     }
     for (int b = 0; b < 2; ++b) {
       Workspace ws = h.Scratch(b, OpKind::kProjectionForward, spec, M, c.dt);
+      if (b == 1) PoisonWorkspace(h, ws);
       ASSERT_TRUE(h.backend(b).ProjectionForward(p[b], ws).ok());
     }
     ASSERT_TRUE(h.cuda().Synchronize().ok());
@@ -164,6 +173,7 @@ TEST(CudaProjectionTilesTest, MatchesReferenceAndIsBatchInvariant) {
     auto run_alone = [&](const ProjectionForwardParams& p1) {
       Workspace ws =
           h.Scratch(1, OpKind::kProjectionForward, spec, p1.tokens, c.dt);
+      PoisonWorkspace(h, ws);
       ASSERT_TRUE(h.cuda().ProjectionForward(p1, ws).ok());
       ASSERT_TRUE(h.cuda().Synchronize().ok());
     };
