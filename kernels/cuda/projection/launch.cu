@@ -237,7 +237,8 @@ absl::Status LaunchPlannedDxAndPhiGrads(const DxArgs& args,
   // Only the wgmma_n4_terms kernel (a wave at most) lets dependents launch
   // past its wait: beside the multi-wave mma kernel, whose last wave they
   // would share, they cost more than they save (docs/decisions.md). After
-  // any other dx kernel the sums run beside the dphi reduction.
+  // any other dx kernel the sums run beside the dphi reduction where one
+  // follows, else after the last kernel.
   const bool sums = column_sums != nullptr && (column_sums->out_a != nullptr ||
                                                column_sums->out_b != nullptr);
   const bool beside_dx =
