@@ -452,24 +452,24 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
       MHC_RETURN_IF_ERROR(
           LaunchProjectionPartials(*a.spec, a.tokens, a.act_dtype, a.x,
                                    a.weights.phi, gamma, ws.data, stream));
-      const bool few_chunks = FewChunks(PlanChunks(s.K, s.N).chunks);
+      const int chunks = PlanChunks(s.K, s.N).chunks;
       auto mix = [&](auto nt) {
         constexpr int kNT = decltype(nt)::value;
         constexpr int kTokens = PreMixThreads<kNT>();
         constexpr int kFew = std::min(kTokens, kPreMixFewTokens);
         const bool few_tokens = PreMixFewTokens(a.tokens, kTokens);
         const int tokens_per_block = few_tokens ? kFew : kTokens;
-        return LaunchAfterPrevious(
-            few_tokens
-                ? (few_chunks ? pre_mix_forward_kernel<kNT, kFewChunks, kFew>
-                              : pre_mix_forward_kernel<kNT, kMaxChunks, kFew>)
-            : few_chunks ? pre_mix_forward_kernel<kNT, kFewChunks, kTokens>
-                         : pre_mix_forward_kernel<kNT, kMaxChunks, kTokens>,
-            dim3(
-                GridSize((a.tokens + tokens_per_block - 1) / tokens_per_block)),
-            dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d, h_pre,
-            KeptOut{a.h, a.mean_square},
-            RepairSource{a.x, a.act_dtype, a.weights.phi, gamma});
+        return WithChunkLoads(chunks, [&](auto loads) {
+          constexpr int kLoads = decltype(loads)::value;
+          return LaunchAfterPrevious(
+              few_tokens ? pre_mix_forward_kernel<kNT, kLoads, kFew>
+                         : pre_mix_forward_kernel<kNT, kLoads, kTokens>,
+              dim3(GridSize((a.tokens + tokens_per_block - 1) /
+                            tokens_per_block)),
+              dim3(PreMixBlock<kNT>()), 0, stream, s, a.tokens, partial, d,
+              h_pre, KeptOut{a.h, a.mean_square},
+              RepairSource{a.x, a.act_dtype, a.weights.phi, gamma});
+        });
       };
       // Per-thread arrays sized to n (mixing state lives in registers).
       const cudaError_t err = s.n == 4   ? mix(IntTag<4>{})

@@ -230,18 +230,20 @@ absl::Status LaunchProjectionFinish(const LayerSpec& spec, int64_t tokens,
   const int per_cta = FinishTokensPerCta(s.N + 1);
   const dim3 grid(GridSize((tokens + per_cta - 1) / per_cta));
   const dim3 block(static_cast<unsigned>(per_cta * (s.N + 1)));
-  const bool few = FewChunks(PlanChunks(s.K, s.N).chunks);
   auto launch = [&](auto kernel) {
     return LaunchAfterPrevious(kernel, grid, block, 0, stream, s, tokens,
                                partial, h, mean_square,
                                repair != nullptr ? *repair : RepairSource{});
   };
   MHC_CUDA_RETURN_IF_ERROR(
-      repair != nullptr
-          ? (few ? launch(projection_finish_kernel<kFewChunks, true>)
-                 : launch(projection_finish_kernel<kMaxChunks, true>))
-          : (few ? launch(projection_finish_kernel<kFewChunks, false>)
-                 : launch(projection_finish_kernel<kMaxChunks, false>)),
+      WithChunkLoads(
+          PlanChunks(s.K, s.N).chunks,
+          [&](auto loads) {
+            constexpr int kLoads = decltype(loads)::value;
+            return repair != nullptr
+                       ? launch(projection_finish_kernel<kLoads, true>)
+                       : launch(projection_finish_kernel<kLoads, false>);
+          }),
       "projection forward (chunk sum)", LaunchShape(spec, tokens, dtype));
   MHC_CUDA_CHECK_LAUNCH("projection forward (chunk sum)",
                         LaunchShape(spec, tokens, dtype));

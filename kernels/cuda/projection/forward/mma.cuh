@@ -22,6 +22,7 @@
 #ifndef MHC_KERNELS_CUDA_PROJECTION_FORWARD_MMA_CUH_
 #define MHC_KERNELS_CUDA_PROJECTION_FORWARD_MMA_CUH_
 
+#include <type_traits>
 #include <utility>
 
 #include "common.cuh"
@@ -499,11 +500,20 @@ __device__ __forceinline__ float SumChunks(const TokenChunks& rows, int chunks,
   static_assert(kLoads <= kMaxChunks, "one group of loads");
   return AddGroup<kLoads>(rows.first + e, rows.step, chunks, 0.0f);
 }
-// Layers of at most kFewChunks K chunks take SumChunks<kFewChunks>, the
-// others SumChunks<kMaxChunks>: the same adds, fewer idle loads.
+// A layer's chunk sums take the fewest SumChunks loads of kFewChunks,
+// kHalfChunks or kMaxChunks that cover its chunks: the same adds, fewer
+// loads predicated off. f(std::integral_constant<int, kLoads>).
 inline constexpr int kFewChunks = 4;
-__host__ __device__ inline bool FewChunks(int chunks) {
-  return chunks <= kFewChunks;
+inline constexpr int kHalfChunks = 8;
+template <typename F>
+decltype(auto) WithChunkLoads(int chunks, F&& f) {
+  if (chunks <= kFewChunks) {
+    return f(std::integral_constant<int, kFewChunks>{});
+  }
+  if (chunks <= kHalfChunks) {
+    return f(std::integral_constant<int, kHalfChunks>{});
+  }
+  return f(std::integral_constant<int, kMaxChunks>{});
 }
 
 // LaunchPersistentBlocksAfter's `first` when nothing precedes the launch.
