@@ -203,8 +203,8 @@ constexpr int PreMixSumBatch() {
   return NT <= 8 ? 4 : 1;
 }
 
-// kChunkLoads: SumChunks' loads, the layer's chunks at most. kTokens:
-// PreMixThreads or kPreMixFewTokens.
+// kChunkLoads: SumChunks' loads, no fewer than the layer's chunks
+// (WithChunkLoads). kTokens: PreMixThreads or kPreMixFewTokens.
 template <int NT, int kChunkLoads, int kTokens>
 __global__ void __launch_bounds__(PreMixBlock<NT>())
     pre_mix_forward_kernel(DevSpec s, int64_t tokens, const float* partial,

@@ -111,12 +111,12 @@ int FinishTokensPerCta(int width) {
 }
 
 // A thread per element of a token's row (h, then the mean square); a CTA
-// holds whole tokens. kChunkLoads: SumChunks' loads, the layer's chunks at
-// most. kRepair (the projection op; the fused ops repair in their mixing
-// kernels): a token whose row NeedsRepair gets RepairFinishedToken from its
-// first thread, once the CTA's barrier has made the row's other elements
-// visible to it. The flag is NeedsRepair's test, element by element; a CTA
-// with no flagged element passes one barrier.
+// holds whole tokens. kChunkLoads: SumChunks' loads, no fewer than the
+// layer's chunks (WithChunkLoads). kRepair (the projection op; the fused ops
+// repair in their mixing kernels): a token whose row NeedsRepair gets
+// RepairFinishedToken from its first thread, once the CTA's barrier has made
+// the row's other elements visible to it. The flag is NeedsRepair's test,
+// element by element; a CTA with no flagged element passes one barrier.
 template <int kChunkLoads, bool kRepair>
 __global__ void __launch_bounds__(kFinishMaxThreads)
     projection_finish_kernel(DevSpec s, int64_t tokens, const float* partial,
