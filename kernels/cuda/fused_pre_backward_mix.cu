@@ -110,12 +110,18 @@ __device__ __forceinline__ void BackwardMixToken(const DevSpec& s, int64_t m,
 // adds no projection terms for it (x is finite: 0 x = 0 in dphi). A token
 // whose x is not finite runs the fp32 reverse mode here instead. Writes the
 // token's flag (0: not repaired). Out of line and the whole of the token's
-// work, so the common path keeps nothing live across the call.
+// work, so the common path keeps nothing live across the call; it reads
+// dh_pre again rather than take the caller's copy, which would put that
+// copy in local memory.
 template <int NT, typename Keep = MixKeep>
 __device__ __noinline__ void RepairedBackwardMix(
     const DevSpec& s, int64_t m, const RepairSource& src, const float* h_row,
-    float ms, const float (&dhp)[NT], const BackwardMixDev& a, const Keep* keep,
+    float ms, const float* dh_pre, const BackwardMixDev& a, const Keep* keep,
     const RepairRows& rows) {
+  const int n = StreamCount<NT>(s);
+  float dhp[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) dhp[i] = i < n ? dh_pre[m * n + i] : 0.0f;
   float h_s[NT * NT + 2 * NT];
   float ms_s = 0.0f;
   const int flag = RepairProjection(s, src, m, h_s, &ms_s);
@@ -158,13 +164,13 @@ __global__ void __launch_bounds__(kMixThreads)
     const MixKeep keep{kept, static_cast<int>(threadIdx.x)};
     if (sinkhorn4) k4 = &keep;
     if (repair) {
-      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dhp, a, k4, rows);
+      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dh_pre, a, k4, rows);
       return;
     }
     BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
   } else {
     if (repair) {
-      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dhp, a, k4, rows);
+      RepairedBackwardMix<NT>(s, m, src, h_row, ms, dh_pre, a, k4, rows);
       return;
     }
     BackwardMixToken<NT>(s, m, h_row, ms, dhp, a, k4);
@@ -179,23 +185,27 @@ __global__ void __launch_bounds__(kMixThreads)
 // a small batch over more SMs (64 tokens a CTA measured slower,
 // docs/decisions.md).
 constexpr int kQuadMixTokens = 16;
+constexpr int kQuadMixLogits = 4 * 4 + 2 * 4;  // N of an n = 4 mHC layer
 using QuadMixKeep = sk4::QuadKeep<kQuadMixTokens>;
 
-// g_row: row q of the token's dH_res; dq4: its dH_post.
+// h: the token's kept projection (dynamic layers); g_row: row q of its
+// dH_res; dq4: its dH_post. Without `store` (a token past M or one the
+// repair pass owns) nothing is written.
 __device__ __forceinline__ void QuadBackwardMixToken(
-    const DevSpec& s, int64_t m, const float* h_row, float ms,
+    const DevSpec& s, int64_t m, const float (&h)[kQuadMixLogits], float ms,
     const float (&dhp)[4], const float (&g_row)[4], const float (&dq4)[4],
-    const BackwardMixDev& a, const QuadMixKeep& keep, const sk4::Quad& quad) {
+    const BackwardMixDev& a, const QuadMixKeep& keep, const sk4::Quad& quad,
+    bool store) {
   float hp[4], hq[4], logits[16];
-  ScaleForwardToken<4>(s, h_row, ms, a.alpha, a.beta, hp, hq, logits);
-  const bool writer = quad.q == 0;
+  ScaleForwardToken<4>(s, h, ms, a.alpha, a.beta, hp, hq, logits);
+  const bool writer = store && quad.q == 0;
   if (writer) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.h_pre[m * 4 + i] = hp[i];
   }
   float p0[16], p_row[4];
   sk4::QuadForward(s.iterations, s.eps_sk, logits, p0, p_row, keep, quad);
-  if (a.r != nullptr) {
+  if (store && a.r != nullptr) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       a.r[s.dest_rows ? (m * 4 + j) * 4 + quad.q : (m * 4 + quad.q) * 4 + j] =
@@ -205,7 +215,7 @@ __device__ __forceinline__ void QuadBackwardMixToken(
   float da_row[4], da[16];
   sk4::QuadBackward(s.iterations, p0, p_row, g_row, keep, quad, da_row);
   sk4::QuadGather(da_row, quad, da);
-  ScaleBackwardToken<4>(s, h_row, ms, a.alpha, a.beta, dhp, dq4, da,
+  ScaleBackwardToken<4>(s, h, ms, a.alpha, a.beta, dhp, dq4, da,
                         s.dynamic && writer ? a.dh + m * s.N : nullptr,
                         s.dynamic && writer ? a.dms + m : nullptr,
                         writer ? a.contrib + m * (s.N + s.num_alpha) : nullptr);
@@ -221,32 +231,43 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
   AllowDependentLaunch();
   __shared__ float4 kept[2 * kLaneMaxIterations * kQuadMixTokens];
   const int token = static_cast<int>(threadIdx.x) / 4;
-  const int64_t m = static_cast<int64_t>(blockIdx.x) * kQuadMixTokens + token;
-  if (m >= tokens) return;  // the whole quad
+  const int64_t token_m =
+      static_cast<int64_t>(blockIdx.x) * kQuadMixTokens + token;
+  // The quad's shuffles take the whole warp (sinkhorn4_quad.cuh), so a
+  // quad past M runs the last token again and stores nothing.
+  const bool live = token_m < tokens;
+  const int64_t m = live ? token_m : tokens - 1;
   const sk4::Quad quad = sk4::Quad::OfLane();
   const QuadMixKeep keep{kept, token};
-  // Every upstream row is asked for before the repair test, so that the
-  // token's chain waits out one load latency, not two.
-  float dhp[4], g_row[4], dq4[4];
+  // Every upstream row and the kept projection's row are asked for at
+  // once, before the repair test, so that the token's chain waits out one
+  // load latency; the test and both scale steps read the row from
+  // registers.
+  constexpr int kN = kQuadMixLogits;
+  float dhp[4], g_row[4], dq4[4], h[kN];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     dhp[i] = dh_pre[m * 4 + i];
     g_row[i] = a.dh_res[m * 16 + 4 * quad.q + i];
     dq4[i] = a.dh_post[m * 4 + i];
   }
-  const float* h_row = s.dynamic ? a.h_in + m * s.N : nullptr;
+  const float* h_row = s.dynamic ? a.h_in + m * kN : nullptr;
+#pragma unroll
+  for (int g = 0; g < kN; ++g) h[g] = s.dynamic ? h_row[g] : 0.0f;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
-  if (s.dynamic && NeedsRepair(s, h_row, ms)) {
+  const bool repair = s.dynamic && NeedsRepair(h, ms);
+  QuadBackwardMixToken(s, m, h, ms, dhp, g_row, dq4, a, keep, quad,
+                       live && !repair);
+  __syncwarp();  // the quad's lanes are done with its slots
+  if (!live || quad.q != 0) return;
+  if (repair) {
     // Rare: the one-thread form (the same bits) on the quad's first lane,
-    // whose slots it keeps its denominators in.
-    if (quad.q == 0) {
-      const sk4::SharedKeep<kQuadMixTokens> keep4{kept, token};
-      RepairedBackwardMix<4>(s, m, src, h_row, ms, dhp, a, &keep4, rows);
-    }
-    return;
+    // which keeps its denominators in the quad's slots.
+    const sk4::SharedKeep<kQuadMixTokens> keep4{kept, token};
+    RepairedBackwardMix<4>(s, m, src, h_row, ms, dh_pre, a, &keep4, rows);
+  } else if (s.dynamic) {
+    rows.flag[m] = 0;
   }
-  QuadBackwardMixToken(s, m, h_row, ms, dhp, g_row, dq4, a, keep, quad);
-  if (s.dynamic && quad.q == 0) rows.flag[m] = 0;
 }
 
 }  // namespace

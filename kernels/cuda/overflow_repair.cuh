@@ -57,6 +57,14 @@ __device__ __forceinline__ bool NeedsRepair(const DevSpec& s, const float* h,
   for (int g = 0; g < s.N; ++g) worst = max(worst, MagnitudeBits(h[g]));
   return MeanSquareNeedsRepair(ms) | NotFiniteBits(worst);
 }
+// The same test on a row already in registers.
+template <int kN>
+__device__ __forceinline__ bool NeedsRepair(const float (&h)[kN], float ms) {
+  unsigned worst = 0;
+#pragma unroll
+  for (int g = 0; g < kN; ++g) worst = max(worst, MagnitudeBits(h[g]));
+  return MeanSquareNeedsRepair(ms) | NotFiniteBits(worst);
+}
 
 // The power of two a repaired token is scaled by: e with ms 2^(-2e) in
 // [0.5, 2) (0 while ms < 2), from the float64 mean square (RepairProjection)

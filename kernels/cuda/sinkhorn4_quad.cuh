@@ -12,9 +12,11 @@
 // then q ^ 2, and IEEE addition is commutative. The softmax runs whole on
 // every lane, as does what the caller does outside the steps.
 //
-// Shuffles name the quad's own four lanes, so quads of one warp may take
-// different paths (a token past M, a repaired token); the lanes of one quad
-// always take the same path.
+// Shuffles name the whole warp, so every lane of a warp must run the steps
+// together: a caller runs its tokens past M and its repaired tokens through
+// them as well and drops their results. (With the quad's own lanes as the
+// mask, a run-time value, the compiler checked the warp's convergence
+// before every step's shuffles, and the token's chain waited on that check.)
 #ifndef MHC_KERNELS_CUDA_SINKHORN4_QUAD_CUH_
 #define MHC_KERNELS_CUDA_SINKHORN4_QUAD_CUH_
 
@@ -23,20 +25,19 @@
 namespace mhc::cuda::sk4 {
 
 struct Quad {
-  unsigned mask;  // the quad's four lanes
-  int q;          // this lane's row / column
+  static constexpr unsigned kWarp = 0xffffffffu;
+  int q;  // this lane's row / column
 
   __device__ static Quad OfLane() {
-    const int lane = static_cast<int>(threadIdx.x & 31);
-    return Quad{0xfu << (lane & ~3), lane & 3};
+    return Quad{static_cast<int>(threadIdx.x & 3)};
   }
   // v of quad lane `src`.
   __device__ float From(float v, int src) const {
-    return __shfl_sync(mask, v, src, 4);
+    return __shfl_sync(kWarp, v, src, 4);
   }
   // v of quad lane q ^ `xor_mask`.
   __device__ float Across(float v, int xor_mask) const {
-    return __shfl_xor_sync(mask, v, xor_mask, 4);
+    return __shfl_xor_sync(kWarp, v, xor_mask, 4);
   }
   // e_q, picked without indexing registers by a runtime value.
   __device__ float Pick(float e0, float e1, float e2, float e3) const {
@@ -130,7 +131,7 @@ __device__ __forceinline__ void QuadBackward(
     const float (&g_row)[4], const QuadKeep<kTokens>& keep, const Quad& quad,
     float (&da_row)[4]) {
   // The column steps read the slots the quad's other lanes filled.
-  __syncwarp(quad.mask);
+  __syncwarp();
   float w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) w[j] = g_row[j] * y_row[j];
