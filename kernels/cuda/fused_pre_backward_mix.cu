@@ -243,17 +243,16 @@ __global__ void __launch_bounds__(4 * kQuadMixTokens)
   // once, before the repair test, so that the token's chain waits out one
   // load latency; the test and both scale steps read the row from
   // registers.
-  constexpr int kN = kQuadMixLogits;
-  float dhp[4], g_row[4], dq4[4], h[kN];
+  float dhp[4], g_row[4], dq4[4], h[kQuadMixLogits];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     dhp[i] = dh_pre[m * 4 + i];
     g_row[i] = a.dh_res[m * 16 + 4 * quad.q + i];
     dq4[i] = a.dh_post[m * 4 + i];
   }
-  const float* h_row = s.dynamic ? a.h_in + m * kN : nullptr;
+  const float* h_row = s.dynamic ? a.h_in + m * kQuadMixLogits : nullptr;
 #pragma unroll
-  for (int g = 0; g < kN; ++g) h[g] = s.dynamic ? h_row[g] : 0.0f;
+  for (int g = 0; g < kQuadMixLogits; ++g) h[g] = s.dynamic ? h_row[g] : 0.0f;
   const float ms = s.dynamic ? a.ms_in[m] : 0.0f;
   const bool repair = s.dynamic && NeedsRepair(h, ms);
   QuadBackwardMixToken(s, m, h, ms, dhp, g_row, dq4, a, keep, quad,
