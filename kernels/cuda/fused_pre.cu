@@ -173,13 +173,15 @@ struct KeptOut {
 
 // A token whose projection overflowed fp32 (overflow_repair.cuh): the mixing
 // values from its float64 recompute, and its kept h / mean square unscaled.
-// Out of line, so the common path keeps its registers.
+// Out of line, so the common path keeps its registers, and taking the
+// kernel's parameters by value, so that no address of them is taken: that
+// put them in local memory, where the common path then read them too.
 template <int NT>
-__device__ __noinline__ void RepairedForwardMix(const DevSpec& s, int64_t m,
-                                                const RepairSource& src,
+__device__ __noinline__ void RepairedForwardMix(DevSpec s, int64_t m,
+                                                RepairSource src,
                                                 const float* h, float ms,
-                                                const ForwardDev& a,
-                                                float* h_pre, KeptOut kept) {
+                                                ForwardDev a, float* h_pre,
+                                                KeptOut kept) {
   float h_s[NT * NT + 2 * NT];
   float ms_s = 0.0f;
   const int flag = RepairProjection(s, src, m, h_s, &ms_s);
