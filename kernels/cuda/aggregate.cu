@@ -6,8 +6,11 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "mix.cuh"
+#include "overflow_repair.cuh"
 #include "primitives/row_access.cuh"
 #include "primitives/staged_windows.cuh"
+#include "projection/forward/mma.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -19,18 +22,14 @@ __device__ __forceinline__ void FetchHPre(CtaValues<NT>& hp, int n,
   hp.Fetch([&](int i) { return i < n ? h_pre[m * n + i] : 0.0f; });
 }
 
+// y of the CTA's token (m = blockIdx.x) from its H_pre in shared memory.
 template <typename T, int NT, int V, bool kStrided, bool kStaged>
-__global__ void __launch_bounds__(kRowThreads)
-    aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
-  WaitForPrerequisiteGrid();  // h_pre (the fused pre forward's mixing)
-  const int n = NT == 4 ? 4 : s.n;
+__device__ __forceinline__ void AggregateToken(const DevSpec& s, int n,
+                                               const T* x, const float* hp,
+                                               T* y) {
   const int64_t m = blockIdx.x;
-  __shared__ float hp[NT];
-  CtaValues<NT> mixing;
-  FetchHPre(mixing, n, h_pre, m);
   const T* row = x + m * s.K;
   T* out = y + m * s.C;
-  mixing.Publish(hp);
   const T* x_end = x + int64_t{gridDim.x} * s.K;  // a CTA per token
   ForEachStreamsStep<T, NT, V, kStrided, kStaged, kRowThreads,
                      kRowThreads / 32>(
@@ -46,6 +45,61 @@ __global__ void __launch_bounds__(kRowThreads)
         }
         StoreChannels<T, V, kStrided>(out, c, s.C, acc);
       });
+}
+
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
+__global__ void __launch_bounds__(kRowThreads)
+    aggregate_forward_kernel(DevSpec s, const T* x, const float* h_pre, T* y) {
+  WaitForPrerequisiteGrid();  // h_pre
+  const int n = NT == 4 ? 4 : s.n;
+  __shared__ float hp[NT];
+  CtaValues<NT> mixing;
+  FetchHPre(mixing, n, h_pre, blockIdx.x);
+  mixing.Publish(hp);
+  AggregateToken<T, NT, V, kStrided, kStaged>(s, n, x, hp, y);
+}
+
+// LaunchAggregateBesideMixing. Started once the mixing kernel is past its
+// wait, so the partials are complete; they and the parameters are read
+// through L2, as the early column sums read their rows (scale.cu). Nothing
+// here is read by the mixing kernel. Each of the token's logits on a thread
+// of its own: the mixing kernel's chunk sums, repair test (NeedsRepair over
+// the row) and gates.
+template <typename T, int NT, int V, bool kStrided, bool kStaged>
+__global__ void __launch_bounds__(kRowThreads)
+    aggregate_beside_mixing_kernel(DevSpec s, int64_t tokens, const T* x,
+                                   PreGateSource g, const float* h_pre, T* y) {
+  const int n = NT == 4 ? 4 : s.n;
+  const int64_t m = blockIdx.x;
+  __shared__ float h_s[NT * NT + 2 * NT + 1];  // logits, then sum of squares
+  __shared__ float hp[NT];
+  const int width = s.N + 1;
+  const TokenChunks rows = ChunksOf(g.partial, tokens, g.chunks, width, m);
+  bool not_finite = false;
+  for (int e = threadIdx.x; e < width; e += kRowThreads) {
+    // SumChunks' adds, through L2; four loads at a time hold fewer
+    // registers.
+    const float sum =
+        OrderedSum<4, /*kThroughL2=*/true>(rows.first + e, rows.step, g.chunks);
+    h_s[e] = sum;
+    not_finite |= e < s.N
+                      ? NotFiniteBits(MagnitudeBits(sum))
+                      : MeanSquareNeedsRepair(sum / static_cast<float>(s.K));
+  }
+  if (__syncthreads_or(not_finite)) {
+    WaitForPrerequisiteGrid();  // the mixing kernel's float64 recompute
+    if (static_cast<int>(threadIdx.x) < n) {
+      hp[threadIdx.x] = h_pre[m * n + threadIdx.x];
+    }
+  } else if (static_cast<int>(threadIdx.x) < n) {
+    const float ms = h_s[s.N] / static_cast<float>(s.K);
+    hp[threadIdx.x] =
+        PreGate<true>(s, h_s[threadIdx.x], RmsFactor(s, ms), __ldcg(g.alpha),
+                      __ldcg(g.beta + threadIdx.x));
+  }
+  __syncthreads();
+  AggregateToken<T, NT, V, kStrided, kStaged>(s, n, x, hp, y);
+  WaitForPrerequisiteGrid();  // the next kernel reads H_post and H_res
 }
 
 // Odd C at n = 4 (strided rows): the compiler's choice fits four CTAs per
@@ -141,6 +195,30 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
   if (!built) return NoRowKernel("aggregate forward", shape, plan);
   MHC_CUDA_RETURN_IF_ERROR(err, "aggregate forward", shape);
   MHC_CUDA_CHECK_LAUNCH("aggregate forward", shape);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAggregateBesideMixing(const AggregateForwardParams& p,
+                                         const PreGateSource& gates,
+                                         cudaStream_t stream) {
+  const DevSpec s = MakeDevSpec(*p.spec);
+  const RowAccessPlan plan = PlanOf(p);
+  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
+  const char* op = s.head ? "head forward" : "pre forward";
+  cudaError_t err = cudaSuccess;
+  const bool built = DispatchRows<RowKernel::kAggregateForward>(
+      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
+        using T = typename decltype(tt)::type;
+        err = LaunchAfterPrevious(
+            aggregate_beside_mixing_kernel<
+                T, decltype(nt)::value, decltype(vt)::value,
+                decltype(rt)::value, decltype(st)::value>,
+            dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s, p.tokens,
+            static_cast<const T*>(p.x), gates, p.h_pre, static_cast<T*>(p.y));
+      });
+  if (!built) return NoRowKernel(op, shape, plan);
+  MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
+  MHC_CUDA_CHECK_LAUNCH(op, shape);
   return absl::OkStatus();
 }
 

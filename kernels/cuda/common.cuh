@@ -244,14 +244,16 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&in)[V]) {
 // sum + first[u * step] for u in [0, min(count, kGroup)), added in order u =
 // 0, 1, ... with every load issued before the first add: the values are
 // partial sums sitting in L2, and one load per add would wait out its
-// latency each time.
-template <int kGroup>
+// latency each time. kThroughL2: loads that skip L1, for a kernel that reads
+// values written after it started (its SM's L1 may hold older lines).
+template <int kGroup, bool kThroughL2 = false>
 __device__ __forceinline__ float AddGroup(const float* first, int64_t step,
                                           int count, float sum) {
   float part[kGroup];
 #pragma unroll
   for (int u = 0; u < kGroup; ++u) {
-    part[u] = u < count ? first[u * step] : 0.0f;
+    const float* at = first + u * step;
+    part[u] = u >= count ? 0.0f : kThroughL2 ? __ldcg(at) : *at;
   }
 #pragma unroll
   for (int u = 0; u < kGroup; ++u) {
@@ -262,13 +264,13 @@ __device__ __forceinline__ float AddGroup(const float* first, int64_t step,
 
 // The sum of first[q * step] for q in [0, count) in order q = 0, 1, ..., a
 // group of kGroup loads at a time.
-template <int kGroup>
+template <int kGroup, bool kThroughL2 = false>
 __device__ __forceinline__ float OrderedSum(const float* first, int64_t step,
                                             int64_t count) {
   float sum = 0.0f;
   for (int64_t q = 0; q < count; q += kGroup) {
     const int left = static_cast<int>(min(count - q, int64_t{kGroup}));
-    sum = AddGroup<kGroup>(first + q * step, step, left, sum);
+    sum = AddGroup<kGroup, kThroughL2>(first + q * step, step, left, sum);
   }
   return sum;
 }

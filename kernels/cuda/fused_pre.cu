@@ -488,7 +488,12 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     agg.x = a.x;
     agg.h_pre = h_pre;
     agg.y = a.y;
-    return LaunchAggregateForward(agg, stream);
+    if (variant == FusedVariant::kSplitMix) {
+      return LaunchAggregateForward(agg, stream);
+    }
+    const PreGateSource gates{partial, PlanChunks(s.K, s.N).chunks,
+                              a.weights.alpha, a.weights.beta};
+    return LaunchAggregateBesideMixing(agg, gates, stream);
   }
   const RowAccessPlan access =
       RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.y);

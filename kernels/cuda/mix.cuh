@@ -36,6 +36,17 @@ __device__ __forceinline__ float RmsDerivative(const DevSpec& s, float ms,
   return -r * r / (2.0f * sqrtf(ms));
 }
 
+// Gate i of H_pre from z_i = alpha_0 h_i r + beta_i (dynamic) or beta_i:
+// ScaleForwardToken's first step, which the fused aggregate also runs on
+// its own (the same code, so the same bits).
+template <bool kDynamic>
+__device__ __forceinline__ float PreGate(const DevSpec& s, float h_i, float r,
+                                         float al0, float beta_i) {
+  float z = beta_i;
+  if (kDynamic) z += al0 * h_i * r;
+  return Sigmoid(z) + s.eps_pre;
+}
+
 // z_g = alpha h_g r + beta_g (dynamic) or beta_g, then the gates.
 // h: [N] (dynamic only). a: [NT*NT] raw logits (kMhc only).
 // kDynamic and the alphas in registers up front: tested and loaded per
@@ -55,9 +66,7 @@ __device__ __forceinline__ void ScaleForwardTokenAs(
 #pragma unroll(NT == 4 ? NT : 1)
   for (int i = 0; i < NT; ++i) {
     if (i >= n) break;
-    float z = beta[i];
-    if (kDynamic) z += al[0] * h[i] * r;
-    h_pre[i] = Sigmoid(z) + s.eps_pre;
+    h_pre[i] = PreGate<kDynamic>(s, kDynamic ? h[i] : 0.0f, r, al[0], beta[i]);
   }
   if (s.head) return;
 #pragma unroll(NT == 4 ? NT : 1)

@@ -16,8 +16,10 @@ namespace {
 // The fused pre / head forward's mixing values have the bits of its ops in
 // turn (projection, scale, Sinkhorn): the fused kernel takes each logit,
 // and at n = 4 each row's softmax, on threads of its own, the ops a token
-// per thread. n = 4 LINEAR and LOG, n = 2, 8 and 16, every dtype, a head;
-// several blocks of tokens and a partial last one.
+// per thread. Its y is the aggregate op's over those H_pre, although its
+// aggregate gates H_pre from the projection itself. n = 4 LINEAR and LOG,
+// n = 2, 8 and 16, every dtype, a head; several blocks of tokens and a
+// partial last one.
 TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
   MHC_SKIP_WITHOUT_GPU();
   struct Case {
@@ -53,6 +55,7 @@ TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
     Pair pre = h.Output(M * n * 4), post = h.Output(M * n * 4);
     Pair res = h.Output(M * n * n * 4);
     Pair y = h.Output(M * spec.hidden * DTypeSize(c.dt));
+    Pair ops_y = h.Output(M * spec.hidden * DTypeSize(c.dt));
 
     // What every op here takes alike, and its workspace.
     auto common = [&](auto& p) {
@@ -110,8 +113,20 @@ TEST(CudaFusedOpsTest, PreForwardIsItsOpsInTurn) {
       ASSERT_TRUE(
           h.cuda().PreForward(fused, scratch(OpKind::kPreForward)).ok());
     }
+    AggregateForwardParams aggregate;
+    aggregate.spec = &spec;
+    aggregate.tokens = M;
+    aggregate.act_dtype = c.dt;
+    aggregate.x = x.ptr(1);
+    aggregate.h_pre = ops_pre.f(1);
+    aggregate.y = ops_y.ptr(1);
+    ASSERT_TRUE(
+        h.cuda()
+            .AggregateForward(aggregate, scratch(OpKind::kAggregateForward))
+            .ok());
     ASSERT_TRUE(h.cuda().Synchronize().ok());
     EXPECT_EQ(h.Fetch(pre), h.Fetch(ops_pre)) << "h_pre";
+    EXPECT_EQ(h.Fetch(y), h.Fetch(ops_y)) << "y";
     if (c.head) continue;
     EXPECT_EQ(h.Fetch(post), h.Fetch(ops_post)) << "h_post";
     EXPECT_EQ(h.Fetch(res), h.Fetch(ops_res)) << "h_res";

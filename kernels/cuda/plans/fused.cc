@@ -36,7 +36,8 @@ const std::vector<Rule>& ForwardRules() {
       {{FV::kMix, "otherwise (mHC `n = 4`, HEAD, LOG, `T > 20`)", kFusedPre,
         "the projection's units, then one thread per token adds their chunk "
         "partials and runs scale and Sinkhorn (`sinkhorn4.cuh`'s form where "
-        "the Sinkhorn plan's `n4` row holds), then the aggregate",
+        "the Sinkhorn plan's `n4` row holds), with the aggregate beside it "
+        "(a CTA per token gates its `H_pre` from the partials itself)",
         Example(4)},
        [](const LayerSpec&) { return true; }},
   };
