@@ -75,18 +75,18 @@ __global__ void __launch_bounds__(kRowThreads)
   __shared__ float hp[NT];
   const int width = s.N + 1;
   const TokenChunks rows = ChunksOf(g.partial, tokens, g.chunks, width, m);
-  bool not_finite = false;
+  bool needs_repair = false;
   for (int e = threadIdx.x; e < width; e += kRowThreads) {
     // SumChunks' adds, through L2; four loads at a time hold fewer
     // registers.
     const float sum =
         OrderedSum<4, /*kThroughL2=*/true>(rows.first + e, rows.step, g.chunks);
     h_s[e] = sum;
-    not_finite |= e < s.N
-                      ? NotFiniteBits(MagnitudeBits(sum))
-                      : MeanSquareNeedsRepair(sum / static_cast<float>(s.K));
+    needs_repair |= e < s.N
+                        ? NotFiniteBits(MagnitudeBits(sum))
+                        : MeanSquareNeedsRepair(sum / static_cast<float>(s.K));
   }
-  if (__syncthreads_or(not_finite)) {
+  if (__syncthreads_or(needs_repair)) {
     WaitForPrerequisiteGrid();  // the mixing kernel's float64 recompute
     if (static_cast<int>(threadIdx.x) < n) {
       hp[threadIdx.x] = h_pre[m * n + threadIdx.x];
