@@ -95,6 +95,14 @@ struct NoKeep {
                                       float) const {}
 };
 
+// K = P0 + eps entry by entry with __fadd_rn: as a plain add the compiler
+// may fuse it with the softmax's product into one FMA where p0 is not kept,
+// and not where a lane picks the entry out first (sinkhorn4_quad.cuh), which
+// left the two forms 1-2 ulp apart.
+__device__ __forceinline__ float KEntry(float p0, float eps) {
+  return __fadd_rn(p0, eps);
+}
+
 // p = Sinkhorn(a) with T = iterations >= 1; p0 = the softmax (kept for the
 // reverse mode). Step t >= 1 is a row step then a column step.
 //
@@ -115,7 +123,7 @@ __device__ __forceinline__ void Forward(int iterations, float eps,
   Softmax(a, p0);
   float k[16];
 #pragma unroll
-  for (int e = 0; e < 16; ++e) k[e] = p0[e] + eps;
+  for (int e = 0; e < 16; ++e) k[e] = KEntry(p0[e], eps);
   float u[4] = {1.0f, 1.0f, 1.0f, 1.0f}, w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   float v[4], z[4];
 #pragma unroll

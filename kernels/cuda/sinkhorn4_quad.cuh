@@ -73,9 +73,9 @@ __device__ __forceinline__ void QuadForward(int iterations, float eps,
   float k_row[4], k_col[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    k_row[j] = quad.Pick(p0[j], p0[4 + j], p0[8 + j], p0[12 + j]) + eps;
-    k_col[j] =
-        quad.Pick(p0[4 * j], p0[4 * j + 1], p0[4 * j + 2], p0[4 * j + 3]) + eps;
+    k_row[j] = KEntry(quad.Pick(p0[j], p0[4 + j], p0[8 + j], p0[12 + j]), eps);
+    k_col[j] = KEntry(
+        quad.Pick(p0[4 * j], p0[4 * j + 1], p0[4 * j + 2], p0[4 * j + 3]), eps);
   }
   float u = 1.0f, w = 1.0f;
   float z = Sum4(k_col[0], k_col[1], k_col[2], k_col[3]) + eps;
