@@ -59,12 +59,12 @@ __global__ void __launch_bounds__(kRowThreads)
   AggregateToken<T, NT, V, kStrided, kStaged>(s, n, x, hp, y);
 }
 
-// LaunchAggregateBesideMixing. Started once the mixing kernel is past its
-// wait, so the partials are complete; they and the parameters are read
-// through L2, as the early column sums read their rows (scale.cu). Nothing
-// here is read by the mixing kernel. Each of the token's logits on a thread
-// of its own: the mixing kernel's chunk sums, repair test (NeedsRepair over
-// the row) and gates.
+// LaunchAggregateForward beside the mixing kernel. Started once the mixing
+// kernel is past its wait, so the partials are complete; they and the
+// parameters are read through L2, as the early column sums read their rows
+// (scale.cu). Nothing here is read by the mixing kernel. Each of the token's
+// logits on a thread of its own: the mixing kernel's chunk sums, repair test
+// (NeedsRepair over the row) and gates.
 template <typename T, int NT, int V, bool kStrided, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads)
     aggregate_beside_mixing_kernel(DevSpec s, int64_t tokens, const T* x,
@@ -177,7 +177,8 @@ RowAccessPlan PlanOf(const AggregateBackwardParams& p) {
 }
 
 absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream,
+                                    const PreGateSource* beside_mixing) {
   const DevSpec s = MakeDevSpec(*p.spec);
   const RowAccessPlan plan = PlanOf(p);
   const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
@@ -185,40 +186,25 @@ absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
   const bool built = DispatchRows<RowKernel::kAggregateForward>(
       p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
         using T = typename decltype(tt)::type;
-        err = LaunchAfterPrevious(
-            aggregate_forward_kernel<T, decltype(nt)::value,
-                                     decltype(vt)::value, decltype(rt)::value,
-                                     decltype(st)::value>,
-            dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s,
-            static_cast<const T*>(p.x), p.h_pre, static_cast<T*>(p.y));
+        constexpr int kNT = decltype(nt)::value, kV = decltype(vt)::value;
+        constexpr bool kStrided = decltype(rt)::value;
+        constexpr bool kStaged = decltype(st)::value;
+        const auto* x = static_cast<const T*>(p.x);
+        auto* y = static_cast<T*>(p.y);
+        err = beside_mixing == nullptr
+                  ? LaunchAfterPrevious(
+                        aggregate_forward_kernel<T, kNT, kV, kStrided, kStaged>,
+                        dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream,
+                        s, x, p.h_pre, y)
+                  : LaunchAfterPrevious(
+                        aggregate_beside_mixing_kernel<T, kNT, kV, kStrided,
+                                                       kStaged>,
+                        dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream,
+                        s, p.tokens, x, *beside_mixing, p.h_pre, y);
       });
   if (!built) return NoRowKernel("aggregate forward", shape, plan);
   MHC_CUDA_RETURN_IF_ERROR(err, "aggregate forward", shape);
   MHC_CUDA_CHECK_LAUNCH("aggregate forward", shape);
-  return absl::OkStatus();
-}
-
-absl::Status LaunchAggregateBesideMixing(const AggregateForwardParams& p,
-                                         const PreGateSource& gates,
-                                         cudaStream_t stream) {
-  const DevSpec s = MakeDevSpec(*p.spec);
-  const RowAccessPlan plan = PlanOf(p);
-  const LaunchShape shape(*p.spec, p.tokens, p.act_dtype);
-  const char* op = s.head ? "head forward" : "pre forward";
-  cudaError_t err = cudaSuccess;
-  const bool built = DispatchRows<RowKernel::kAggregateForward>(
-      p.act_dtype, plan, [&](auto tt, auto nt, auto vt, auto rt, auto st) {
-        using T = typename decltype(tt)::type;
-        err = LaunchAfterPrevious(
-            aggregate_beside_mixing_kernel<
-                T, decltype(nt)::value, decltype(vt)::value,
-                decltype(rt)::value, decltype(st)::value>,
-            dim3(GridSize(p.tokens)), dim3(kRowThreads), 0, stream, s, p.tokens,
-            static_cast<const T*>(p.x), gates, p.h_pre, static_cast<T*>(p.y));
-      });
-  if (!built) return NoRowKernel(op, shape, plan);
-  MHC_CUDA_RETURN_IF_ERROR(err, op, shape);
-  MHC_CUDA_CHECK_LAUNCH(op, shape);
   return absl::OkStatus();
 }
 

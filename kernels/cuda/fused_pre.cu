@@ -493,7 +493,7 @@ absl::Status LaunchFusedForward(const FusedForwardArgs& a, Workspace ws,
     }
     const PreGateSource gates{partial, PlanChunks(s.K, s.N).chunks,
                               a.weights.alpha, a.weights.beta};
-    return LaunchAggregateBesideMixing(agg, gates, stream);
+    return LaunchAggregateForward(agg, stream, &gates);
   }
   const RowAccessPlan access =
       RowAccessOf<RowKernel::kPre>(*a.spec, a.act_dtype, a.x, a.y);

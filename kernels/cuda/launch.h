@@ -97,23 +97,23 @@ absl::Status LaunchSinkhornLanesBackward(const LayerSpec& spec, int64_t tokens,
                                          const float* logits,
                                          const float* dh_res, float* dlogits,
                                          float* r, cudaStream_t stream);
-absl::Status LaunchAggregateForward(const AggregateForwardParams& p,
-                                    cudaStream_t stream);
-// The fused pre / head forward's aggregate, launched right after its mixing
-// kernel: each CTA sums its token's logits from the projection's chunk
-// partials and gates H_pre itself (the mixing kernel's bits), so it runs
-// beside the mixing kernel's Sinkhorn instead of after it. p.h_pre is the
-// mixing kernel's output, read only for a token that kernel repairs (it
-// waits for the kernel first); every CTA waits for it before it ends.
+// The aggregate's chunk-partial source of H_pre, for the fused pre / head
+// forward (PreGate in mix.cuh).
 struct PreGateSource {
   const float* partial;  // the projection's chunk partials (MmaProjection)
   int chunks;
   const float* alpha;
   const float* beta;
 };
-absl::Status LaunchAggregateBesideMixing(const AggregateForwardParams& p,
-                                         const PreGateSource& gates,
-                                         cudaStream_t stream);
+// With beside_mixing (the fused pre / head forward, launched right after its
+// mixing kernel), each CTA sums its token's logits from the partials and
+// gates H_pre itself (the mixing kernel's bits), so it runs beside the
+// mixing kernel's Sinkhorn instead of after it: p.h_pre, the mixing kernel's
+// output, is read only for a token that kernel repairs (after waiting for
+// it), and every CTA waits for it before it ends.
+absl::Status LaunchAggregateForward(
+    const AggregateForwardParams& p, cudaStream_t stream,
+    const PreGateSource* beside_mixing = nullptr);
 absl::Status LaunchAggregateBackward(const AggregateBackwardParams& p,
                                      cudaStream_t stream);
 absl::Status LaunchPostForward(const PostForwardParams& p, cudaStream_t stream);
