@@ -2,11 +2,12 @@
 // aggregate) and the fused pre backward; the head ops (head.cu) run the same
 // kernels with the kHead kind. Dynamic layers run the tensor-core projection
 // units (projection/forward/mma.cuh: the K split depends on K and N only, chunk
-// partials are added in order), then a thread per token for the mixing math,
-// then the aggregate kernel; static layers (no projection) one kernel per
-// kTileTokens tokens.
+// partials are added in order), then a thread per token for the mixing math
+// (a quad of lanes in small n = 4 batches), beside the aggregate kernel;
+// static layers (no projection) one kernel per kTileTokens tokens.
 // Determinism / batch invariance: a token's h and mean square come from the
-// projection units, its mixing values from one thread, its y / dx from
+// projection units, its mixing values from one thread's operations (a quad
+// runs the same ones: sinkhorn4_quad.cuh), its y / dx from
 // elementwise code with fixed-order sums, and dh_pre from a fixed xor tree
 // (a warp per token); nothing depends on M. The backward: projection
 // recompute (skipped when the forward kept h and the mean square: they are
@@ -31,6 +32,7 @@
 #include "projection/backward/wide.h"
 #include "projection/forward/mma.cuh"
 #include "sinkhorn4.cuh"
+#include "sinkhorn4_quad.cuh"
 
 namespace mhc::cuda {
 namespace {
@@ -196,6 +198,45 @@ __device__ __noinline__ void RepairedForwardMix(DevSpec s, int64_t m,
   StoreUnscaled(s, e, h_s, ms_s, kept.h + m * s.N, kept.mean_square + m);
 }
 
+// The mixing of a small-batch block's n = 4 tokens on quads of lanes (the
+// block's first 2 warps, sinkhorn4_quad.cuh): ForwardMixToken's values with
+// the Sinkhorn steps split over the quad, the same bits. The quads' shuffles
+// take the whole warp, so quads past the block's tokens run its last one
+// and repaired tokens run the steps too, storing nothing; a repaired token's
+// first lane then runs the one-thread repair.
+__device__ __forceinline__ void QuadForwardMix(
+    const DevSpec& s, int64_t m0, int live,
+    const float (&h_s)[kPreMixFewTokens][4 * 4 + 2 * 4 + 1],
+    const ForwardDev& a, float* h_pre, KeptOut kept, const RepairSource& src) {
+  const int token = static_cast<int>(threadIdx.x) / 4;
+  if (token >= kPreMixFewTokens) return;  // whole warps
+  const bool in_block = token < live;
+  const int t = in_block ? token : live - 1;
+  const int64_t m = m0 + t;
+  const float* h = h_s[t];
+  const float ms = h[s.N] / static_cast<float>(s.K);
+  const bool repair = NeedsRepair(s, h, ms);
+  const sk4::Quad quad = sk4::Quad::OfLane();
+  float hp[4], hq[4], logits[16], p0[16], p_row[4];
+  ScaleForwardToken<4>(s, h, ms, a.alpha, a.beta, hp, hq, logits);
+  sk4::QuadForward(s.iterations, s.eps_sk, logits, p0, p_row, sk4::QuadNoKeep{},
+                   quad);
+  if (in_block && !repair) {
+    if (quad.q == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (h_pre != nullptr) h_pre[m * 4 + i] = hp[i];
+        a.h_post[m * 4 + i] = hq[i];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.h_res[m * 16 + quad.q * 4 + j] = p_row[j];
+  }
+  if (in_block && repair && quad.q == 0) {
+    RepairedForwardMix<4>(s, m, src, h, ms, a, h_pre, kept);
+  }
+}
+
 // Elements of the chunk sum each thread loads before it stores any: a store
 // may alias the next loads as far as the compiler knows, so one element per
 // pass waited out a load's latency per element. n = 16 keeps one: its
@@ -257,6 +298,12 @@ __global__ void __launch_bounds__(PreMixBlock<NT>())
   __syncthreads();
   a.alpha = params_s;
   a.beta = params_s + s.num_alpha;
+  if constexpr (NT == 4 && kTokens == kPreMixFewTokens) {
+    if (!s.head && sk4::Applies(s, /*backward=*/false)) {
+      QuadForwardMix(s, m0, live, h_s, a, h_pre, kept, src);
+      return;
+    }
+  }
   if (static_cast<int>(threadIdx.x) >= live) return;
   const float* h = h_s[threadIdx.x];
   const float ms = h[s.N] / static_cast<float>(s.K);

@@ -61,13 +61,18 @@ struct QuadKeep {
   }
 };
 
+// The forward alone keeps nothing.
+struct QuadNoKeep {
+  __device__ __forceinline__ void Put(int, int, int, float) const {}
+};
+
 // Forward (sinkhorn4.cuh) with lane q returning row q of p in p_row; p0 (the
-// softmax) whole on every lane.
-template <int kTokens>
+// softmax) whole on every lane. Keep: QuadKeep or QuadNoKeep.
+template <typename Keep>
 __device__ __forceinline__ void QuadForward(int iterations, float eps,
                                             const float (&a)[16],
                                             float (&p0)[16], float (&p_row)[4],
-                                            const QuadKeep<kTokens>& keep,
+                                            const Keep& keep,
                                             const Quad& quad) {
   Softmax(a, p0);
   float k_row[4], k_col[4];
