@@ -183,7 +183,8 @@ std::vector<uint8_t> Head(const std::vector<uint8_t>& v, int64_t count,
 // than large ones (bf16: a cluster per unit, the plan's unit_ctas; the TF32
 // units of fp16 and fp32: the deep ring), and a token's forward outputs are
 // the same bits either way. K = 4096 has two chunks of eight flush groups;
-// a partial last tile, one token, both layouts, gamma on and off, a head.
+// a partial last tile, one token, both layouts, gamma on and off, both bf16
+// precisions, a head.
 TEST(CudaFusedOpsTest, SmallBatchUnitsKeepTheirBits) {
   MHC_SKIP_WITHOUT_GPU();
   const int64_t C = 1024, big = 4352;  // 136 units: one CTA each
@@ -198,6 +199,8 @@ TEST(CudaFusedOpsTest, SmallBatchUnitsKeepTheirBits) {
       {DType::kF32, Layout::kStreamMinor, MatmulPrecision::kTf32, false, false},
       {DType::kF32, Layout::kStreamMajor, MatmulPrecision::kTf32, true, true},
       {DType::kBF16, Layout::kStreamMajor, MatmulPrecision::kIeee, true, false},
+      {DType::kBF16, Layout::kStreamMinor, MatmulPrecision::kTf32, false,
+       false},
   };
   for (const Case& c : cases) {
     LayerSpec spec = PresetSpec("deepseek_v4", 4, C).value();

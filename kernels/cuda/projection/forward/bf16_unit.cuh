@@ -305,15 +305,22 @@ class GroupSlots {
     for (int e = rank_ * threads + static_cast<int>(threadIdx.x); e < elems;
          e += ctas_ * threads) {
       float sum = 0.0f;
+      // Group g sits in slot g % per_cta_ of rank g / per_cta_: both
+      // stepped along with g rather than divided for every load.
+      unsigned rank = 0;
+      int slot = 0;
       for (int g0 = 0; g0 < groups; g0 += kBatch) {
         float part[kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const int g = g0 + i;
-          part[i] = g < groups ? LoadPeerShared(PeerSharedAddress(
-                                     slots_ + g % per_cta_ * slot_floats_ + e,
-                                     static_cast<unsigned>(g / per_cta_)))
-                               : 0.0f;
+          part[i] = g0 + i < groups
+                        ? LoadPeerShared(PeerSharedAddress(
+                              slots_ + slot * slot_floats_ + e, rank))
+                        : 0.0f;
+          if (++slot == per_cta_) {
+            slot = 0;
+            ++rank;
+          }
         }
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
