@@ -25,6 +25,16 @@ __device__ __forceinline__ void ClusterSync() {
           : "memory");
 }
 
+// The same barrier without ordering memory: for a CTA that must not exit
+// while its peers still read its shared memory, where each peer's loads
+// have returned (their values used) before it arrives.
+__device__ __forceinline__ void ClusterSyncRelaxed() {
+  asm volatile(
+      "barrier.cluster.arrive.relaxed.aligned;\n\t"
+      "barrier.cluster.wait.aligned;" ::
+          : "memory");
+}
+
 // Where `p`, an address in this CTA's shared memory, lies in the shared
 // memory of the cluster's CTA `rank`.
 __device__ __forceinline__ uint32_t PeerSharedAddress(const void* p,

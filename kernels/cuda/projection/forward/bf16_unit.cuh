@@ -329,7 +329,9 @@ class GroupSlots {
       }
       out[e] = sum;
     }
-    ClusterSync();  // no CTA leaves while a peer reads its slots
+    // No CTA leaves while a peer reads its slots; each thread's loads have
+    // returned, their sums stored, before it arrives.
+    ClusterSyncRelaxed();
   }
 
  private:
