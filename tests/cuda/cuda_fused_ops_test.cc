@@ -232,5 +232,40 @@ TEST(CudaFusedOpsTest, SmallBatchUnitsKeepTheirBits) {
   }
 }
 
+// The bf16 split units in every cluster shape the plan makes: 8, 7, 4 and 3
+// CTAs a unit, one to three flush groups a CTA, rows shared unevenly among
+// the CTAs that add them (7, one of them with none, and 3), and a last K
+// chunk with a flush group fewer than the others (C = 1408). Each against the
+// same tokens of a batch large enough for one CTA per unit.
+TEST(CudaFusedOpsTest, SplitUnitsOfEveryClusterShapeKeepTheirBits) {
+  MHC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t C, big;
+    std::vector<int64_t> few;
+  };
+  const Case cases[] = {
+      {1024, 4352, {2100, 4000}},    // 4 CTAs x 2 groups, 3 x 3
+      {1280, 2880, {1, 100, 520}},   // 7 x 1
+      {1408, 2880, {1, 520, 2100}},  // 8 x 1, 4 x 2; last chunk 7 groups
+  };
+  for (const Case& c : cases) {
+    const LayerSpec spec = PresetSpec("deepseek_v4", 4, c.C).value();
+    const int64_t K = spec.K(), N = spec.NumLogits(), n = spec.n;
+    SCOPED_TRACE(CaseName(spec, c.big, DType::kBF16));
+    ActTensor x = RandomAct(DType::kBF16, c.big * K, FreshSeed());
+    const std::vector<float> params = RandomParams(K, N, c.C);
+    Harness h;
+    const ForwardRun all = RunForward(h, spec, DType::kBF16, x, params, c.big);
+    for (int64_t m : c.few) {
+      SCOPED_TRACE(absl::StrCat("first ", m, " tokens"));
+      const ForwardRun few = RunForward(h, spec, DType::kBF16, x, params, m);
+      EXPECT_EQ(few.y, Head(all.y, m, c.C, 2));
+      EXPECT_EQ(few.h_pre, Head(all.h_pre, m, n, 4));
+      EXPECT_EQ(few.h, Head(all.h, m, N, 4));
+      EXPECT_EQ(few.ms, Head(all.ms, m, 1, 4));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mhc::testing

@@ -14,12 +14,14 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "mhc/types.h"
 #include "primitives/cluster.cuh"
+#include "primitives/tma.cuh"
 #include "primitives/wgmma.cuh"
 #include "projection/forward/mma.cuh"
 
@@ -265,78 +267,187 @@ struct WarpSums {
   }
 };
 
-// A unit's flush groups split over its cluster (geometry.h, the plan's
-// unit_ctas): this CTA runs groups [first_group, first_group + per_cta) of
-// them, leaves each group's sums (WarpSums::Store after its flush, from zero)
-// in a slot of its shared memory, and after a cluster barrier every CTA adds
-// a share of the unit's partial rows group by group, in group order, from
-// the slots of the CTAs that ran them.
-class GroupSlots {
+// How a launch splits each unit's flush groups over a cluster (geometry.h,
+// the plan's unit_ctas): worked out on the host, so that no CTA divides by a
+// run-time value between its wait and its first copy.
+struct GroupSplit {
+  int ctas;        // a cluster's CTAs
+  int per_cta;     // proj::GroupsPerCta of the chunk
+  int owner_rows;  // unit rows each CTA adds up: a multiple of 4, so that a
+                   // CTA's rows span a multiple of 16 bytes (bulk copies)
+
+  static GroupSplit Of(const ChunkPlan& plan, int unit_ctas) {
+    const int rows = (proj::kBf16UnitTokens + unit_ctas - 1) / unit_ctas;
+    return GroupSplit{unit_ctas, proj::GroupsPerCta(plan.chunk, unit_ctas),
+                      (rows + 3) / 4 * 4};
+  }
+  // Shared memory past the ring, in rows of `width` floats: per_cta - 1
+  // slots of a whole unit's rows (a CTA's last group's sums sit in the
+  // ring), then the inbox, owner_rows rows for each group that the CTA with
+  // the fewest groups of a unit of K's chunks (the last one shorter) did not
+  // run.
+  static size_t Bytes(const ChunkPlan& plan, int64_t K, int unit_ctas,
+                      int width) {
+    const GroupSplit split = Of(plan, unit_ctas);
+    const int full = proj::FlushGroups(plan.chunk);
+    const int last = proj::FlushGroups(K - (plan.chunks - 1) * plan.chunk);
+    const int inbox =
+        std::max(full - split.FewestOwn(full), last - split.FewestOwn(last));
+    return sizeof(float) * width *
+           ((split.per_cta - 1) * proj::kBf16UnitTokens +
+            inbox * split.owner_rows);
+  }
+  // The groups the last CTA of a unit of `groups` groups runs.
+  int FewestOwn(int groups) const {
+    return std::min(per_cta, std::max(0, groups - (ctas - 1) * per_cta));
+  }
+};
+
+// A unit's flush groups split over its cluster: CTA r runs groups
+// [r per_cta, (r + 1) per_cta) and owns unit rows [r owner_rows, (r + 1)
+// owner_rows). After each group's flush the CTA stores the group's sums
+// (from zero) of every row in a slot of its own, and one thread sends every
+// other CTA its rows of the slot by a bulk copy into that CTA's inbox,
+// counted in bytes on its mbarrier. Each CTA then waits for its inbox to
+// hold every group it did not run, adds the groups of its rows in group
+// order (its own from its slots) and writes them to the partial. A CTA
+// waits only for the groups of its own rows, and the cluster barrier at the
+// end only keeps every CTA's slots alive until their copies have landed.
+// The adds and their order are those of one CTA per unit: the same bits.
+class GroupInbox {
  public:
-  // slots: per_cta slots of unit_tokens rows of width floats in this CTA's
-  // shared memory.
-  __device__ GroupSlots(float* slots, int unit_tokens, int width, int64_t chunk,
-                        int unit_ctas)
-      : slots_(slots),
-        slot_floats_(unit_tokens * width),
-        per_cta_(proj::GroupsPerCta(chunk, unit_ctas)),
-        ctas_(unit_ctas),
+  // extra: GroupSplit::Bytes of shared memory; bar: this CTA's inbox
+  // mbarrier.
+  __device__ GroupInbox(float* extra, uint64_t* bar, int width,
+                        GroupSplit split)
+      : slots_(extra),
+        inbox_(extra + (split.per_cta - 1) * proj::kBf16UnitTokens * width),
+        bar_(bar),
+        width_(width),
+        split_(split),
         rank_(static_cast<int>(ClusterCtaRank())) {}
+
+  // By one thread, before the CTA barrier after which Start runs.
+  __device__ void Init() const {
+    MbarrierInit(bar_, 1);
+    FenceMbarrierInit();
+  }
+  // Every thread, once the CTA barrier after Init has passed. Peers copy
+  // into this CTA only after the whole cluster has started.
+  __device__ void Start() const { ClusterArriveRelaxed(); }
+  // One thread: the bytes this CTA's rows receive from a unit of `stages`
+  // stages.
+  __device__ void Expect(int stages) const {
+    const int others = Groups(stages) - Groups(Stages(stages));
+    MbarrierArriveExpectBytes(
+        bar_,
+        static_cast<uint32_t>(others * RowsOf(rank_) * width_ * sizeof(float)));
+  }
+  // Every thread, after Start and before the first Send: the cluster's
+  // CTAs have started.
+  __device__ void Open() const { ClusterWait(); }
 
   // This CTA's stages of a unit of `stages` stages, from its first.
   __device__ int FirstStage() const {
-    return rank_ * per_cta_ * proj::kFlushStages;
+    return rank_ * split_.per_cta * proj::kFlushStages;
   }
   __device__ int Stages(int stages) const {
-    return max(0, min(per_cta_ * proj::kFlushStages, stages - FirstStage()));
-  }
-  // The slot of this CTA's stage st (counted from FirstStage).
-  __device__ float* Slot(int st) const {
-    return slots_ + st / proj::kFlushStages * slot_floats_;
+    return max(0,
+               min(split_.per_cta * proj::kFlushStages, stages - FirstStage()));
   }
 
-  // The unit's rows (`elems` floats at out) from every CTA's slots; every
-  // thread of every CTA of the cluster calls it.
-  __device__ void AddInOrder(int stages, int elems, float* out) const {
-    const int groups = (stages + proj::kFlushStages - 1) / proj::kFlushStages;
-    ClusterSync();             // every group's slot written
-    constexpr int kBatch = 8;  // peer loads in flight per thread
-    const int threads = static_cast<int>(blockDim.x);
-    for (int e = rank_ * threads + static_cast<int>(threadIdx.x); e < elems;
-         e += ctas_ * threads) {
-      float sum = 0.0f;
-      // Group g sits in slot g % per_cta_ of rank g / per_cta_: both
-      // stepped along with g rather than divided for every load.
-      unsigned rank = 0;
-      int slot = 0;
-      for (int g0 = 0; g0 < groups; g0 += kBatch) {
-        float part[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          part[i] = g0 + i < groups
-                        ? LoadPeerShared(PeerSharedAddress(
-                              slots_ + slot * slot_floats_ + e, rank))
-                        : 0.0f;
-          if (++slot == per_cta_) {
-            slot = 0;
-            ++rank;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          if (g0 + i < groups) sum += part[i];
-        }
-      }
-      out[e] = sum;
+  // Every thread, after its flush of this CTA's stage st (counted from
+  // FirstStage): the group's sums of every row of the unit (rows past the
+  // tokens hold zeros) to the CTA's slot, then their owners' rows to them.
+  // The last group's slot is ring_slot, a slot of the ring that no warp
+  // reads once the last stage has begun: the previous stage's, which the
+  // barrier at the start of the last stage freed; with one stage, none, so
+  // the sums wait for every warp to finish it.
+  template <int kW>
+  __device__ void Send(const WarpSums<kW>& sums, int st, bool last,
+                       float* ring_slot, int N, int slab, int grp,
+                       int quad) const {
+    const int own = st / proj::kFlushStages;
+    if (last && st == 0) __syncthreads();
+    float* slot = last ? ring_slot : Slot(own);
+    sums.Store(slot, width_, N, slab, proj::kBf16UnitTokens, grp, quad);
+    FenceProxyAsyncShared();  // the slot, for the copies' proxy
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const int group = FirstGroup() + own;
+    for (int r = 0; r < split_.ctas; ++r) {
+      const int rows = RowsOf(r);
+      if (r == rank_ || rows <= 0) continue;
+      // Peer r's inbox leaves out its own groups: per_cta of them where a
+      // group follows them.
+      const int at =
+          group < r * split_.per_cta ? group : group - split_.per_cta;
+      CopyToPeerShared(
+          PeerSharedAddress(inbox_ + at * split_.owner_rows * width_, r),
+          slot + r * split_.owner_rows * width_,
+          static_cast<uint32_t>(rows * width_ * sizeof(float)),
+          PeerSharedAddress(bar_, r));
     }
-    // No CTA leaves while a peer reads its slots; each thread's loads have
-    // returned, their sums stored, before it arrives.
-    ClusterSyncRelaxed();
+  }
+
+  // Every thread: once every other group's rows have landed here, this
+  // CTA's rows that are tokens (of the unit's `rows`) added in group order
+  // into out, the unit's partial rows (ring_slot: Send's).
+  __device__ void AddInOrder(int stages, int rows, const float* ring_slot,
+                             float* out) const {
+    MbarrierWait(bar_, 0);
+    // Every copy into this CTA has landed; it may leave once every peer's
+    // has, which the wait below learns.
+    ClusterArriveRelaxed();
+    const int groups = Groups(stages);
+    const int own = Groups(Stages(stages));
+    const int first_own = FirstGroup();
+    const int first = rank_ * split_.owner_rows;
+    const int elems = min(RowsOf(rank_), rows - first) * width_;
+    const int inbox_slot = split_.owner_rows * width_;
+    const float* mine = slots_ + first * width_;
+    const float* mine_last = ring_slot + first * width_;
+    const int mine_stride = proj::kBf16UnitTokens * width_;
+    for (int e = static_cast<int>(threadIdx.x); e < elems;
+         e += static_cast<int>(blockDim.x)) {
+      // Three runs of groups in group order: those before this CTA's, its
+      // own, those after; each a loop of independent loads.
+      float sum = 0.0f;
+      for (int g = 0; g < min(first_own, groups); ++g) {
+        sum += inbox_[g * inbox_slot + e];
+      }
+      for (int j = 0; j + 1 < own; ++j) sum += mine[j * mine_stride + e];
+      if (own > 0) sum += mine_last[e];
+      for (int g = first_own + own; g < groups; ++g) {
+        sum += inbox_[(g - own) * inbox_slot + e];
+      }
+      out[first * width_ + e] = sum;
+    }
+    // No CTA leaves while a copy out of its slots is in flight.
+    ClusterWait();
   }
 
  private:
+  __device__ static int Groups(int stages) {
+    return (stages + proj::kFlushStages - 1) / proj::kFlushStages;
+  }
+  __device__ int FirstGroup() const { return rank_ * split_.per_cta; }
+  // The unit rows CTA r owns (none past the unit).
+  __device__ int RowsOf(int r) const {
+    return max(0, min(split_.owner_rows,
+                      proj::kBf16UnitTokens - r * split_.owner_rows));
+  }
+  // The slot of this CTA's group `own` but its last.
+  __device__ float* Slot(int own) const {
+    return slots_ + own * proj::kBf16UnitTokens * width_;
+  }
+
   float* slots_;
-  int slot_floats_, per_cta_, ctas_, rank_;
+  float* inbox_;
+  uint64_t* bar_;
+  int width_;
+  GroupSplit split_;
+  int rank_;
 };
 
 // f(terms tag, copy bytes tag) for the layer's precision and the copies x's

@@ -29,9 +29,9 @@
 // long running sum), as the mma.sync units do.
 //
 // Small batches (fewer units than SMs, the plan's unit_ctas) run each unit
-// on a cluster: every CTA takes consecutive four-stage flush groups and
-// leaves each group's sums in its shared memory, and the cluster adds them
-// in group order, the adds one CTA per unit makes.
+// on a cluster: every CTA takes consecutive four-stage flush groups, sends
+// each group's sums of a CTA's share of the rows to that CTA, and each CTA
+// adds its rows' groups in group order, the adds one CTA per unit makes.
 //
 // Determinism / batch invariance: a token's h and sum of squares depend on
 // its x row, phi', K and N only (rows of both products are independent dot
@@ -153,9 +153,11 @@ __device__ __forceinline__ void LoadPairFragments(
 // bf16_unit.cuh, each stage's odd box after the ring, the A operand from
 // registers.
 //
-// kSplit: a cluster of unit_ctas CTAs per unit, launched one cluster per
-// unit, each CTA with its share of the unit's flush groups
-// (bf16_unit::GroupSlots, after the ring in shared memory).
+// kSplit: a cluster of split.ctas CTAs per unit on a grid of (split.ctas,
+// chunks, tiles), split_plan the layer's PlanChunks from the host; each CTA
+// with its share of the unit's flush groups, the slots of their sums and the
+// inbox of the other groups' sums of its rows (bf16_unit::GroupInbox, after
+// the ring in shared memory).
 template <int kTerms, int kCopyBytes, bool kTma, int kStages, bool kSplit,
           bool kPairRows = false>
 __global__ void __launch_bounds__(kUnitThreads, 4)
@@ -164,7 +166,8 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
                                  DevSpec s, int64_t tokens,
                                  const __nv_bfloat16* __restrict__ x,
                                  const char* __restrict__ planes,
-                                 float* partial, int unit_ctas,
+                                 float* partial, ChunkPlan split_plan,
+                                 bf16_unit::GroupSplit split,
                                  unsigned long long* next_unit) {
   static_assert(!kTma || kCopyBytes == 16, "tensor copies of 16-byte rows");
   static_assert(!kSplit || kTma, "split units take tensor copies");
@@ -180,7 +183,9 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   const int grp = lane >> 2;
   const int quad = lane & 3;
   const int slab = 16 * warp;  // this warp's first token row
-  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  // Whole units work their plan out themselves: taken from a parameter it
+  // measured slower at a two-wave batch.
+  const ChunkPlan plan = kSplit ? split_plan : PlanChunks(s.K, s.N);
   const int64_t units = bf16_unit::UnitTiles<kUnitTokens>(tokens) * plan.chunks;
   const int width = s.N + 1;
   bf16_unit::XCopies<kUnitThreads, kUnitTokens, kCopyBytes> x_copies(tid);
@@ -189,15 +194,31 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   // With kTma, the stages' copies complete on the ring's barriers.
   __shared__ __align__(8) uint64_t landed[kStages];
   CopyRing<kStages> ring{landed};
+  __shared__ __align__(8) uint64_t inbox_landed;
+  static_assert(kUnitTokens * (kTileLogits + 1) * 4 <= kStageBytes,
+                "a ring slot holds a unit's group sums");
+  bf16_unit::GroupInbox inbox(
+      reinterpret_cast<float*>(smem + kStages * kStageBytes), &inbox_landed,
+      width, split);
   if (kTma) {
-    if (tid == 0) ring.Init();
+    if (tid == 0) {
+      ring.Init();
+      if (kSplit) inbox.Init();
+    }
     __syncthreads();
   }
+  // A split launch's unit: its cluster's place in the grid.
+  const MmaUnit split_unit{blockIdx.z, static_cast<int>(blockIdx.y), 0};
+  if (kSplit) {
+    inbox.Start();
+    if (tid == 0) {
+      inbox.Expect(
+          bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, split_unit)
+              .stages);
+    }
+  }
   WaitForPrerequisiteGrid();  // the phi' planes
-
-  const bf16_unit::GroupSlots slots(
-      reinterpret_cast<float*>(smem + kStages * kStageBytes), kUnitTokens,
-      width, plan.chunk, unit_ctas);
+  if (kSplit) inbox.Open();
   char* odd_boxes = smem + kStages * kStageBytes;  // pair rows
 
   // A unit's tile index counts halves of projection/forward/mma.cuh's tiles.
@@ -206,11 +227,14 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         bf16_unit::UnitSpanOf<kUnitTokens>(s, tokens, plan, unit);
     const int unit_stages = u.stages;
     if (kSplit) {  // this CTA's stages only
-      u.kbeg += slots.FirstStage() * kStageK;
-      u.stages = slots.Stages(unit_stages);
+      u.kbeg += inbox.FirstStage() * kStageK;
+      u.stages = inbox.Stages(unit_stages);
     }
     if (!kTma) x_copies.Begin(x, s.K, u);
     const char* split_src = planes + u.kbeg / kStageK * int64_t{kSplitBytes};
+    // The ring slot of the stage before this CTA's last (GroupInbox::Send).
+    float* const ring_slot = reinterpret_cast<float*>(
+        smem + (u.stages >= 2 ? (u.stages - 2) % kStages : 0) * kStageBytes);
 
     auto load = [&](int st) {
       if (st >= u.stages) return;
@@ -293,7 +317,8 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
       if ((st & 3) == 3 || st == u.stages - 1) {
         sums.Flush(grp);
         if (kSplit) {  // the group's sums, from zero
-          sums.Store(slots.Slot(st), width, s.N, slab, u.rows, grp, quad);
+          inbox.Send(sums, st, st == u.stages - 1, ring_slot, s.N, slab, grp,
+                     quad);
           sums.Zero();
         }
       }
@@ -305,7 +330,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
         PartialOffset(tokens, plan.chunks, width, unit.tile / 2, unit.chunk) +
         unit.tile % 2 * kUnitTokens * width;
     if (kSplit) {
-      slots.AddInOrder(unit_stages, u.rows * width, out);
+      inbox.AddInOrder(unit_stages, u.rows, ring_slot, out);
     } else {
       sums.Store<kPairRows>(out, width, s.N, slab, u.rows, grp, quad);
     }
@@ -313,7 +338,7 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
     __syncthreads();
   };
   if (kSplit) {
-    run_unit(UnitAt(blockIdx.x / unit_ctas, 1, plan.chunks));
+    run_unit(split_unit);
   } else {
     ForEachUnit(units, 1, plan.chunks, next_unit, run_unit);
   }
@@ -340,8 +365,8 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const CUtensorMap& odd_map,
                         const float* phi, const float* gamma, bool vec_phi,
                         char* planes, float* partial,
                         unsigned long long* next_unit, cudaStream_t stream) {
-  const int64_t units =
-      bf16_unit::UnitTiles<kUnitTokens>(tokens) * PlanChunks(s.K, s.N).chunks;
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const int64_t units = bf16_unit::UnitTiles<kUnitTokens>(tokens) * plan.chunks;
   return LaunchPersistentBlocksAfter(
       [&](unsigned long long* counter) {
         return LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes, counter,
@@ -353,7 +378,7 @@ cudaError_t LaunchTerms(const CUtensorMap& x_map, const CUtensorMap& odd_map,
       /*equal_shares=*/true, units, SmemBytes<kTerms, kStages, kPairRows>(),
       next_unit, stream, x_map, odd_map, s, tokens,
       static_cast<const __nv_bfloat16*>(x), static_cast<const char*>(planes),
-      partial, 1);
+      partial, plan, bf16_unit::GroupSplit::Of(plan, 1));
 }
 
 // One cluster of unit_ctas CTAs per unit, after the split.
@@ -363,22 +388,23 @@ cudaError_t LaunchSplitUnits(const CUtensorMap& x_map, const DevSpec& s,
                              const float* gamma, bool vec_phi, char* planes,
                              float* partial, int unit_ctas,
                              cudaStream_t stream) {
-  const ChunkPlan chunks = PlanChunks(s.K, s.N);
-  const int64_t units =
-      bf16_unit::UnitTiles<kUnitTokens>(tokens) * chunks.chunks;
-  const size_t slot_bytes = sizeof(float) * kUnitTokens * (s.N + 1) *
-                            proj::GroupsPerCta(chunks.chunk, unit_ctas);
+  const ChunkPlan plan = PlanChunks(s.K, s.N);
+  const bf16_unit::GroupSplit split =
+      bf16_unit::GroupSplit::Of(plan, unit_ctas);
+  const size_t split_bytes =
+      bf16_unit::GroupSplit::Bytes(plan, s.K, unit_ctas, s.N + 1);
   cudaError_t e = LaunchPlanes<kTerms>(s, phi, gamma, vec_phi, planes,
                                        /*unit_counter=*/nullptr, stream);
   if (e != cudaSuccess) return e;
   constexpr int kStages = proj::kSplitRingStages;
   return LaunchLargeSmemClusters(
       bf16_wgmma_projection_kernel<kTerms, 16, true, kStages, true>,
-      dim3(static_cast<unsigned>(units * unit_ctas)),
+      dim3(static_cast<unsigned>(unit_ctas), static_cast<unsigned>(plan.chunks),
+           static_cast<unsigned>(bf16_unit::UnitTiles<kUnitTokens>(tokens))),
       dim3(static_cast<unsigned>(unit_ctas)), kUnitThreads,
-      SmemBytes<kTerms, kStages>() + slot_bytes, stream, x_map, x_map, s,
+      SmemBytes<kTerms, kStages>() + split_bytes, stream, x_map, x_map, s,
       tokens, static_cast<const __nv_bfloat16*>(x),
-      static_cast<const char*>(planes), partial, unit_ctas,
+      static_cast<const char*>(planes), partial, plan, split,
       static_cast<unsigned long long*>(nullptr));
 }
 
