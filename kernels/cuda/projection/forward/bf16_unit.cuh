@@ -367,14 +367,14 @@ class GroupInbox {
   __device__ void Send(const WarpSums<kW>& sums, int st, bool last,
                        float* ring_slot, int N, int slab, int grp,
                        int quad) const {
-    const int own = st / proj::kFlushStages;
+    const int local = st / proj::kFlushStages;  // of this CTA's groups
     if (last && st == 0) __syncthreads();
-    float* slot = last ? ring_slot : Slot(own);
+    float* slot = last ? ring_slot : Slot(local);
     sums.Store(slot, width_, N, slab, proj::kBf16UnitTokens, grp, quad);
     FenceProxyAsyncShared();  // the slot, for the copies' proxy
     __syncthreads();
     if (threadIdx.x != 0) return;
-    const int group = FirstGroup() + own;
+    const int group = FirstGroup() + local;
     for (int r = 0; r < split_.ctas; ++r) {
       const int rows = RowsOf(r);
       if (r == rank_ || rows <= 0) continue;
@@ -437,9 +437,10 @@ class GroupInbox {
     return max(0, min(split_.owner_rows,
                       proj::kBf16UnitTokens - r * split_.owner_rows));
   }
-  // The slot of this CTA's group `own` but its last.
-  __device__ float* Slot(int own) const {
-    return slots_ + own * proj::kBf16UnitTokens * width_;
+  // The slot of this CTA's group `local` (counted from its first) but its
+  // last.
+  __device__ float* Slot(int local) const {
+    return slots_ + local * proj::kBf16UnitTokens * width_;
   }
 
   float* slots_;
