@@ -522,8 +522,7 @@ struct NoFirstKernel {
 };
 
 // In a `first` kernel (an ordinary launch, so every earlier kernel is done):
-// zeroes the units' counter (null: none) for the launch after it, whose
-// CTAs take units only past their WaitForPrerequisiteGrid.
+// zeroes the units' counter (null: none) for the units launched after it.
 __device__ __forceinline__ void ZeroUnitCounter(unsigned long long* counter) {
   if (counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *counter = 0;
 }
@@ -541,9 +540,12 @@ __device__ __forceinline__ void ZeroUnitCounter(unsigned long long* counter) {
 //
 // With `first` (a callable that enqueues, as an ordinary launch, the kernel
 // this one reads from, given the counter to zero with ZeroUnitCounter or
-// null) this launch is programmatic (LaunchAfterPrevious, common.cuh) and
-// the counter needs no memset node of its own; without it a memset zeroes
-// the counter.
+// null) the counter needs no memset node of its own; without it a memset
+// zeroes the counter. Fewer units than SMs launch programmatically
+// (LaunchAfterPrevious, common.cuh), each CTA on an SM of its own, beside
+// `first`'s last CTAs; more are an ordinary launch after it: launched beside
+// it, their CTAs took the slots it left free unevenly over the SMs, and the
+// fullest SMs set the kernel's end (docs/decisions.md).
 template <typename First, typename... Exp, typename... Act>
 cudaError_t LaunchPersistentBlocksAfter(First&& first, void (*kernel)(Exp...),
                                         int threads, bool equal_shares,
@@ -569,7 +571,8 @@ cudaError_t LaunchPersistentBlocksAfter(First&& first, void (*kernel)(Exp...),
   if (e != cudaSuccess) return e;
   return LaunchKernelEx(
       kernel, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, stream,
-      /*after_previous=*/kAfterFirst, std::forward<Act>(args)..., counter);
+      /*after_previous=*/kAfterFirst && units < proj::kTunedSms,
+      std::forward<Act>(args)..., counter);
 }
 template <typename... Exp, typename... Act>
 cudaError_t LaunchPersistentBlocks(void (*kernel)(Exp...), int threads,

@@ -106,7 +106,8 @@ template <int kTerms>
 __global__ void __launch_bounds__(kSplitChunks)
     phi_planes_kernel(DevSpec s, const float* phi, const float* gamma, bool vec,
                       char* planes, unsigned long long* unit_counter) {
-  AllowDependentLaunch();  // the units may take their slots beside it
+  // The split units and fewer units than SMs may take their slots beside it.
+  AllowDependentLaunch();
   ZeroUnitCounter(unit_counter);
   const int g = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kStageK + c * 8;
@@ -356,8 +357,8 @@ cudaError_t LaunchPlanes(const DevSpec& s, const float* phi, const float* gamma,
   return cudaGetLastError();
 }
 
-// The split runs first; the units' CTAs take their slots beside it and wait
-// for it before their first copy. odd_map: pair rows' (else unread).
+// The split runs first, then the units (LaunchPersistentBlocksAfter says
+// when beside it). odd_map: pair rows' (else unread).
 template <int kTerms, int kCopyBytes, bool kTma, int kStages = kRing,
           bool kPairRows = false>
 cudaError_t LaunchTerms(const CUtensorMap& x_map, const CUtensorMap& odd_map,

@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t Tf32Operand(float v) {
 __global__ void __launch_bounds__(kBlocks* kTileLogits * 8)
     phi_tf32_planes_kernel(DevSpec s, const float* phi, const float* gamma,
                            char* planes, unsigned long long* unit_counter) {
-  AllowDependentLaunch();  // the units may take their slots beside it
+  AllowDependentLaunch();  // fewer units than SMs may start beside it
   ZeroUnitCounter(unit_counter);
   const int c = threadIdx.x % 8;
   const int g = threadIdx.x / 8 % kTileLogits;
@@ -295,8 +295,8 @@ __global__ void __launch_bounds__(kUnitThreads, 4)
   AllowDependentLaunch();  // the chunk sum may take this CTA's slot
 }
 
-// The planes run first; the units' CTAs take their slots beside them and
-// wait for them before their first copy.
+// The planes run first, then the units (LaunchPersistentBlocksAfter says
+// when beside them).
 template <typename T, int kStages>
 cudaError_t LaunchUnits(const CUtensorMap& x_map, const DevSpec& s,
                         int64_t tokens, const float* phi, const float* gamma,

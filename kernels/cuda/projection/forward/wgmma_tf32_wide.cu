@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                           const float* __restrict__ gamma,
                           float* __restrict__ rounded,
                           unsigned long long* unit_counter) {
-  AllowDependentLaunch();  // the units may take their slots beside it
+  AllowDependentLaunch();  // fewer units than SMs may start beside it
   ZeroUnitCounter(unit_counter);
   const int64_t vectors = int64_t{s.N} * s.K / 4;
   for (int64_t q = int64_t{blockIdx.x} * kMmaThreads + threadIdx.x; q < vectors;
@@ -351,8 +351,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   });
 }
 
-// With `rounded` the rounding runs first; the units' CTAs take their slots
-// beside it and wait for it before their first copy.
+// With `rounded` the rounding runs first, then the units
+// (LaunchPersistentBlocksAfter says when beside it).
 template <typename T, int kW, int kShallow, int kDeep>
 cudaError_t LaunchTiles(const DevSpec& s, int64_t tokens, const void* x,
                         const float* phi, const float* gamma, float* rounded,
