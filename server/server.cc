@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -47,10 +48,11 @@ namespace {
 
 constexpr char kServiceName[] = "mhc.v1.Mhc";
 // How far past its deadline a drain may run to let the requests running
-// at the deadline answer and calling clients go quiet; and how long
-// clients get to close their connections after the last call ended.
+// at the deadline answer and calling clients go quiet; and how long the
+// connections it cuts get to close (only a handler still running holds one
+// open, and waiting longer would not end it).
 constexpr absl::Duration kDrainOverrun = absl::Milliseconds(500);
-constexpr absl::Duration kConnectionGrace = absl::Milliseconds(500);
+constexpr absl::Duration kConnectionsClose = absl::Milliseconds(100);
 // How long no call may have been refused before the gRPC server shuts down.
 constexpr absl::Duration kClientsQuiet = absl::Milliseconds(250);
 
@@ -371,18 +373,25 @@ void MhcServer::Drain(absl::Duration timeout) {
     admission_->AwaitIdle(overrun_end);
   }
   // Clients still calling are answered UNAVAILABLE until they stop (or the
-  // time is up): a call that arrives after the gRPC server began its
-  // shutdown is cancelled by it instead, which clients do not retry.
+  // time is up).
   admission_->AwaitQuiet(kClientsQuiet,
                          absl::Now() < deadline ? deadline : overrun_end);
-  // Only connections are left: clients that follow the GOAWAY close theirs
-  // at once; one that does not (a client that never polls its channel)
-  // would hold the exit until the deadline, so it is cut after a short
-  // grace.
+  // gRPC ends CANCELLED, which clients do not retry, every call that
+  // reaches it after its shutdown began, whatever the shutdown deadline;
+  // clients that keep calling would meet that. So every connection is cut
+  // before: its calls end UNAVAILABLE, and with the unix listeners stopped
+  // the client's next call finds nobody to connect to. The cut is
+  // asynchronous, so the shutdown waits until gRPC has closed the unix
+  // connections.
   StopUnixListeners();
-  const absl::Time now = absl::Now();
-  server_->Shutdown(absl::ToChronoTime(
-      std::max(now, std::min(deadline, now + kConnectionGrace))));
+  grpc_server_cancel_all_calls(server_->c_server());
+  if (!peers_->AwaitClosed(absl::Now() + kConnectionsClose)) {
+    Log(LogLevel::kWarning,
+        "drain: a connection is still open after it was cut; shutting down");
+  }
+  // gRPC's own TCP listeners stop only with its shutdown: a TCP client
+  // that reconnected since is cut at once rather than given time to call.
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 void MhcServer::StopUnixListeners() {

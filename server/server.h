@@ -80,8 +80,9 @@ class MhcServer {
   // Health goes NOT_SERVING (and /readyz 503), new requests get
   // UNAVAILABLE, sessions and ExecuteStreams are ended; admitted unary
   // requests get until `timeout` to finish (past it, those still queued for
-  // a device are refused), then the server shuts down without waiting for
-  // idle connections. Returns when the server has shut down.
+  // a device are refused), then every connection is cut (what is still in
+  // flight ends UNAVAILABLE) and the server shuts down. Returns when the
+  // server has shut down.
   void Drain(absl::Duration timeout);
   // Blocks until the server has shut down.
   void Wait();

@@ -116,6 +116,19 @@ size_t ConnectionPeers::size() const {
   return by_fd_.size();
 }
 
+bool ConnectionPeers::AwaitClosed(absl::Time deadline) {
+  // Polled: it runs once, at the end of a drain.
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      Sweep();
+      if (by_fd_.empty()) return true;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
     const std::string& path, const UnixSocketOptions& options,
     ConnectionPeers* peers) {

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "server/peer_credentials.h"
 
@@ -41,6 +42,9 @@ class ConnectionPeers {
   std::optional<PeerCredentials> Find(absl::string_view grpc_peer) const;
   // Connections recorded (open or not yet noticed closed), for tests.
   size_t size() const;
+  // Waits until gRPC has closed every connection recorded or `deadline`
+  // passes; true when none is left.
+  bool AwaitClosed(absl::Time deadline);
 
  private:
   struct Entry {

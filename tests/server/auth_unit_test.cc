@@ -10,8 +10,10 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "mhc/v1/service.grpc.pb.h"
@@ -228,6 +230,27 @@ TEST(ConnectionPeersTest, FindsAConnectionByItsDescriptorUntilItCloses) {
   close(*fd2);
   close(pair[1]);
   close(pair2[1]);
+}
+
+// A drain waits on this before the gRPC server shuts down.
+TEST(ConnectionPeersTest, AwaitClosedWaitsForEveryConnectionToClose) {
+  ConnectionPeers peers;
+  EXPECT_TRUE(peers.AwaitClosed(absl::Now()));
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+  auto peer = ReadPeerCredentials(pair[0]);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto fd = peers.Adopt(pair[0], *peer);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_FALSE(peers.AwaitClosed(absl::Now() + absl::Milliseconds(20)));
+  std::thread closer([fd = *fd] {
+    absl::SleepFor(absl::Milliseconds(20));
+    close(fd);
+  });
+  EXPECT_TRUE(peers.AwaitClosed(absl::Now() + absl::Seconds(10)));
+  closer.join();
+  EXPECT_EQ(peers.size(), 0u);
+  close(pair[1]);
 }
 
 TEST(SecurityConfigTest, LoopbackHosts) {
