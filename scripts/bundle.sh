@@ -39,6 +39,7 @@ binaries=(
   bench/mhc_rpc_bench
   bench/mhc_gpu_bench
   bench/mhc_l2_reuse_bench
+  bench/mhc_load_stream_bench
   client/cpp/stream_ordered_step
 )
 explicit=0

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common.cuh"
+#include "flushed_runs.cuh"
 #include "mhc/cuda_tools.h"
 #include "primitives/tma.cuh"
 
@@ -247,30 +248,25 @@ absl::StatusOr<std::vector<double>> ProbeCudaL2Reuse(
     a.next_unit = s.counters;
     a.sink = s.counters + 1;
     const dim3 grid(static_cast<unsigned>(sms * p.ctas_per_sm));
-    std::vector<double> us;
-    for (int i = 0; i <= repeats; ++i) {  // the first run only warms up
-      // The benchmark's write flush: L2 full of dirty lines of another
-      // buffer, as a kernel of a real step finds it.
-      MHC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.flush, i, kFlushBytes), kOp,
-                               what);
-      MHC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.counters, 0, sizeof(unsigned)),
-                               kOp, what);
-      MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.start), kOp, what);
-      if (p.hints) {
-        l2_reuse_kernel<true><<<grid, kThreads>>>(a);
-      } else {
-        l2_reuse_kernel<false><<<grid, kThreads>>>(a);
-      }
-      MHC_CUDA_CHECK_LAUNCH(kOp, what);
-      MHC_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.stop), kOp, what);
-      MHC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(s.stop), kOp, what);
-      float ms = 0;
-      MHC_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, s.start, s.stop), kOp,
-                               what);
-      if (i > 0) us.push_back(ms * 1e3);
-    }
-    std::sort(us.begin(), us.end());
-    medians.push_back(us[us.size() / 2]);
+    MHC_ASSIGN_OR_RETURN(
+        const double us,
+        cuda::MedianFlushedRunUs(
+            s.flush, kFlushBytes, s.start, s.stop, repeats, kOp, what,
+            [&]() -> absl::Status {
+              MHC_CUDA_RETURN_IF_ERROR(
+                  cudaMemsetAsync(s.counters, 0, sizeof(unsigned)), kOp, what);
+              return absl::OkStatus();
+            },
+            [&]() -> absl::Status {
+              if (p.hints) {
+                l2_reuse_kernel<true><<<grid, kThreads>>>(a);
+              } else {
+                l2_reuse_kernel<false><<<grid, kThreads>>>(a);
+              }
+              MHC_CUDA_CHECK_LAUNCH(kOp, what);
+              return absl::OkStatus();
+            }));
+    medians.push_back(us);
   }
   return medians;
 }

@@ -1,7 +1,8 @@
 // Device measurements beside the CUDA backend (kernels/cuda/tools, library
 // mhc_cuda_tools): the daemon's copy bandwidth probe and the GPU
-// benchmark's timing kernels, and a probe of how far L2 holds a streamed
-// tensor for a second read. Built only when CUDA is enabled.
+// benchmark's timing kernels, a probe of how far L2 holds a streamed
+// tensor for a second read and one of how fast tensor copies stream it. Built
+// only when CUDA is enabled.
 #ifndef MHC_CUDA_TOOLS_H_
 #define MHC_CUDA_TOOLS_H_
 
@@ -55,6 +56,43 @@ struct L2ReuseProbe {
 absl::StatusOr<std::vector<double>> ProbeCudaL2Reuse(
     int device, size_t x_bytes, const std::vector<L2ReuseProbe>& probes,
     int repeats);
+
+// One configuration of the load stream probe (kernels/cuda/tools/
+// load_stream.cu): persistent CTAs read a bf16 tensor of tokens x
+// streams * channels by tensor copies of 8 KiB boxes (box_channels wide),
+// nothing computed. CTAs come in groups of group_ctas that split a tile's
+// channel blocks; in a CTA, `producers` threads each keep `ring` boxes in
+// flight; stream_major walks a tile's boxes stream by stream, else channel
+// block by block.
+struct LoadStreamProbe {
+  int64_t tokens = 32768;
+  int channels = 4096;
+  int streams = 4;
+  int group_ctas = 1;
+  int ring = 8;
+  int ctas_per_sm = 1;  // at most what fits the rings
+  int producers = 1;    // 1 to 4
+  bool stream_major = true;
+  int box_channels = 64;                                 // 64, 128 or 256
+  int BoxTokens() const { return 4096 / box_channels; }  // 8 KiB of bf16
+  size_t Bytes() const {
+    return static_cast<size_t>(tokens) * streams * channels * 2;
+  }
+};
+
+struct LoadStreamResult {
+  double median_us = 0;
+  int ctas_per_sm = 0;  // as launched; 0: the rings do not fit an SM
+  int ctas = 0;
+  bool every_box_once = false;  // the boxes' checksum, of the last run
+};
+
+// The median event time of each probe over `repeats` runs on `device`, each
+// after a write flush of L2, and whether the last run read every box of the
+// tensor once. Allocates the largest probe's bytes plus 256 MiB of device
+// memory while it runs.
+absl::StatusOr<std::vector<LoadStreamResult>> ProbeCudaLoadStream(
+    int device, const std::vector<LoadStreamProbe>& probes, int repeats);
 
 }  // namespace mhc
 
